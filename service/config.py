@@ -1,0 +1,195 @@
+"""Settings: read once from ``SETTLEMENT_*`` variables into one frozen object, passed down.
+
+Nothing reads the environment at import time. ``Settings.from_env()`` validates every value
+and raises :class:`ConfigError` naming the variable, so a bad value fails at start.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+from service.core import TerminalPolicy
+
+__all__ = ["ConfigError", "Settings"]
+
+T = TypeVar("T")
+
+PREFIX = "SETTLEMENT_"
+
+
+class ConfigError(ValueError):
+    """A ``SETTLEMENT_*`` variable holds a value the server cannot run with."""
+
+
+def _setting(default: Any, why: str) -> Any:
+    return field(default=default, metadata={"why": why})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every TTL, timeout and limit of the server, each with the reason it exists."""
+
+    database_url: str | None = _setting(
+        None, "PostgreSQL URL; unset means the embedded server under data_dir."
+    )
+    redis_url: str | None = _setting(
+        None, "Redis URL; unset means the embedded redis-server under data_dir."
+    )
+    data_dir: str = _setting(".data", "where the embedded PostgreSQL and Redis keep their files.")
+    bootstrap_admin_key: str | None = _setting(
+        None, "guarantees an all-tenant admin principal with this key at start."
+    )
+    lease_ttl: float = _setting(
+        10.0, "a crashed worker's operation is retryable at most this long after it died."
+    )
+    sweep_interval: float = _setting(5.0, "period of the lease sweeper and purge loop.")
+    max_wait: float = _setting(10.0, "cap for Prefer: wait, so a client cannot pin a worker.")
+    body_limit: int = _setting(1_048_576, "largest request body read into memory, in bytes.")
+    provider_url: str | None = _setting(None, "downstream provider base URL for payouts.")
+    provider_secret: str | None = _setting(None, "HMAC key for provider evidence.")
+    provider_timeout: float = _setting(
+        2.0, "per-attempt provider call timeout; past it the outcome is unknown."
+    )
+    late_response_window: float = _setting(
+        60.0, "how long a timed-out provider call may still deliver a late answer."
+    )
+    retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
+    tombstone_retention: float = _setting(
+        2_592_000.0, "how long an expired key is remembered (410) before it is new again."
+    )
+    db_connect_timeout: float = _setting(
+        5.0, "a database that does not accept a connection by then is reported down."
+    )
+    db_statement_timeout: float = _setting(
+        15.0, "no single statement may hold a connection and its locks longer than this."
+    )
+    db_lock_timeout: float = _setting(
+        5.0, "a row lock not granted by then fails the phase instead of queueing forever."
+    )
+    db_pool_size: int = _setting(10, "connections per worker process.")
+    redis_timeout: float = _setting(
+        2.0, "socket timeout of every Redis call; Redis is liveness, so fail fast."
+    )
+    health_timeout: float = _setting(2.0, "each dependency check of GET /health.")
+    settle_max_retries: int = _setting(
+        16, "CAS retries of one settlement before it gives up (revision kept moving)."
+    )
+    terminal_policy: TerminalPolicy = _setting(
+        TerminalPolicy.CONFLICT, "completed vs failed under one tuple: conflict or completed_wins."
+    )
+    log_format: str = _setting("json", "json or text.")
+    otel_exporter: str = _setting("none", "none, console or otlp.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``environ`` (default ``os.environ``); ``overrides`` win."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            name = PREFIX + f.name.upper()
+            raw = env.get(name)
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _PARSERS.get(f.name, _parse_str)(name, raw)
+        values.update(overrides)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        positive = (
+            "lease_ttl",
+            "sweep_interval",
+            "provider_timeout",
+            "db_connect_timeout",
+            "db_statement_timeout",
+            "db_lock_timeout",
+            "redis_timeout",
+            "health_timeout",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{PREFIX}{name.upper()} must be > 0")
+        for name in ("max_wait", "late_response_window", "retention", "tombstone_retention"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{PREFIX}{name.upper()} must be >= 0")
+        for name in ("body_limit", "db_pool_size", "settle_max_retries"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
+        if self.terminal_policy not in set(TerminalPolicy):
+            raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
+        if self.log_format not in ("json", "text"):
+            raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or text")
+        if self.otel_exporter not in ("none", "console", "otlp"):
+            raise ConfigError(f"{PREFIX}OTEL_EXPORTER must be none, console or otlp")
+        for name in ("database_url", "redis_url"):
+            value = getattr(self, name)
+            if value is not None and "://" not in value:
+                raise ConfigError(f"{PREFIX}{name.upper()} must be a URL (scheme://...)")
+
+    @property
+    def embedded_database(self) -> bool:
+        return self.database_url is None
+
+    @property
+    def embedded_redis(self) -> bool:
+        return self.redis_url is None
+
+    @staticmethod
+    def describe() -> dict[str, str]:
+        """Variable name -> its one-line reason (for docs and ``--help``)."""
+        return {PREFIX + f.name.upper(): f.metadata["why"] for f in fields(Settings)}
+
+
+def _parse_str(name: str, raw: str) -> str:
+    return raw
+
+
+def _number(kind: Callable[[str], T], what: str) -> Callable[[str, str], T]:
+    def parse(name: str, raw: str) -> T:
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {raw!r}")
+        return value
+
+    return parse
+
+
+_seconds = _number(float, "a number of seconds")
+_integer = _number(int, "an integer")
+
+
+def _policy(name: str, raw: str) -> TerminalPolicy:
+    try:
+        return TerminalPolicy(raw.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be one of {', '.join(TerminalPolicy)}, got {raw!r}"
+        ) from None
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "terminal_policy": _policy,
+    "lease_ttl": _seconds,
+    "sweep_interval": _seconds,
+    "max_wait": _seconds,
+    "provider_timeout": _seconds,
+    "late_response_window": _seconds,
+    "retention": _seconds,
+    "tombstone_retention": _seconds,
+    "db_connect_timeout": _seconds,
+    "db_statement_timeout": _seconds,
+    "db_lock_timeout": _seconds,
+    "redis_timeout": _seconds,
+    "health_timeout": _seconds,
+    "body_limit": _integer,
+    "db_pool_size": _integer,
+    "settle_max_retries": _integer,
+}

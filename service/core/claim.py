@@ -1,0 +1,152 @@
+"""What a new client request does against the operation row found for its scope.
+
+Rules (DESIGN §5 steps 2 and 4), first match wins:
+
+    no row                                   -> Claim NEW (first attempt, fencing token 1)
+    fingerprint differs from the reservation -> FingerprintMismatch (422)
+    binding differs from the reservation     -> BindingMismatch (409, needs a supersede)
+    row in conflict                          -> OperationConflict (409)
+    row completed or failed                  -> Replay the stored result
+    row in_progress with a valid lease       -> InProgress (409 or wait)
+    row in_progress whose lease is gone      -> Claim DEMOTE_STALE (demotion recorded, then claim)
+    row unknown                              -> Claim FROM_UNKNOWN
+
+A claim moves the row to in_progress under a new fencing token (previous + 1) with the
+claimer's lease, and bumps the revision; the shell writes it with the tuple + revision CAS.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from service.core.model import (
+    Binding,
+    ObservationKind,
+    OperationState,
+    Record,
+    ReservationTuple,
+    Result,
+    Source,
+)
+from service.core.settle import Observation
+
+__all__ = [
+    "BindingMismatch",
+    "Claim",
+    "ClaimDecision",
+    "ClaimKind",
+    "ClaimRequest",
+    "FingerprintMismatch",
+    "InProgress",
+    "OperationConflict",
+    "Replay",
+    "decide_claim",
+]
+
+
+class ClaimRequest(msgspec.Struct, frozen=True):
+    """A client request as the core needs it.
+
+    ``new_operation_id`` is used only when no row exists (ids are made by the shell);
+    ``lease_expires_at`` is when the lease this request holds (or would hold) ends.
+    """
+
+    request_fingerprint: str
+    binding: Binding
+    new_operation_id: str
+    lease_expires_at: float
+
+
+class ClaimKind(enum.StrEnum):
+    NEW = "new"
+    FROM_UNKNOWN = "from_unknown"
+    DEMOTE_STALE = "demote_stale"
+
+
+class Claim(msgspec.Struct, frozen=True, tag="claim"):
+    """Insert (NEW) or CAS-update the row to ``record``; ``expected_revision`` is None on insert.
+
+    ``demotion`` is the observation to record first when a stale in_progress was demoted.
+    """
+
+    kind: ClaimKind
+    record: Record
+    expected_revision: int | None
+    demotion: Observation | None = None
+
+
+class Replay(msgspec.Struct, frozen=True, tag="replay"):
+    result: Result
+    state: OperationState
+
+
+class FingerprintMismatch(msgspec.Struct, frozen=True, tag="fingerprint_mismatch"):
+    operation_id: str
+
+
+class BindingMismatch(msgspec.Struct, frozen=True, tag="binding_mismatch"):
+    operation_id: str
+
+
+class OperationConflict(msgspec.Struct, frozen=True, tag="operation_conflict"):
+    operation_id: str
+
+
+class InProgress(msgspec.Struct, frozen=True, tag="in_progress"):
+    operation_id: str
+    lease_expires_at: float
+
+
+ClaimDecision = (
+    Claim | Replay | FingerprintMismatch | BindingMismatch | OperationConflict | InProgress
+)
+
+
+def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> ClaimDecision:
+    """Decide what a request does with the row of its scope. Pure."""
+    if record is None:
+        fresh = Record(
+            tuple=ReservationTuple(
+                operation_id=request.new_operation_id,
+                request_fingerprint=request.request_fingerprint,
+                binding_generation=1,
+            ),
+            binding=request.binding,
+            state=OperationState.IN_PROGRESS,
+            revision=1,
+            fencing_token=1,
+            lease_expires_at=request.lease_expires_at,
+        )
+        return Claim(kind=ClaimKind.NEW, record=fresh, expected_revision=None)
+
+    operation_id = record.tuple.operation_id
+    if record.tuple.request_fingerprint != request.request_fingerprint:
+        return FingerprintMismatch(operation_id=operation_id)
+    if record.binding != request.binding:
+        return BindingMismatch(operation_id=operation_id)
+    if record.state is OperationState.CONFLICT:
+        return OperationConflict(operation_id=operation_id)
+    if record.state.terminal:
+        assert record.result is not None  # a completed or failed row always has its result
+        return Replay(result=record.result, state=record.state)
+    if record.lease_valid(now):
+        assert record.lease_expires_at is not None
+        return InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at)
+
+    demotion = None
+    kind = ClaimKind.FROM_UNKNOWN
+    if record.state is OperationState.IN_PROGRESS:
+        kind = ClaimKind.DEMOTE_STALE
+        demotion = Observation(
+            tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.CLAIM
+        )
+    claimed = msgspec.structs.replace(
+        record,
+        state=OperationState.IN_PROGRESS,
+        revision=record.revision + 1,
+        fencing_token=record.fencing_token + 1,
+        lease_expires_at=request.lease_expires_at,
+    )
+    return Claim(kind=kind, record=claimed, expected_revision=record.revision, demotion=demotion)
