@@ -1,0 +1,282 @@
+"""The schema as SQLAlchemy Core tables: the one source the migrations are checked against.
+
+A test compares this metadata with the migrated database, so the two never drift.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+__all__ = [
+    "OPERATION_STATES",
+    "accounts",
+    "attempts",
+    "metadata",
+    "observations",
+    "operation_epochs",
+    "operations",
+    "principals",
+    "tombstones",
+    "transfers",
+]
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING)
+
+OPERATION_STATES = ("in_progress", "unknown", "completed", "failed", "conflict")
+OBSERVATION_KINDS = ("in_progress", "unknown", "completed", "failed")
+OBSERVATION_SOURCES = (
+    "attempt",
+    "late_response",
+    "evidence",
+    "feed",
+    "sweeper",
+    "claim",
+    "admin",
+)
+DISPOSITIONS = ("applied", "strengthened", "ignored", "quarantined", "conflict")
+ROLES = ("client", "observer", "admin")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _now() -> Column[object]:
+    return Column(
+        "created_at", DateTime(timezone=True), nullable=False, server_default=text("now()")
+    )
+
+
+principals = Table(
+    "principals",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column("name", String(256), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("key_hash", LargeBinary(32), nullable=False, unique=True),
+    Column("credential_generation", Integer, nullable=False, server_default=text("1")),
+    Column("all_tenants", Boolean, nullable=False, server_default=text("false")),
+    _now(),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint(_in("role", ROLES), name="role"),
+    CheckConstraint("credential_generation >= 1", name="credential_generation"),
+    CheckConstraint("NOT all_tenants OR role = 'admin'", name="all_tenants_admin"),
+    UniqueConstraint("tenant", "name"),
+)
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    # scope: (tenant, principal, route, key)
+    Column("tenant", String(128), nullable=False),
+    Column(
+        "principal_id",
+        UUID(as_uuid=True),
+        ForeignKey("principals.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    Column("route", String(256), nullable=False),
+    Column("idempotency_key", String(255), nullable=False),
+    # reservation tuple (with id) and binding
+    Column("binding_generation", Integer, nullable=False),
+    Column("request_fingerprint", String(64), nullable=False),
+    Column(
+        "bound_principal_id",
+        UUID(as_uuid=True),
+        ForeignKey("principals.id", ondelete="RESTRICT"),
+        nullable=False,
+    ),
+    Column("bound_credential_generation", Integer, nullable=False),
+    # authoritative state
+    Column("state", String(16), nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("fencing_token", BigInteger, nullable=False),
+    # no foreign key: attempts reference operations, and the row is written before its attempt
+    Column("current_attempt_id", UUID(as_uuid=True)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    # stored outcome
+    Column("result_status", Integer),
+    Column("result_content_type", String(255)),
+    Column("result_body", LargeBinary),
+    Column("result_digest", String(64)),
+    Column("conflict", JSONB),
+    _now(),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("expires_at", DateTime(timezone=True)),
+    UniqueConstraint(
+        "tenant", "principal_id", "route", "idempotency_key", name="uq_operations_scope"
+    ),
+    CheckConstraint(_in("state", OPERATION_STATES), name="state"),
+    CheckConstraint("binding_generation >= 1", name="binding_generation"),
+    CheckConstraint("revision >= 1", name="revision"),
+    CheckConstraint("fencing_token >= 1", name="fencing_token"),
+    CheckConstraint(
+        "state NOT IN ('completed', 'failed', 'conflict') OR "
+        "(result_status IS NOT NULL AND result_digest IS NOT NULL "
+        "AND result_content_type IS NOT NULL AND result_body IS NOT NULL)",
+        name="terminal_has_result",
+    ),
+    CheckConstraint("state <> 'conflict' OR conflict IS NOT NULL", name="conflict_recorded"),
+    CheckConstraint(
+        "result_status IS NULL OR result_status BETWEEN 100 AND 599", name="result_status"
+    ),
+)
+
+Index(
+    "ix_operations_in_progress_lease",
+    operations.c.lease_expires_at,
+    postgresql_where=text("state = 'in_progress'"),
+)
+Index("ix_operations_tenant_state", operations.c.tenant, operations.c.state)
+
+operation_epochs = Table(
+    "operation_epochs",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column(
+        "operation_id",
+        UUID(as_uuid=True),
+        ForeignKey("operations.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("binding_generation", Integer, nullable=False),
+    Column("request_fingerprint", String(64), nullable=False),
+    Column("bound_principal_id", UUID(as_uuid=True), nullable=False),
+    Column("bound_credential_generation", Integer, nullable=False),
+    Column("final_state", String(16), nullable=False),
+    Column("result_digest", String(64)),
+    Column("reason", Text, nullable=False),
+    Column("superseded_by", UUID(as_uuid=True), ForeignKey("principals.id")),
+    Column("superseded_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    UniqueConstraint("operation_id", "binding_generation"),
+    CheckConstraint(_in("final_state", OPERATION_STATES), name="final_state"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column(
+        "operation_id",
+        UUID(as_uuid=True),
+        ForeignKey("operations.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("fencing_token", BigInteger, nullable=False),
+    Column("binding_generation", Integer, nullable=False),
+    Column("lease_token", String(64)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("outcome", String(16)),
+    Column("response_status", Integer),
+    Column("error", Text),
+    UniqueConstraint("operation_id", "fencing_token"),
+    CheckConstraint("outcome IS NULL OR " + _in("outcome", OBSERVATION_KINDS), name="outcome"),
+)
+
+observations = Table(
+    "observations",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    # no foreign key: observations about unknown operations are recorded too
+    Column("operation_id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("source", String(16), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("binding_generation", Integer),
+    Column("request_fingerprint", String(64)),
+    Column("fencing_token", BigInteger),
+    Column("verified", Boolean, nullable=False),
+    Column("result_status", Integer),
+    Column("result_digest", String(64)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("stage", String(1), nullable=False),
+    Column("disposition", String(16), nullable=False),
+    Column("reason", String(64), nullable=False),
+    Column("revision_before", BigInteger),
+    Column("revision_after", BigInteger),
+    Column("attempt_id", UUID(as_uuid=True)),
+    Column("detail", JSONB),
+    _now(),
+    CheckConstraint(_in("source", OBSERVATION_SOURCES), name="source"),
+    CheckConstraint(_in("kind", OBSERVATION_KINDS), name="kind"),
+    CheckConstraint("stage IN ('A', 'B', 'C')", name="stage"),
+    CheckConstraint(_in("disposition", DISPOSITIONS), name="disposition"),
+)
+
+tombstones = Table(
+    "tombstones",
+    metadata,
+    Column("tenant", String(128), primary_key=True),
+    Column("principal_id", UUID(as_uuid=True), primary_key=True),
+    Column("route", String(256), primary_key=True),
+    Column("idempotency_key", String(255), primary_key=True),
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("request_fingerprint", String(64), nullable=False),
+    Column("expired_at", DateTime(timezone=True), nullable=False),
+    Column("forget_at", DateTime(timezone=True), nullable=False, index=True),
+)
+
+accounts = Table(
+    "accounts",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", String(128), nullable=False, index=True),
+    Column("currency", String(3), nullable=False),
+    Column("balance", BigInteger, nullable=False),
+    Column("operation_id", UUID(as_uuid=True), ForeignKey("operations.id"), unique=True),
+    _now(),
+    CheckConstraint("balance >= 0", name="balance_non_negative"),
+    CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+)
+
+transfers = Table(
+    "transfers",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("tenant", String(128), nullable=False),
+    Column(
+        "operation_id",
+        UUID(as_uuid=True),
+        ForeignKey("operations.id"),
+        nullable=False,
+        unique=True,
+    ),
+    Column("source_id", UUID(as_uuid=True), ForeignKey("accounts.id"), nullable=False),
+    Column("destination_id", UUID(as_uuid=True), ForeignKey("accounts.id"), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("currency", String(3), nullable=False),
+    Column("memo", String(512)),
+    _now(),
+    CheckConstraint("amount > 0", name="amount_positive"),
+    CheckConstraint("source_id <> destination_id", name="distinct_accounts"),
+    CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+)
