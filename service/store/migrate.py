@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from alembic import command
@@ -11,6 +10,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store.db import async_url
 
 __all__ = [
     "SchemaNotCurrent",
@@ -32,12 +33,14 @@ class SchemaNotCurrent(RuntimeError):
 def alembic_config(url: str) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.set_main_option("sqlalchemy.url", async_url(url).replace("%", "%%"))
     return config
 
 
 def head_revision() -> str:
-    head = ScriptDirectory.from_config(alembic_config("postgresql+asyncpg://")).get_current_head()
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    head = ScriptDirectory.from_config(config).get_current_head()
     assert head is not None, "no migrations found"
     return head
 
@@ -69,14 +72,3 @@ async def ensure_current(engine: AsyncEngine) -> None:
             f"database schema is at {shown}, this server needs {expected}: "
             "run `settlement migrate` first"
         )
-
-
-def upgrade_blocking(url: str) -> None:
-    """Entry for the CLI: upgrade to head in a fresh event loop."""
-    upgrade(url)
-
-
-if __name__ == "__main__":  # pragma: no cover - manual use
-    import sys
-
-    asyncio.run(asyncio.to_thread(upgrade, sys.argv[1]))

@@ -1,0 +1,49 @@
+"""The async engine: every connection carries connect, statement and lock timeouts."""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.config import Settings
+
+__all__ = ["async_url", "make_engine", "ping"]
+
+
+def async_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` URLs and use the asyncpg driver."""
+    parsed = make_url(url.replace("postgres://", "postgresql://", 1))
+    if parsed.drivername in ("postgresql", "postgresql+psycopg", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def make_engine(settings: Settings, url: str, *, pool_size: int | None = None) -> AsyncEngine:
+    return create_async_engine(
+        async_url(url),
+        pool_size=pool_size or settings.db_pool_size,
+        max_overflow=0,
+        pool_timeout=settings.db_connect_timeout,
+        pool_pre_ping=False,
+        connect_args={
+            "timeout": settings.db_connect_timeout,
+            "command_timeout": settings.db_statement_timeout + 1,
+            "server_settings": {
+                "application_name": "settlement",
+                "statement_timeout": _ms(settings.db_statement_timeout),
+                "lock_timeout": _ms(settings.db_lock_timeout),
+                "idle_in_transaction_session_timeout": _ms(settings.db_statement_timeout * 2),
+            },
+        },
+    )
+
+
+def _ms(seconds: float) -> str:
+    """PostgreSQL takes its timeouts in milliseconds."""
+    return str(int(seconds * 1000))
+
+
+async def ping(engine: AsyncEngine) -> None:
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))

@@ -1,0 +1,239 @@
+"""The settlement store: the one write path for authoritative operation state.
+
+Every write locks the row (``get_for_update``), asks the pure core, and writes with a CAS
+on reservation tuple + revision, recording the observation (with the stage and disposition
+that decided it) in the same transaction. If the CAS is refused it reloads and reruns all
+three stages; it never assigns blindly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.core import (
+    Apply,
+    Claim,
+    ClaimDecision,
+    ClaimKind,
+    ClaimRequest,
+    Decision,
+    Observation,
+    Record,
+    TerminalPolicy,
+    decide_claim,
+    settle,
+)
+from service.store.rows import Scope, at, record_from_row
+from service.store.tables import operations
+from service.store.unit_of_work import StaleRevision, UnitOfWork
+
+__all__ = [
+    "ClaimOutcome",
+    "Effect",
+    "OperationNotFound",
+    "Settled",
+    "SettlementContention",
+    "SettlementStore",
+]
+
+log = logging.getLogger("settlement.store")
+
+# An effect runs inside the settlement transaction, after the core decided and before commit:
+# a local effect's rows commit (or roll back) together with the operation row.
+Effect = Callable[[AsyncConnection, Decision], Awaitable[None]]
+
+
+class OperationNotFound(LookupError):
+    status_hint = 404
+
+
+class SettlementContention(RuntimeError):
+    """The revision kept moving for ``settle_max_retries`` rounds."""
+
+    status_hint = 503
+
+
+class Settled(msgspec.Struct, frozen=True):
+    decision: Decision
+    record: Record
+    observation_id: int
+
+
+class ClaimOutcome(msgspec.Struct, frozen=True):
+    decision: ClaimDecision
+    record: Record | None
+    attempt_id: uuid.UUID | None = None
+
+
+class SettlementStore:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        policy: TerminalPolicy = TerminalPolicy.CONFLICT,
+        retention: float = 86_400.0,
+        max_retries: int = 16,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._engine = engine
+        self._policy = policy
+        self._retention = retention
+        self._max_retries = max_retries
+        self._clock = clock
+
+    def unit_of_work(self) -> UnitOfWork:
+        return UnitOfWork(self._engine)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def get(self, operation_id: uuid.UUID) -> Record | None:
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(operations).where(operations.c.id == operation_id)))
+                .mappings()
+                .first()
+            )
+        return None if row is None else record_from_row(row)
+
+    # -- the settlement path ------------------------------------------------------------------
+
+    async def settle(
+        self,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        *,
+        effect: Effect | None = None,
+        attempt_id: uuid.UUID | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> Settled:
+        """Merge one observation into the row, under its lock, with the tuple + revision CAS."""
+        for round_ in range(1, self._max_retries + 1):
+            async with self.unit_of_work() as uow:
+                record = await uow.get_for_update(operation_id)
+                if record is None:
+                    await uow.record_observation(
+                        operation_id,
+                        observation,
+                        stage="A",
+                        disposition="quarantined",
+                        reason="unknown-operation",
+                        revision_before=None,
+                        revision_after=None,
+                        attempt_id=attempt_id,
+                        detail=detail,
+                    )
+                    await uow.commit()
+                    raise OperationNotFound(str(operation_id))
+                now = self._clock()
+                decision = settle(record, observation, now, self._policy)
+                after = record
+                if isinstance(decision, Apply):
+                    after = decision.record
+                    try:
+                        await uow.cas_write(
+                            after,
+                            decision.expected_revision,
+                            at(now),
+                            **self._terminal_extra(record, after, now),
+                        )
+                    except StaleRevision:
+                        log.warning(
+                            "settle CAS refused, rerunning all stages",
+                            extra={"operation_id": str(operation_id), "round": round_},
+                        )
+                        continue
+                if effect is not None:
+                    await effect(uow.connection, decision)
+                observation_id = await uow.record_decision(
+                    operation_id,
+                    observation,
+                    decision,
+                    record.revision,
+                    attempt_id=attempt_id,
+                    detail=detail,
+                )
+                await uow.commit()
+            _log_decision(operation_id, observation, decision)
+            return Settled(decision=decision, record=after, observation_id=observation_id)
+        raise SettlementContention(f"operation {operation_id}: revision kept moving")
+
+    async def claim(
+        self, scope: Scope, request: ClaimRequest, *, lease_token: str | None = None
+    ) -> ClaimOutcome:
+        """Claim the scope's operation for a new attempt, or say why not (one CAS)."""
+        for _ in range(self._max_retries):
+            async with self.unit_of_work() as uow:
+                record = await uow.get_for_update_by_scope(scope)
+                now = self._clock()
+                decision = decide_claim(record, request, now)
+                if not isinstance(decision, Claim):
+                    return ClaimOutcome(decision=decision, record=record)
+                claimed = decision.record
+                operation_id = uuid.UUID(claimed.tuple.operation_id)
+                attempt_id = uuid.uuid4()
+                stamp = at(now)
+                if decision.kind is ClaimKind.NEW:
+                    inserted = await uow.insert_operation(
+                        scope, claimed, stamp, current_attempt_id=attempt_id
+                    )
+                    if not inserted:
+                        continue  # another claimer inserted the scope first: decide again
+                else:
+                    assert record is not None and decision.expected_revision is not None
+                    try:
+                        await uow.cas_write(
+                            claimed,
+                            decision.expected_revision,
+                            stamp,
+                            current_attempt_id=attempt_id,
+                        )
+                    except StaleRevision:
+                        continue
+                    if decision.demotion is not None:
+                        demoted = settle(record, decision.demotion, now, self._policy)
+                        await uow.record_decision(
+                            operation_id, decision.demotion, demoted, record.revision
+                        )
+                await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
+                await uow.commit()
+            log.info(
+                "operation claimed",
+                extra={
+                    "operation_id": str(operation_id),
+                    "claim": decision.kind.value,
+                    "fencing_token": claimed.fencing_token,
+                },
+            )
+            return ClaimOutcome(decision=decision, record=claimed, attempt_id=attempt_id)
+        raise SettlementContention(f"scope {scope}: kept losing the claim race")
+
+    def _terminal_extra(self, before: Record, after: Record, now: float) -> dict[str, Any]:
+        """A row that becomes terminal starts its retention clock."""
+        if after.state.terminal and not before.state.terminal:
+            return {"expires_at": at(now) + timedelta(seconds=self._retention)}
+        return {}
+
+
+def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: Decision) -> None:
+    level = logging.ERROR if decision.disposition.value == "conflict" else logging.INFO
+    log.log(
+        level,
+        "observation settled",
+        extra={
+            "operation_id": str(operation_id),
+            "source": observation.source.value,
+            "kind": observation.kind.value,
+            "stage": decision.stage.value,
+            "disposition": decision.disposition.value,
+            "reason": decision.reason.value,
+        },
+    )

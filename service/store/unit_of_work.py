@@ -1,0 +1,226 @@
+"""One transaction is one atomic phase; the row lock lives behind ``get_for_update``.
+
+``async with UnitOfWork(engine) as uow:`` opens a connection and a transaction; leaving the
+block without ``await uow.commit()`` rolls everything back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
+
+from service.core import Decision, Observation, Record
+from service.store.rows import Scope, record_from_row, record_values, to_ts
+from service.store.tables import attempts, observations, operations
+
+__all__ = ["StaleRevision", "UnitOfWork"]
+
+
+class StaleRevision(Exception):
+    """The CAS predicate (tuple + revision) matched no row: someone wrote first."""
+
+    status_hint = 409
+
+
+class UnitOfWork:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: AsyncConnection | None = None
+        self._tx: AsyncTransaction | None = None
+
+    async def __aenter__(self) -> UnitOfWork:
+        self._conn = await self._engine.connect()
+        self._tx = await self._conn.begin()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._conn is not None and self._tx is not None
+        try:
+            if self._tx.is_active:
+                await self._tx.rollback()
+        finally:
+            await self._conn.close()
+            self._conn = self._tx = None
+
+    @property
+    def connection(self) -> AsyncConnection:
+        assert self._conn is not None, "UnitOfWork used outside its async with block"
+        return self._conn
+
+    async def commit(self) -> None:
+        assert self._tx is not None
+        await self._tx.commit()
+
+    # -- reads under lock -------------------------------------------------------------------
+
+    async def get_for_update(self, operation_id: uuid.UUID) -> Record | None:
+        """Lock the operation row for the rest of this transaction and return it."""
+        row = (
+            (
+                await self.connection.execute(
+                    select(operations).where(operations.c.id == operation_id).with_for_update()
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else record_from_row(row)
+
+    async def get_for_update_by_scope(self, scope: Scope) -> Record | None:
+        """Lock the row of a scope (if any) for the rest of this transaction."""
+        row = (
+            (
+                await self.connection.execute(
+                    select(operations).where(*_scope_predicate(scope)).with_for_update()
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else record_from_row(row)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def insert_operation(
+        self, scope: Scope, record: Record, now: datetime, **extra: Any
+    ) -> bool:
+        """Insert a new row for ``scope``; False when another claimer inserted it first."""
+        stmt = (
+            pg_insert(operations)
+            .values(
+                id=uuid.UUID(record.tuple.operation_id),
+                tenant=scope.tenant,
+                principal_id=scope.principal_id,
+                route=scope.route,
+                idempotency_key=scope.idempotency_key,
+                created_at=now,
+                updated_at=now,
+                **record_values(record),
+                **extra,
+            )
+            .on_conflict_do_nothing(constraint="uq_operations_scope")
+            .returning(operations.c.id)
+        )
+        return (await self.connection.execute(stmt)).first() is not None
+
+    async def cas_write(
+        self, record: Record, expected_revision: int, now: datetime, **extra: Any
+    ) -> None:
+        """Write ``record`` only if the row still has its tuple and ``expected_revision``."""
+        reservation = record.tuple
+        stmt = (
+            update(operations)
+            .where(
+                operations.c.id == uuid.UUID(reservation.operation_id),
+                operations.c.request_fingerprint == reservation.request_fingerprint,
+                operations.c.binding_generation == reservation.binding_generation,
+                operations.c.revision == expected_revision,
+            )
+            .values(updated_at=now, **record_values(record), **extra)
+            .returning(operations.c.revision)
+        )
+        if (await self.connection.execute(stmt)).first() is None:
+            raise StaleRevision(
+                f"operation {reservation.operation_id}: revision {expected_revision} is stale"
+            )
+
+    async def insert_attempt(
+        self,
+        attempt_id: uuid.UUID,
+        record: Record,
+        lease_token: str | None,
+        now: datetime,
+    ) -> None:
+        """The per-attempt row: what this attempt holds (never read as authority)."""
+        operation_id = uuid.UUID(record.tuple.operation_id)
+        await self.connection.execute(
+            insert(attempts).values(
+                id=attempt_id,
+                operation_id=operation_id,
+                fencing_token=record.fencing_token,
+                binding_generation=record.tuple.binding_generation,
+                lease_token=lease_token,
+                lease_expires_at=to_ts(record.lease_expires_at),
+                started_at=now,
+            )
+        )
+
+    async def record_observation(
+        self,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        *,
+        stage: str,
+        disposition: str,
+        reason: str,
+        revision_before: int | None,
+        revision_after: int | None,
+        attempt_id: uuid.UUID | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> int:
+        """Insert the observation row with the stage and disposition that decided it."""
+        result = observation.result
+        stmt = (
+            insert(observations)
+            .values(
+                operation_id=operation_id,
+                source=observation.source.value,
+                kind=observation.kind.value,
+                binding_generation=observation.tuple.binding_generation,
+                request_fingerprint=observation.tuple.request_fingerprint,
+                fencing_token=observation.fencing_token,
+                verified=observation.verified,
+                result_status=result.status if result else None,
+                result_digest=result.digest if result else None,
+                lease_expires_at=to_ts(observation.lease_expires_at),
+                stage=stage,
+                disposition=disposition,
+                reason=reason,
+                revision_before=revision_before,
+                revision_after=revision_after,
+                attempt_id=attempt_id,
+                detail=detail,
+            )
+            .returning(observations.c.id)
+        )
+        return int((await self.connection.execute(stmt)).scalar_one())
+
+    async def record_decision(
+        self,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        decision: Decision,
+        revision_before: int,
+        **kwargs: Any,
+    ) -> int:
+        revision_after = getattr(decision, "record", None)
+        return await self.record_observation(
+            operation_id,
+            observation,
+            stage=decision.stage.value,
+            disposition=decision.disposition.value,
+            reason=decision.reason.value,
+            revision_before=revision_before,
+            revision_after=revision_after.revision if revision_after else revision_before,
+            **kwargs,
+        )
+
+
+def _scope_predicate(scope: Scope) -> tuple[Any, ...]:
+    return (
+        operations.c.tenant == scope.tenant,
+        operations.c.principal_id == scope.principal_id,
+        operations.c.route == scope.route,
+        operations.c.idempotency_key == scope.idempotency_key,
+    )
