@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make run` and `make test`. Each creates .venv if missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help run test lint typecheck unit integration migrate clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP) ## start the server on 127.0.0.1:8000 with embedded PostgreSQL and Redis (.data/)
+	$(BIN)/settlement serve --embedded
+
+migrate: $(STAMP) ## upgrade the schema (SETTLEMENT_DATABASE_URL, or the embedded one)
+	$(BIN)/settlement migrate --embedded
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP) ## mypy --strict on the pure core (and the rest of service/)
+	$(BIN)/mypy --strict service/core
+	$(BIN)/mypy service
+
+test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
+	$(BIN)/coverage erase
+	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage report --include='service/core/*' --fail-under=100
+	@$(BIN)/coverage report --format=total | sed 's/^/total coverage of service\/: /; s/$$/%/'
+
+unit: $(STAMP) ## the pure unit tests only (seconds)
+	$(BIN)/pytest tests/unit -q
+
+integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
+	$(BIN)/pytest tests/integration -q
+
+clean: ## remove the virtualenv and caches (keeps .data/)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage

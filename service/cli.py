@@ -1,0 +1,134 @@
+"""The ``settlement`` command: serve, migrate."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from service.config import ConfigError, Settings
+from service.logs import configure_logging
+
+__all__ = ["main"]
+
+log = logging.getLogger("settlement.cli")
+
+# uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
+GRACEFUL_SHUTDOWN = 10.0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        parser.exit(2, f"settlement: configuration error: {exc}\n")
+    configure_logging(settings)
+    try:
+        code: int = args.run(args, settings)
+    except ConfigError as exc:
+        parser.exit(2, f"settlement: configuration error: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="settlement", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the HTTP server")
+    serve.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start PostgreSQL and Redis from the bundled wheels for whichever of "
+        "SETTLEMENT_DATABASE_URL / SETTLEMENT_REDIS_URL is unset (data under SETTLEMENT_DATA_DIR)",
+    )
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--workers", type=int, default=1)
+    serve.set_defaults(run=_serve)
+
+    migrate = sub.add_parser("migrate", help="upgrade the database schema to head")
+    migrate.add_argument(
+        "--embedded", action="store_true", help="migrate the embedded PostgreSQL under the data dir"
+    )
+    migrate.set_defaults(run=_migrate)
+    return parser
+
+
+@contextlib.contextmanager
+def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Iterator[Settings]:
+    """Yield settings whose URLs are set, starting embedded servers for the unset ones."""
+    need_pg = settings.database_url is None
+    need_redis = want_redis and settings.redis_url is None
+    if not (need_pg or need_redis):
+        yield settings
+        return
+    if not embedded:
+        missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
+        raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
+    from service.embedded import EmbeddedServices
+
+    data_dir = Path(settings.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with EmbeddedServices(
+        data_dir, want_postgres=need_pg, want_redis=need_redis, durable=True
+    ) as services:
+        log.info(
+            "embedded services ready",
+            extra={"data_dir": str(data_dir), "seconds": round(time.monotonic() - started, 2)},
+        )
+        yield Settings.from_env(
+            database_url=services.database_url if need_pg else settings.database_url,
+            redis_url=services.redis_url if need_redis else settings.redis_url,
+        )
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from service.store.migrate import upgrade
+
+    with _endpoints(settings, args.embedded, want_redis=True) as ready:
+        assert ready.database_url is not None and ready.redis_url is not None
+        if settings.database_url is None:
+            # The embedded database belongs to this server: keep it at head. An external
+            # database is migrated on purpose (`settlement migrate`); the app refuses otherwise.
+            upgrade(ready.database_url)
+        # Worker processes read their settings from the environment, once.
+        os.environ["SETTLEMENT_DATABASE_URL"] = ready.database_url
+        os.environ["SETTLEMENT_REDIS_URL"] = ready.redis_url
+        log.info("serving", extra={"host": args.host, "port": args.port, "workers": args.workers})
+        uvicorn.run(
+            "service.http.app:app_from_env",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+        )
+    return 0
+
+
+def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from service.store.migrate import head_revision, upgrade
+
+    with _endpoints(settings, args.embedded, want_redis=False) as ready:
+        assert ready.database_url is not None
+        upgrade(ready.database_url)
+    print(f"database at {head_revision()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""GET /health: does each dependency answer right now, within its timeout?"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+import msgspec
+from litestar import Response, get
+from litestar.datastructures import State
+
+from service.leases import ping as redis_ping
+from service.store.db import ping as database_ping
+
+__all__ = ["health"]
+
+log = logging.getLogger("settlement.health")
+
+
+class Health(msgspec.Struct):
+    status: str
+    database: str
+    redis: str
+
+
+async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) -> str:
+    try:
+        async with asyncio.timeout(limit):
+            await probe()
+    except TimeoutError:
+        log.warning("health check timed out", extra={"dependency": name, "timeout": limit})
+        return "timeout"
+    except Exception as exc:  # any failure means "down"; the reason goes to the log
+        log.warning("health check failed", extra={"dependency": name, "error": repr(exc)})
+        return "unavailable"
+    return "ok"
+
+
+@get("/health")
+async def health(state: State) -> Response[Health]:
+    runtime = state.runtime
+    timeout = runtime.settings.health_timeout
+    database, redis = await asyncio.gather(
+        _check("database", lambda: database_ping(runtime.engine), timeout),
+        _check("redis", lambda: redis_ping(runtime.redis), timeout),
+    )
+    healthy = database == "ok" and redis == "ok"
+    return Response(
+        Health(status="ok" if healthy else "degraded", database=database, redis=redis),
+        status_code=200 if healthy else 503,
+    )

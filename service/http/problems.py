@@ -1,0 +1,125 @@
+"""RFC 9457 problem+json: the one table from errors of every layer to HTTP responses.
+
+Core and store errors know nothing of HTTP; they are mapped here, and only here.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    ValidationException,
+)
+from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
+
+from service.store.settlement import OperationNotFound, SettlementContention
+
+__all__ = ["PROBLEM_CONTENT_TYPE", "Problem", "exception_handlers", "problem_response"]
+
+log = logging.getLogger("settlement.http")
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+
+class Problem(msgspec.Struct, omit_defaults=True):
+    type: str
+    title: str
+    status: int
+    detail: str
+    operation_id: str | None = None
+    state: str | None = None
+
+
+# slug -> (status, title). DESIGN §6 is the contract; slugs and statuses are public API.
+SLUGS: dict[str, tuple[int, str]] = {
+    "unauthenticated": (401, "Authentication required"),
+    "forbidden": (403, "Forbidden"),
+    "validation-error": (400, "Invalid request"),
+    "idempotency-key-missing": (400, "Idempotency-Key header missing"),
+    "idempotency-key-invalid": (400, "Idempotency-Key header invalid"),
+    "fingerprint-mismatch": (422, "Idempotency key reused with a different request"),
+    "binding-mismatch": (409, "Reservation bound to another credential"),
+    "operation-in-progress": (409, "Operation in progress"),
+    "operation-conflict": (409, "Operation outcome in conflict"),
+    "operation-outcome-unknown": (504, "Operation outcome unknown"),
+    "idempotency-key-expired": (410, "Idempotency key expired"),
+    "lease-unavailable": (503, "Lease store unavailable"),
+    "not-found": (404, "Not found"),
+    "method-not-allowed": (405, "Method not allowed"),
+    "payload-too-large": (413, "Payload too large"),
+    "invalid-evidence": (422, "Evidence signature does not verify"),
+    "service-unavailable": (503, "Service unavailable"),
+    "internal-error": (500, "Internal server error"),
+}
+
+# exception type -> slug, for errors raised below the HTTP layer
+ERROR_SLUGS: dict[type[BaseException], str] = {
+    OperationNotFound: "not-found",
+    SettlementContention: "service-unavailable",
+}
+
+
+def problem_response(
+    slug: str,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> Response[bytes]:
+    status, title = SLUGS[slug]
+    body = Problem(type=f"/problems/{slug}", title=title, status=status, detail=detail, **fields)
+    return Response(
+        content=msgspec.json.encode(body),
+        status_code=status,
+        media_type=PROBLEM_CONTENT_TYPE,
+        headers=headers,
+    )
+
+
+def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if isinstance(exc, NotFoundException):
+        return problem_response("not-found", f"no route or resource at {request.url.path}")
+    if isinstance(exc, MethodNotAllowedException):
+        return problem_response(
+            "method-not-allowed",
+            f"{request.method} is not allowed on {request.url.path}",
+            headers=dict(exc.headers or {}),
+        )
+    if isinstance(exc, ValidationException):
+        return problem_response("validation-error", _validation_detail(exc))
+    if exc.status_code == 413:
+        return problem_response("payload-too-large", str(exc.detail))
+    for slug, (status, _) in SLUGS.items():
+        if status == exc.status_code:
+            return problem_response(slug, str(exc.detail))
+    return problem_response("internal-error", str(exc.detail))
+
+
+def _validation_detail(exc: ValidationException) -> str:
+    extra = exc.extra
+    if isinstance(extra, list) and extra:
+        first = extra[0]
+        if isinstance(first, dict) and "message" in first:
+            return str(first["message"])
+    return str(exc.detail)
+
+
+def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    for kind, slug in ERROR_SLUGS.items():
+        if isinstance(exc, kind):
+            return problem_response(slug, str(exc))
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response("internal-error", "the server failed; the request may be retried")
+
+
+exception_handlers: dict[int | type[Exception], Any] = {
+    HTTPException: _http_exception,
+    HTTP_500_INTERNAL_SERVER_ERROR: _layer_error,
+    Exception: _layer_error,
+}
