@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -92,12 +93,27 @@ def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Itera
         )
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: leave every ``with`` block so the embedded servers stop in order."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
+    # uvicorn handles SIGTERM itself, then re-raises it once it has shut down; this handler
+    # turns that into an exception so the embedded servers below are stopped cleanly.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
     from service.store.migrate import upgrade
 
-    with _endpoints(settings, args.embedded, want_redis=True) as ready:
+    with (
+        contextlib.suppress(_Terminated),
+        _endpoints(settings, args.embedded, want_redis=True) as ready,
+    ):
         assert ready.database_url is not None and ready.redis_url is not None
         if settings.database_url is None:
             # The embedded database belongs to this server: keep it at head. An external
