@@ -12,11 +12,11 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core import (
@@ -27,18 +27,22 @@ from service.core import (
     ClaimRequest,
     Decision,
     Observation,
+    ObservationKind,
     Record,
+    ReservationTuple,
+    Source,
     TerminalPolicy,
     decide_claim,
     settle,
 )
 from service.store.rows import Scope, at, record_from_row
-from service.store.tables import operations
-from service.store.unit_of_work import StaleRevision, UnitOfWork
+from service.store.tables import attempts, operations
+from service.store.unit_of_work import StaleRevision, UnitOfWork, scope_predicate
 
 __all__ = [
+    "AttemptRef",
     "ClaimOutcome",
-    "Effect",
+    "LocalEffect",
     "OperationNotFound",
     "Settled",
     "SettlementContention",
@@ -47,9 +51,9 @@ __all__ = [
 
 log = logging.getLogger("settlement.store")
 
-# An effect runs inside the settlement transaction, after the core decided and before commit:
-# a local effect's rows commit (or roll back) together with the operation row.
-Effect = Callable[[AsyncConnection, Decision], Awaitable[None]]
+# A local effect writes its rows on the settlement transaction's connection and reports its
+# outcome (completed or failed, with the result) as an observation of the current attempt.
+LocalEffect = Callable[[AsyncConnection, Record], Awaitable[Observation]]
 
 
 class OperationNotFound(LookupError):
@@ -63,9 +67,20 @@ class SettlementContention(RuntimeError):
 
 
 class Settled(msgspec.Struct, frozen=True):
+    """The decision, the authoritative record after it, and the observation that was settled."""
+
     decision: Decision
     record: Record
+    observation: Observation
     observation_id: int
+
+
+class AttemptRef(msgspec.Struct, frozen=True):
+    """What an attempt knows about itself: its row, its reservation and its fencing token."""
+
+    attempt_id: uuid.UUID
+    reservation: ReservationTuple
+    fencing_token: int
 
 
 class ClaimOutcome(msgspec.Struct, frozen=True):
@@ -104,6 +119,16 @@ class SettlementStore:
             )
         return None if row is None else record_from_row(row)
 
+    async def get_by_scope(self, scope: Scope) -> Record | None:
+        """The replay path's one indexed read (no lock)."""
+        async with self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(operations).where(*scope_predicate(scope))))
+                .mappings()
+                .first()
+            )
+        return None if row is None else record_from_row(row)
+
     # -- the settlement path ------------------------------------------------------------------
 
     async def settle(
@@ -111,28 +136,91 @@ class SettlementStore:
         operation_id: uuid.UUID,
         observation: Observation,
         *,
-        effect: Effect | None = None,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
     ) -> Settled:
         """Merge one observation into the row, under its lock, with the tuple + revision CAS."""
+
+        async def given(conn: AsyncConnection, record: Record) -> Observation:
+            return observation
+
+        return await self._settle(
+            operation_id, given, attempt_id=attempt_id, detail=detail, missing=observation
+        )
+
+    async def settle_local(
+        self,
+        operation_id: uuid.UUID,
+        attempt: AttemptRef,
+        effect: LocalEffect,
+        *,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> Settled:
+        """Run a local effect and settle its outcome in one transaction.
+
+        The effect runs in a savepoint only while ``attempt`` holds the current fencing token
+        of a non-terminal row; its rows are rolled back unless the core applies its outcome.
+        A fenced-out or late attempt settles a probe (``unknown`` with its token) instead,
+        which the core ignores: the stale worker's effect never commits.
+        """
+
+        async def produce(conn: AsyncConnection, record: Record) -> Observation:
+            probe = Observation(
+                tuple=attempt.reservation,
+                kind=ObservationKind.UNKNOWN,
+                source=Source.ATTEMPT,
+                fencing_token=attempt.fencing_token,
+            )
+            if record.fencing_token != attempt.fencing_token or record.state.terminal:
+                return probe
+            return await effect(conn, record)
+
+        return await self._settle(
+            operation_id,
+            produce,
+            attempt_id=attempt.attempt_id,
+            savepoint=True,
+            before_commit=before_commit,
+        )
+
+    async def finish_attempt(
+        self, attempt_id: uuid.UUID, outcome: str, status: int | None, error: str | None = None
+    ) -> None:
+        """Close the per-attempt row (an observation record, never authority)."""
+        async with self._engine.begin() as conn:
+            await _finish_attempt(conn, attempt_id, outcome, status, error, at(self._clock()))
+
+    async def _settle(
+        self,
+        operation_id: uuid.UUID,
+        produce: Callable[[AsyncConnection, Record], Awaitable[Observation]],
+        *,
+        attempt_id: uuid.UUID | None = None,
+        detail: dict[str, Any] | None = None,
+        missing: Observation | None = None,
+        savepoint: bool = False,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> Settled:
         for round_ in range(1, self._max_retries + 1):
             async with self.unit_of_work() as uow:
                 record = await uow.get_for_update(operation_id)
                 if record is None:
-                    await uow.record_observation(
-                        operation_id,
-                        observation,
-                        stage="A",
-                        disposition="quarantined",
-                        reason="unknown-operation",
-                        revision_before=None,
-                        revision_after=None,
-                        attempt_id=attempt_id,
-                        detail=detail,
-                    )
-                    await uow.commit()
+                    if missing is not None:
+                        await uow.record_observation(
+                            operation_id,
+                            missing,
+                            stage="A",
+                            disposition="quarantined",
+                            reason="unknown-operation",
+                            revision_before=None,
+                            revision_after=None,
+                            attempt_id=attempt_id,
+                            detail=detail,
+                        )
+                        await uow.commit()
                     raise OperationNotFound(str(operation_id))
+                nested = await uow.connection.begin_nested() if savepoint else None
+                observation = await produce(uow.connection, record)
                 now = self._clock()
                 decision = settle(record, observation, now, self._policy)
                 after = record
@@ -151,8 +239,8 @@ class SettlementStore:
                             extra={"operation_id": str(operation_id), "round": round_},
                         )
                         continue
-                if effect is not None:
-                    await effect(uow.connection, decision)
+                elif nested is not None:
+                    await nested.rollback()  # the core refused the outcome: undo its effect
                 observation_id = await uow.record_decision(
                     operation_id,
                     observation,
@@ -161,18 +249,48 @@ class SettlementStore:
                     attempt_id=attempt_id,
                     detail=detail,
                 )
+                if attempt_id is not None and observation.source is Source.ATTEMPT:
+                    status = observation.result.status if observation.result else None
+                    await _finish_attempt(
+                        uow.connection,
+                        attempt_id,
+                        observation.kind.value,
+                        status,
+                        None if isinstance(decision, Apply) else decision.reason.value,
+                        at(now),
+                    )
+                if isinstance(decision, Apply) and after.state.terminal:
+                    await uow.notify_terminal(operation_id)
+                if before_commit is not None:
+                    await before_commit()
                 await uow.commit()
             _log_decision(operation_id, observation, decision)
-            return Settled(decision=decision, record=after, observation_id=observation_id)
+            return Settled(
+                decision=decision,
+                record=after,
+                observation=observation,
+                observation_id=observation_id,
+            )
         raise SettlementContention(f"operation {operation_id}: revision kept moving")
 
     async def claim(
-        self, scope: Scope, request: ClaimRequest, *, lease_token: str | None = None
+        self,
+        scope: Scope,
+        request: ClaimRequest,
+        *,
+        lease_token: str | None = None,
+        lease_held: bool = False,
     ) -> ClaimOutcome:
-        """Claim the scope's operation for a new attempt, or say why not (one CAS)."""
+        """Claim the scope's operation for a new attempt, or say why not (one CAS).
+
+        ``lease_held``: the caller holds the scope's lease, so no other attempt is live
+        whatever the row's own lease column says; a row still in_progress is stale.
+        """
         for _ in range(self._max_retries):
             async with self.unit_of_work() as uow:
                 record = await uow.get_for_update_by_scope(scope)
+                if record is not None and lease_held:
+                    record = msgspec.structs.replace(record, lease_expires_at=None)
                 now = self._clock()
                 decision = decide_claim(record, request, now)
                 if not isinstance(decision, Claim):
@@ -236,4 +354,19 @@ def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: D
             "disposition": decision.disposition.value,
             "reason": decision.reason.value,
         },
+    )
+
+
+async def _finish_attempt(
+    conn: AsyncConnection,
+    attempt_id: uuid.UUID,
+    outcome: str,
+    status: int | None,
+    error: str | None,
+    now: datetime,
+) -> None:
+    await conn.execute(
+        update(attempts)
+        .where(attempts.c.id == attempt_id)
+        .values(finished_at=now, outcome=outcome, response_status=status, error=error)
     )

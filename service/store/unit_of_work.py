@@ -11,7 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -19,7 +19,10 @@ from service.core import Decision, Observation, Record
 from service.store.rows import Scope, record_from_row, record_values, to_ts
 from service.store.tables import attempts, observations, operations
 
-__all__ = ["StaleRevision", "UnitOfWork"]
+__all__ = ["TERMINAL_CHANNEL", "StaleRevision", "UnitOfWork", "scope_predicate"]
+
+# LISTEN/NOTIFY channel that carries the id of each operation that became terminal.
+TERMINAL_CHANNEL = "settlement_terminal"
 
 
 class StaleRevision(Exception):
@@ -82,7 +85,7 @@ class UnitOfWork:
         row = (
             (
                 await self.connection.execute(
-                    select(operations).where(*_scope_predicate(scope)).with_for_update()
+                    select(operations).where(*scope_predicate(scope)).with_for_update()
                 )
             )
             .mappings()
@@ -196,6 +199,13 @@ class UnitOfWork:
         )
         return int((await self.connection.execute(stmt)).scalar_one())
 
+    async def notify_terminal(self, operation_id: uuid.UUID) -> None:
+        """Wake waiters (``Prefer: wait``) when this transaction commits; dropped on rollback."""
+        await self.connection.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": TERMINAL_CHANNEL, "payload": str(operation_id)},
+        )
+
     async def record_decision(
         self,
         operation_id: uuid.UUID,
@@ -217,7 +227,7 @@ class UnitOfWork:
         )
 
 
-def _scope_predicate(scope: Scope) -> tuple[Any, ...]:
+def scope_predicate(scope: Scope) -> tuple[Any, ...]:
     return (
         operations.c.tenant == scope.tenant,
         operations.c.principal_id == scope.principal_id,

@@ -32,7 +32,7 @@ from service.core import (
 )
 from service.store.db import async_url
 from service.store.rows import Scope, at, record_from_row
-from service.store.settlement import OperationNotFound, SettlementStore
+from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
 from service.store.tables import (
     accounts,
     attempts,
@@ -429,22 +429,26 @@ def test_observation_about_unknown_operation_is_recorded_and_refused(migrated_ur
     run(scenario())
 
 
-def test_effect_commits_with_the_settlement_or_not_at_all(migrated_url: str) -> None:
+def test_local_effect_commits_with_the_settlement_or_not_at_all(migrated_url: str) -> None:
     async def scenario() -> None:
         clock = Clock()
         async with engine_for(migrated_url) as engine:
             store = SettlementStore(engine, clock=clock)
             record, operation_id = await new_operation(engine, store, clock)
+            attempt = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.tuple, fencing_token=1)
             account_id = uuid.uuid4()
 
-            async def failing_effect(conn: AsyncConnection, decision: Decision) -> None:
+            async def write_account(conn: AsyncConnection) -> None:
                 await conn.execute(
                     insert(accounts).values(id=account_id, tenant="acme", currency="EUR", balance=5)
                 )
+
+            async def failing_effect(conn: AsyncConnection, current: Record) -> Observation:
+                await write_account(conn)
                 raise RuntimeError("effect failed after writing")
 
             with pytest.raises(RuntimeError):
-                await store.settle(operation_id, completed(record), effect=failing_effect)
+                await store.settle_local(operation_id, attempt, failing_effect)
             assert await count(engine, accounts, accounts.c.id == account_id) == 0
             unchanged = await store.get(operation_id)
             assert unchanged is not None and unchanged.state is OperationState.IN_PROGRESS
@@ -452,12 +456,23 @@ def test_effect_commits_with_the_settlement_or_not_at_all(migrated_url: str) -> 
                 await count(engine, observations, observations.c.operation_id == operation_id) == 0
             )
 
-            async def effect(conn: AsyncConnection, decision: Decision) -> None:
-                await conn.execute(
-                    insert(accounts).values(id=account_id, tenant="acme", currency="EUR", balance=5)
-                )
+            stale = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.tuple, fencing_token=7)
 
-            await store.settle(operation_id, completed(record), effect=effect)
+            async def effect(conn: AsyncConnection, current: Record) -> Observation:
+                await write_account(conn)
+                return completed(current, fencing_token=1)
+
+            refused = await store.settle_local(operation_id, stale, effect)
+            assert refused.decision.disposition.value == "ignored"
+            assert await count(engine, accounts, accounts.c.id == account_id) == 0
+
+            done = await store.settle_local(operation_id, attempt, effect)
+            assert done.record.state is OperationState.COMPLETED
+            assert await count(engine, accounts, accounts.c.id == account_id) == 1
+
+            # A second run of the same attempt finds the row terminal: nothing is written twice.
+            again = await store.settle_local(operation_id, attempt, effect)
+            assert again.decision.disposition.value == "ignored"
             assert await count(engine, accounts, accounts.c.id == account_id) == 1
 
     run(scenario())

@@ -1,0 +1,164 @@
+"""Principals and their API keys. Keys are random (256 bits) and stored only as SHA-256.
+
+A key is looked up by its hash (unique index), then the stored hash is compared with
+``hmac.compare_digest``: the lookup reveals nothing a caller could use, and the comparison
+takes constant time.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import uuid
+
+import msgspec
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store.tables import principals
+
+__all__ = [
+    "KEY_PREFIX",
+    "Principal",
+    "PrincipalExists",
+    "PrincipalStore",
+    "Role",
+    "hash_key",
+    "new_key",
+]
+
+KEY_PREFIX = "sk_"
+# 32 random bytes: far past the 128 bits an API key needs against guessing.
+KEY_BYTES = 32
+BOOTSTRAP_TENANT = "system"
+BOOTSTRAP_NAME = "bootstrap-admin"
+
+
+class Role(enum.StrEnum):
+    CLIENT = "client"
+    OBSERVER = "observer"
+    ADMIN = "admin"
+
+
+class Principal(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    tenant: str
+    name: str
+    role: Role
+    credential_generation: int
+    all_tenants: bool = False
+
+    def may_act_in(self, tenant: str) -> bool:
+        return self.all_tenants or self.tenant == tenant
+
+
+class PrincipalExists(ValueError):
+    status_hint = 409
+
+
+def new_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(KEY_BYTES)
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
+
+
+def _principal(row: object) -> Principal:
+    return Principal(
+        id=row.id,  # type: ignore[attr-defined]
+        tenant=row.tenant,  # type: ignore[attr-defined]
+        name=row.name,  # type: ignore[attr-defined]
+        role=Role(row.role),  # type: ignore[attr-defined]
+        credential_generation=row.credential_generation,  # type: ignore[attr-defined]
+        all_tenants=row.all_tenants,  # type: ignore[attr-defined]
+    )
+
+
+class PrincipalStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def authenticate(self, key: str) -> Principal | None:
+        """The live principal holding ``key``, or None."""
+        digest = hash_key(key)
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(principals).where(
+                        principals.c.key_hash == digest, principals.c.revoked_at.is_(None)
+                    )
+                )
+            ).first()
+        if row is None or not hmac.compare_digest(bytes(row.key_hash), digest):
+            return None
+        return _principal(row)
+
+    async def create(
+        self,
+        tenant: str,
+        name: str,
+        role: Role,
+        *,
+        key: str | None = None,
+        all_tenants: bool = False,
+    ) -> tuple[Principal, str]:
+        """Create a principal; returns it with its API key (shown to the caller only here)."""
+        key = key or new_key()
+        principal_id = uuid.uuid4()
+        async with self._engine.begin() as conn:
+            existing = (
+                await conn.execute(
+                    select(principals.c.id).where(
+                        principals.c.tenant == tenant, principals.c.name == name
+                    )
+                )
+            ).first()
+            if existing is not None:
+                raise PrincipalExists(f"principal {name!r} already exists in tenant {tenant!r}")
+            await conn.execute(
+                insert(principals).values(
+                    id=principal_id,
+                    tenant=tenant,
+                    name=name,
+                    role=role.value,
+                    key_hash=hash_key(key),
+                    all_tenants=all_tenants,
+                )
+            )
+        principal = Principal(
+            id=principal_id,
+            tenant=tenant,
+            name=name,
+            role=role,
+            credential_generation=1,
+            all_tenants=all_tenants,
+        )
+        return principal, key
+
+    async def ensure_bootstrap_admin(self, key: str) -> Principal:
+        """Guarantee an all-tenant admin whose key is ``key`` (idempotent across restarts)."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    select(principals)
+                    .where(
+                        principals.c.tenant == BOOTSTRAP_TENANT,
+                        principals.c.name == BOOTSTRAP_NAME,
+                    )
+                    .with_for_update()
+                )
+            ).first()
+            if row is not None:
+                await conn.execute(
+                    update(principals)
+                    .where(principals.c.id == row.id)
+                    .values(key_hash=hash_key(key), revoked_at=None)
+                )
+                return _principal(row)
+        principal, _ = await self.create(
+            BOOTSTRAP_TENANT, BOOTSTRAP_NAME, Role.ADMIN, key=key, all_tenants=True
+        )
+        return principal
