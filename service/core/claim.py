@@ -80,6 +80,7 @@ class Claim(msgspec.Struct, frozen=True, tag="claim"):
 class Replay(msgspec.Struct, frozen=True, tag="replay"):
     result: Result
     state: OperationState
+    operation_id: str = ""
 
 
 class FingerprintMismatch(msgspec.Struct, frozen=True, tag="fingerprint_mismatch"):
@@ -130,7 +131,7 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
         return OperationConflict(operation_id=operation_id)
     if record.state.terminal:
         assert record.result is not None  # a completed or failed row always has its result
-        return Replay(result=record.result, state=record.state)
+        return Replay(result=record.result, state=record.state, operation_id=operation_id)
     if record.lease_valid(now):
         assert record.lease_expires_at is not None
         return InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at)

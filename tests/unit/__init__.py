@@ -1,0 +1,1 @@
+"""Unit tests: the pure settlement core, no I/O."""
