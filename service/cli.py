@@ -61,6 +61,15 @@ def _parser() -> argparse.ArgumentParser:
         "--embedded", action="store_true", help="migrate the embedded PostgreSQL under the data dir"
     )
     migrate.set_defaults(run=_migrate)
+
+    principals = sub.add_parser("principals", help="manage principals and API keys")
+    psub = principals.add_subparsers(required=True, metavar="ACTION")
+    create = psub.add_parser("create", help="create a principal; prints JSON with its key once")
+    create.add_argument("--tenant", required=True)
+    create.add_argument("--name", required=True)
+    create.add_argument("--role", required=True, choices=["client", "observer", "admin"])
+    create.add_argument("--embedded", action="store_true", help="use the embedded PostgreSQL")
+    create.set_defaults(run=_create_principal)
     return parser
 
 
@@ -143,6 +152,48 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> int:
         assert ready.database_url is not None
         upgrade(ready.database_url)
     print(f"database at {head_revision()}")
+    return 0
+
+
+def _create_principal(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    import msgspec
+
+    from service.http.routes.admin import PrincipalRequest
+    from service.store.db import make_engine
+    from service.store.migrate import ensure_current
+    from service.store.principals import PrincipalStore, Role
+
+    try:
+        request = msgspec.convert(
+            {"tenant": args.tenant, "name": args.name, "role": args.role}, PrincipalRequest
+        )
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid principal: {exc}") from None
+
+    async def create(url: str) -> dict[str, object]:
+        engine = make_engine(settings, url, pool_size=1)
+        try:
+            await ensure_current(engine)
+            principal, key = await PrincipalStore(engine).create(
+                request.tenant, request.name, Role(request.role)
+            )
+        finally:
+            await engine.dispose()
+        return {
+            "id": str(principal.id),
+            "tenant": principal.tenant,
+            "name": principal.name,
+            "role": principal.role.value,
+            "credential_generation": principal.credential_generation,
+            "api_key": key,
+        }
+
+    with _endpoints(settings, args.embedded, want_redis=False) as ready:
+        assert ready.database_url is not None
+        created = asyncio.run(create(ready.database_url))
+    print(msgspec.json.encode(created).decode())
     return 0
 
 

@@ -81,6 +81,10 @@ class Settings:
     terminal_policy: TerminalPolicy = _setting(
         TerminalPolicy.CONFLICT, "completed vs failed under one tuple: conflict or completed_wins."
     )
+    enable_failpoints: bool = _setting(
+        False, "arms SETTLEMENT_FAILPOINTS; off in production so a stray variable does nothing."
+    )
+    failpoints: str = _setting("", "name=crash|sleep:S|error,... for crash tests.")
     log_format: str = _setting("json", "json or text.")
     otel_exporter: str = _setting("none", "none, console or otlp.")
 
@@ -166,6 +170,15 @@ _seconds = _number(float, "a number of seconds")
 _integer = _number(int, "an integer")
 
 
+def _flag(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name} must be 1 or 0, got {raw!r}")
+
+
 def _policy(name: str, raw: str) -> TerminalPolicy:
     try:
         return TerminalPolicy(raw.strip())
@@ -177,6 +190,7 @@ def _policy(name: str, raw: str) -> TerminalPolicy:
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "terminal_policy": _policy,
+    "enable_failpoints": _flag,
     "lease_ttl": _seconds,
     "sweep_interval": _seconds,
     "max_wait": _seconds,

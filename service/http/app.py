@@ -12,12 +12,19 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import ConfigError, Settings
+from service.failpoints import Failpoints
 from service.http.health import health
+from service.http.idempotency import Idempotency
 from service.http.problems import exception_handlers
-from service.leases import make_redis
+from service.http.routes.admin import create_principal
+from service.http.routes.ledger import get_account, post_account, post_transfer
+from service.http.routes.operations import get_operation, get_operation_by_key
+from service.leases import LeaseManager, make_redis
 from service.logs import configure_logging
 from service.store.db import make_engine
 from service.store.migrate import ensure_current
+from service.store.notify import TerminalWaiter
+from service.store.principals import PrincipalStore
 from service.store.settlement import SettlementStore
 
 __all__ = ["Runtime", "app_from_env", "create_app"]
@@ -26,9 +33,11 @@ log = logging.getLogger("settlement.app")
 
 
 class Runtime:
-    """What one server process holds: settings, the engine, Redis, the settlement store."""
+    """What one server process holds: settings, the engine, Redis, stores, leases."""
 
-    def __init__(self, settings: Settings, engine: AsyncEngine, redis: Redis) -> None:
+    def __init__(
+        self, settings: Settings, engine: AsyncEngine, redis: Redis, database_url: str
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.redis = redis
@@ -38,6 +47,11 @@ class Runtime:
             retention=settings.retention,
             max_retries=settings.settle_max_retries,
         )
+        self.principals = PrincipalStore(engine)
+        self.leases = LeaseManager(redis, ttl=settings.lease_ttl)
+        self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
+        self.failpoints = Failpoints.from_settings(settings)
+        self.idempotency = Idempotency(self)
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -54,15 +68,27 @@ def create_app(settings: Settings) -> Litestar:
         redis = make_redis(settings, redis_url)
         try:
             await ensure_current(engine)
-            app.state.runtime = Runtime(settings, engine, redis)
+            runtime = Runtime(settings, engine, redis, database_url)
+            if settings.bootstrap_admin_key:
+                await runtime.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
+            app.state.runtime = runtime
             log.info("server ready")
             yield
+            await runtime.waiter.close()
         finally:
             await redis.aclose()
             await engine.dispose()
 
     return Litestar(
-        route_handlers=[health],
+        route_handlers=[
+            health,
+            post_account,
+            get_account,
+            post_transfer,
+            get_operation,
+            get_operation_by_key,
+            create_principal,
+        ],
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,

@@ -7,6 +7,7 @@ from typing import Any
 
 from litestar import Request
 
+from service.http.problems import ProblemError
 from service.store.principals import Principal, Role
 
 __all__ = ["AuthError", "authenticate", "require_role"]
@@ -16,13 +17,8 @@ MAX_AUTHORIZATION = 512
 _BEARER = re.compile(r"Bearer[ ]+([\x21-\x7e]{1,400})[ ]*", re.IGNORECASE)
 
 
-class AuthError(Exception):
-    """Carries the problem slug: ``unauthenticated`` (401) or ``forbidden`` (403)."""
-
-    def __init__(self, slug: str, detail: str) -> None:
-        super().__init__(detail)
-        self.slug = slug
-        self.detail = detail
+class AuthError(ProblemError):
+    """``unauthenticated`` (401) or ``forbidden`` (403)."""
 
 
 async def authenticate(request: Request[Any, Any, Any]) -> Principal:
@@ -32,7 +28,9 @@ async def authenticate(request: Request[Any, Any, Any]) -> Principal:
     match = _BEARER.fullmatch(header) if len(header) <= MAX_AUTHORIZATION else None
     if match is None:
         raise AuthError("unauthenticated", "malformed Authorization header: Bearer <api key>")
-    principal = await request.app.state.runtime.principals.authenticate(match.group(1))
+    principal: Principal | None = await request.app.state.runtime.principals.authenticate(
+        match.group(1)
+    )
     if principal is None:
         raise AuthError("unauthenticated", "unknown or revoked API key")
     return principal
@@ -41,4 +39,6 @@ async def authenticate(request: Request[Any, Any, Any]) -> Principal:
 def require_role(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         allowed = ", ".join(r.value for r in roles)
-        raise AuthError("forbidden", f"role {principal.role.value} may not call this; needs {allowed}")
+        raise AuthError(
+            "forbidden", f"role {principal.role.value} may not call this; needs {allowed}"
+        )

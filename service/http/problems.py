@@ -18,9 +18,16 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from service.store.principals import PrincipalExists
 from service.store.settlement import OperationNotFound, SettlementContention
 
-__all__ = ["PROBLEM_CONTENT_TYPE", "Problem", "exception_handlers", "problem_response"]
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "Problem",
+    "ProblemError",
+    "exception_handlers",
+    "problem_response",
+]
 
 log = logging.getLogger("settlement.http")
 
@@ -55,12 +62,24 @@ SLUGS: dict[str, tuple[int, str]] = {
     "payload-too-large": (413, "Payload too large"),
     "invalid-evidence": (422, "Evidence signature does not verify"),
     "service-unavailable": (503, "Service unavailable"),
+    "principal-exists": (409, "Principal exists"),
     "internal-error": (500, "Internal server error"),
 }
+
+
+class ProblemError(Exception):
+    """An HTTP-layer refusal that names its problem slug (auth, key, parameters)."""
+
+    def __init__(self, slug: str, detail: str) -> None:
+        super().__init__(detail)
+        self.slug = slug
+        self.detail = detail
+
 
 # exception type -> slug, for errors raised below the HTTP layer
 ERROR_SLUGS: dict[type[BaseException], str] = {
     OperationNotFound: "not-found",
+    PrincipalExists: "principal-exists",
     SettlementContention: "service-unavailable",
 }
 
@@ -111,6 +130,8 @@ def _validation_detail(exc: ValidationException) -> str:
 
 
 def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    if isinstance(exc, ProblemError):
+        return problem_response(exc.slug, exc.detail)
     for kind, slug in ERROR_SLUGS.items():
         if isinstance(exc, kind):
             return problem_response(slug, str(exc))

@@ -1,0 +1,184 @@
+"""The demo local-effect domain: accounts and transfers.
+
+A transfer's rows and both balance updates are written on the settlement transaction's
+connection, so they commit together with the operation, attempt and observation rows (or
+not at all). Account rows are locked in ascending id order, so two transfers over the same
+pair of accounts cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Annotated
+
+import msgspec
+from sqlalchemy import insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.domain.currencies import ISO_4217
+from service.store.tables import accounts, transfers
+
+__all__ = [
+    "Account",
+    "AccountRequest",
+    "BusinessFailure",
+    "Transfer",
+    "TransferRequest",
+    "create_account",
+    "get_account",
+    "transfer",
+]
+
+# Largest amount or balance in minor units: fits PostgreSQL bigint with room for a sum.
+MAX_AMOUNT = 10**15
+MEMO_LIMIT = 512
+
+Currency = Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$", description="ISO 4217 code")]
+Amount = Annotated[int, msgspec.Meta(gt=0, le=MAX_AMOUNT)]
+Balance = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+
+
+class AccountRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    currency: Currency
+    opening_balance: Balance = 0
+
+    def __post_init__(self) -> None:
+        _known_currency(self.currency)
+
+
+class TransferRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    source: uuid.UUID
+    destination: uuid.UUID
+    amount: Amount
+    currency: Currency
+    memo: Annotated[str, msgspec.Meta(max_length=MEMO_LIMIT)] | None = None
+
+    def __post_init__(self) -> None:
+        _known_currency(self.currency)
+        if self.source == self.destination:
+            raise ValueError("source and destination must be different accounts")
+
+
+class Account(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    currency: str
+    balance: int
+
+
+class Transfer(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    source: uuid.UUID
+    destination: uuid.UUID
+    amount: int
+    currency: str
+    memo: str | None
+    created_at: datetime
+
+
+class BusinessFailure(Exception):
+    """A definitive business outcome: stored as ``failed`` and replayed."""
+
+    def __init__(self, slug: str, detail: str) -> None:
+        super().__init__(detail)
+        self.slug = slug
+        self.detail = detail
+
+
+def _known_currency(code: str) -> None:
+    if code not in ISO_4217:
+        raise ValueError(f"unknown currency {code!r} (ISO 4217)")
+
+
+async def create_account(
+    conn: AsyncConnection, tenant: str, operation_id: uuid.UUID, request: AccountRequest
+) -> Account:
+    account_id = uuid.uuid4()
+    await conn.execute(
+        insert(accounts).values(
+            id=account_id,
+            tenant=tenant,
+            currency=request.currency,
+            balance=request.opening_balance,
+            operation_id=operation_id,
+        )
+    )
+    return Account(id=account_id, currency=request.currency, balance=request.opening_balance)
+
+
+async def get_account(conn: AsyncConnection, tenant: str, account_id: uuid.UUID) -> Account | None:
+    row = (
+        await conn.execute(
+            select(accounts.c.id, accounts.c.currency, accounts.c.balance).where(
+                accounts.c.id == account_id, accounts.c.tenant == tenant
+            )
+        )
+    ).first()
+    return None if row is None else Account(id=row.id, currency=row.currency, balance=row.balance)
+
+
+async def transfer(
+    conn: AsyncConnection, tenant: str, operation_id: uuid.UUID, request: TransferRequest
+) -> Transfer:
+    """Move ``amount`` from source to destination; raises BusinessFailure for 402/404/422."""
+    ordered = sorted((request.source, request.destination))
+    rows = (
+        await conn.execute(
+            select(accounts.c.id, accounts.c.currency, accounts.c.balance)
+            .where(accounts.c.id.in_(ordered), accounts.c.tenant == tenant)
+            .order_by(accounts.c.id)
+            .with_for_update()
+        )
+    ).all()
+    found = {row.id: row for row in rows}
+    for role, account_id in (("source", request.source), ("destination", request.destination)):
+        if account_id not in found:
+            raise BusinessFailure("account-not-found", f"{role} account {account_id} not found")
+    source, destination = found[request.source], found[request.destination]
+    for role, row in (("source", source), ("destination", destination)):
+        if row.currency != request.currency:
+            raise BusinessFailure(
+                "currency-mismatch",
+                f"{role} account holds {row.currency}, the transfer is in {request.currency}",
+            )
+    if source.balance < request.amount:
+        raise BusinessFailure(
+            "insufficient-funds",
+            f"source balance {source.balance} is below the amount {request.amount}",
+        )
+    if destination.balance + request.amount > MAX_AMOUNT:
+        raise BusinessFailure("balance-limit", "the destination balance would exceed the limit")
+    await conn.execute(
+        update(accounts)
+        .where(accounts.c.id == request.source)
+        .values(balance=accounts.c.balance - request.amount)
+    )
+    await conn.execute(
+        update(accounts)
+        .where(accounts.c.id == request.destination)
+        .values(balance=accounts.c.balance + request.amount)
+    )
+    transfer_id = uuid.uuid4()
+    created_at = datetime.now(UTC)
+    await conn.execute(
+        insert(transfers).values(
+            id=transfer_id,
+            tenant=tenant,
+            operation_id=operation_id,
+            source_id=request.source,
+            destination_id=request.destination,
+            amount=request.amount,
+            currency=request.currency,
+            memo=request.memo,
+            created_at=created_at,
+        )
+    )
+    return Transfer(
+        id=transfer_id,
+        source=request.source,
+        destination=request.destination,
+        amount=request.amount,
+        currency=request.currency,
+        memo=request.memo,
+        created_at=created_at,
+    )

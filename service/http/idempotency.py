@@ -1,0 +1,432 @@
+"""The Idempotency-Key layer, opt-in per route (DESIGN §5 steps 1-7).
+
+A route becomes idempotent by declaring an :class:`IdempotentRoute` and handing its requests
+to :meth:`Idempotency.handle`:
+
+1. authenticate, parse the key, decode and validate the body (400, nothing stored),
+   fingerprint it;
+2. one indexed read of the scope's row: replay a terminal match; 422 / 409 for a mismatch
+   or a conflict;
+3. acquire the scope's Redis lease (held by a live attempt: 409 or ``Prefer: wait``);
+4. claim in PostgreSQL with one CAS (new, from unknown, or demoting a stale in_progress),
+   which creates the attempt row and its fencing token;
+5. run the effect under a heartbeat; a lost lease cancels it;
+6. settle: a local effect commits in the settlement transaction, fenced by the token;
+7. release the lease and answer with ``Idempotent-Replayed: false``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.core import (
+    Binding,
+    BindingMismatch,
+    Claim,
+    ClaimDecision,
+    ClaimRequest,
+    FingerprintMismatch,
+    InProgress,
+    Observation,
+    ObservationKind,
+    OperationConflict,
+    Record,
+    Replay,
+    Result,
+    Source,
+    decide_claim,
+)
+from service.domain.ledger import BusinessFailure
+from service.http.auth import AuthError, authenticate, require_role
+from service.http.fingerprint import KeyError_, fingerprint, parse_idempotency_key, result_digest
+from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_response
+from service.leases import Lease, LeaseUnavailable
+from service.store.principals import Principal, Role
+from service.store.rows import Scope
+from service.store.settlement import AttemptRef, ClaimOutcome, Settled
+
+__all__ = ["ExecutionContext", "Idempotency", "IdempotentRoute", "Outcome"]
+
+log = logging.getLogger("settlement.idempotency")
+
+JSON = "application/json"
+# Business failures a route may store as terminal outcomes, with their status.
+BUSINESS_STATUS = {
+    "insufficient-funds": 402,
+    "account-not-found": 404,
+    "currency-mismatch": 422,
+    "balance-limit": 422,
+    "payout-declined": 402,
+}
+BUSINESS_TITLE = {
+    "insufficient-funds": "Insufficient funds",
+    "account-not-found": "Account not found",
+    "currency-mismatch": "Currency mismatch",
+    "balance-limit": "Balance limit exceeded",
+    "payout-declined": "Payout declined",
+}
+_PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,6})(?:$|[;,\s])", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionContext:
+    principal: Principal
+    operation_id: uuid.UUID
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What a handler produced: the response to store and replay."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+
+
+LocalHandler = Callable[[AsyncConnection, ExecutionContext, Any], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentRoute:
+    """Declares a route idempotent: its scope name, body schema, roles and local effect."""
+
+    route: str
+    body_type: type[msgspec.Struct]
+    execute: LocalHandler
+    roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
+
+
+class Idempotency:
+    def __init__(self, runtime: Any) -> None:
+        self._rt = runtime
+
+    # -- step 1 ----------------------------------------------------------------------------
+
+    async def handle(
+        self,
+        request: Request[Any, Any, Any],
+        spec: IdempotentRoute,
+        path_params: dict[str, Any] | None = None,
+    ) -> Response[bytes]:
+        try:
+            principal = await authenticate(request)
+            require_role(principal, *spec.roles)
+            key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
+        except (AuthError, KeyError_) as exc:
+            return _fresh(problem_response(exc.slug, exc.detail))
+        raw = await request.body()
+        try:
+            body = msgspec.json.decode(raw, type=spec.body_type)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            return _fresh(problem_response("validation-error", str(exc)))
+        scope = Scope(
+            tenant=principal.tenant,
+            principal_id=principal.id,
+            route=spec.route,
+            idempotency_key=key,
+        )
+        claim = ClaimRequest(
+            request_fingerprint=fingerprint(spec.route, path_params or {}, body),
+            binding=Binding(str(principal.id), principal.credential_generation),
+            new_operation_id=str(uuid.uuid4()),
+            lease_expires_at=time.time() + self._rt.settings.lease_ttl,
+        )
+        return await self._run(request, spec, principal, scope, claim, body)
+
+    # -- steps 2-7 -------------------------------------------------------------------------
+
+    async def _run(
+        self,
+        request: Request[Any, Any, Any],
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        claim: ClaimRequest,
+        body: Any,
+    ) -> Response[bytes]:
+        store = self._rt.store
+        record = await store.get_by_scope(scope)
+        if record is not None:
+            early = decide_claim(record, claim, time.time())
+            if not isinstance(early, Claim | InProgress):
+                return self._answer(early)
+        try:
+            lease = await self._rt.leases.acquire(_lease_name(scope))
+        except LeaseUnavailable:
+            op = None if record is None else record.tuple.operation_id
+            return _fresh(
+                problem_response(
+                    "lease-unavailable",
+                    "the lease store is unreachable; no new execution without a lease",
+                    headers={"Retry-After": "1"},
+                    operation_id=op,
+                ),
+                op,
+            )
+        if lease is None:
+            return await self._in_progress(request, scope, record)
+        try:
+            outcome: ClaimOutcome = await store.claim(
+                scope, claim, lease_token=lease.token, lease_held=True
+            )
+            if not isinstance(outcome.decision, Claim):
+                return self._answer(outcome.decision)
+            await self._rt.failpoints.hit("claim.after")
+            return await self._execute(spec, principal, body, outcome, lease)
+        finally:
+            with contextlib.suppress(LeaseUnavailable):
+                await self._rt.leases.release(lease)
+
+    async def _execute(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        body: Any,
+        claimed: ClaimOutcome,
+        lease: Lease,
+    ) -> Response[bytes]:
+        record = claimed.record
+        assert record is not None and claimed.attempt_id is not None
+        operation_id = uuid.UUID(record.tuple.operation_id)
+        attempt = AttemptRef(
+            attempt_id=claimed.attempt_id,
+            reservation=record.tuple,
+            fencing_token=record.fencing_token,
+        )
+        context = ExecutionContext(principal=principal, operation_id=operation_id)
+        failpoints = self._rt.failpoints
+
+        async def effect(conn: AsyncConnection, current: Record) -> Observation:
+            try:
+                produced = await spec.execute(conn, context, body)
+                kind = ObservationKind.COMPLETED
+            except BusinessFailure as failure:
+                produced = _business_outcome(failure, operation_id)
+                kind = ObservationKind.FAILED
+            return Observation(
+                tuple=current.tuple,
+                kind=kind,
+                source=Source.ATTEMPT,
+                fencing_token=attempt.fencing_token,
+                result=Result(
+                    status=produced.status,
+                    content_type=produced.content_type,
+                    body=produced.body,
+                    digest=result_digest(produced.status, produced.content_type, produced.body),
+                ),
+            )
+
+        task = asyncio.create_task(
+            self._rt.store.settle_local(
+                operation_id,
+                attempt,
+                effect,
+                before_commit=lambda: failpoints.hit("effect.before_commit"),
+            )
+        )
+        heartbeat = self._rt.leases.heartbeat(lease, on_lost=task.cancel)
+        try:
+            async with heartbeat:
+                settled: Settled = await task
+        except asyncio.CancelledError:
+            if not heartbeat.lost.is_set():
+                raise  # the request itself was cancelled
+            log.warning("lease lost during execution", extra={"operation_id": str(operation_id)})
+            return _fresh(
+                problem_response(
+                    "lease-unavailable",
+                    "this attempt lost its lease; its effect was not committed; retry",
+                    headers={"Retry-After": "1"},
+                    operation_id=str(operation_id),
+                ),
+                str(operation_id),
+            )
+        except Exception:
+            log.exception("attempt failed", extra={"operation_id": str(operation_id)})
+            await self._give_up(operation_id, attempt)
+            return _fresh(
+                problem_response(
+                    "internal-error",
+                    "the attempt failed before its outcome was known; safe to retry",
+                    operation_id=str(operation_id),
+                    state="unknown",
+                ),
+                str(operation_id),
+            )
+        await failpoints.hit("effect.after_commit")
+        return self._settled_response(settled, str(operation_id))
+
+    async def _give_up(self, operation_id: uuid.UUID, attempt: AttemptRef) -> None:
+        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
+        with contextlib.suppress(Exception):
+            await self._rt.store.settle(
+                operation_id,
+                Observation(
+                    tuple=attempt.reservation,
+                    kind=ObservationKind.UNKNOWN,
+                    source=Source.ATTEMPT,
+                    fencing_token=attempt.fencing_token,
+                ),
+                attempt_id=attempt.attempt_id,
+            )
+
+    def _settled_response(self, settled: Settled, operation_id: str) -> Response[bytes]:
+        record = settled.record
+        ours = settled.decision.disposition.value == "applied" and record.state.terminal
+        if record.result is not None and record.state.terminal and record.state.value != "conflict":
+            return _result_response(record.result, operation_id, replayed=not ours)
+        if record.state.value == "conflict":
+            return self._answer(OperationConflict(operation_id=operation_id))
+        return self._answer(
+            InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at or 0)
+        )
+
+    # -- in progress: 409 or Prefer: wait ------------------------------------------------------
+
+    async def _in_progress(
+        self, request: Request[Any, Any, Any], scope: Scope, record: Record | None
+    ) -> Response[bytes]:
+        store = self._rt.store
+        if record is None:
+            record = await store.get_by_scope(scope)
+        if record is None:
+            return self._answer(InProgress(operation_id="", lease_expires_at=0))
+        operation_id = record.tuple.operation_id
+        wait = _prefer_wait(request.headers.get("prefer"), self._rt.settings.max_wait)
+        if wait > 0:
+            async with self._rt.waiter.wait_for(operation_id) as settled:
+                current = await store.get_by_scope(scope)
+                if current is not None and not current.state.terminal:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(settled, wait)
+                    current = await store.get_by_scope(scope)
+            if current is not None and current.state.terminal:
+                response = self._answer(decide_claim(current, _same_request(current), time.time()))
+                response.headers["Preference-Applied"] = f"wait={wait:g}"
+                return response
+        lease_left = record.lease_expires_at or 0.0
+        return self._answer(InProgress(operation_id=operation_id, lease_expires_at=lease_left))
+
+    # -- decisions to HTTP -----------------------------------------------------------------
+
+    def _answer(self, decision: ClaimDecision) -> Response[bytes]:
+        match decision:
+            case Replay(result=result, operation_id=op):
+                return _result_response(result, op, replayed=True)
+            case FingerprintMismatch(operation_id=op):
+                return _fresh(
+                    problem_response(
+                        "fingerprint-mismatch",
+                        "this key was used with a different request",
+                        operation_id=op,
+                    ),
+                    op,
+                )
+            case BindingMismatch(operation_id=op):
+                return _fresh(
+                    problem_response(
+                        "binding-mismatch",
+                        "the operation is bound to another credential generation; "
+                        "an admin supersede is needed",
+                        operation_id=op,
+                    ),
+                    op,
+                )
+            case OperationConflict(operation_id=op):
+                return _fresh(
+                    problem_response(
+                        "operation-conflict",
+                        "incompatible outcomes were observed; see the status resource",
+                        operation_id=op,
+                        state="conflict",
+                    ),
+                    op,
+                )
+            case InProgress(operation_id=op):
+                headers = {"Retry-After": "1"}
+                if op:
+                    headers["Location"] = f"/v1/operations/{op}"
+                return _fresh(
+                    problem_response(
+                        "operation-in-progress",
+                        "another attempt holds this operation's lease",
+                        headers=headers,
+                        operation_id=op or None,
+                        state="in_progress",
+                    ),
+                    op or None,
+                )
+            case Claim():  # pragma: no cover - claims are executed, never answered
+                raise AssertionError("a claim is executed, not answered")
+
+
+def _same_request(record: Record) -> ClaimRequest:
+    """A request matching the row exactly (used to turn a settled row into its replay)."""
+    return ClaimRequest(
+        request_fingerprint=record.tuple.request_fingerprint,
+        binding=record.binding,
+        new_operation_id=record.tuple.operation_id,
+        lease_expires_at=0.0,
+    )
+
+
+def _result_response(
+    result: Result, operation_id: str | None, *, replayed: bool
+) -> Response[bytes]:
+    return _fresh(
+        Response(
+            content=result.body,
+            status_code=result.status,
+            media_type=result.content_type,
+        ),
+        operation_id,
+        replayed=replayed,
+    )
+
+
+def _fresh(
+    response: Response[bytes], operation_id: str | None = None, *, replayed: bool = False
+) -> Response[bytes]:
+    response.headers["Idempotent-Replayed"] = "true" if replayed else "false"
+    if operation_id:
+        response.headers["Operation-Id"] = operation_id
+    return response
+
+
+def _business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outcome:
+    status = BUSINESS_STATUS[failure.slug]
+    problem = Problem(
+        type=f"/problems/{failure.slug}",
+        title=BUSINESS_TITLE[failure.slug],
+        status=status,
+        detail=failure.detail,
+        operation_id=str(operation_id),
+        state="failed",
+    )
+    return Outcome(
+        status=status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def _prefer_wait(header: str | None, cap: float) -> float:
+    if not header:
+        return 0.0
+    match = _PREFER_WAIT.search(header)
+    return 0.0 if match is None else min(float(match.group(1)), cap)
+
+
+def _lease_name(scope: Scope) -> str:
+    raw = f"{scope.tenant}\x00{scope.principal_id}\x00{scope.route}\x00{scope.idempotency_key}"
+    return hashlib.sha256(raw.encode()).hexdigest()

@@ -1,0 +1,298 @@
+"""Redis leases: "a worker is alive on this operation". Liveness, never safety.
+
+A lease is one Redis key holding a random token, set with ``SET NX PX``. Only the holder of
+the token may extend or release it (compare-and-extend, compare-and-delete Lua scripts). A
+:class:`Heartbeat` extends the lease in the background while the work runs and sets ``lost``
+once the lease can no longer be assumed to be ours.
+
+Losing a lease costs availability only: the fencing token checked in PostgreSQL at commit
+time is what stops a stale worker. Nothing here is read as authority for a decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from types import TracebackType
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+
+__all__ = ["DEFAULT_PREFIX", "Heartbeat", "Lease", "LeaseManager", "LeaseUnavailable"]
+
+log = logging.getLogger("settlement.leases")
+
+# Every lease key lives under this prefix, so leases can be listed and never collide.
+DEFAULT_PREFIX = "settlement:lease:"
+
+# Extend every ttl/3: two beats in a row may fail and a third still lands before expiry.
+BEAT_FRACTION = 1 / 3
+
+# Bytes of randomness in a lease token: unguessable, so no other worker can forge ownership.
+TOKEN_BYTES = 16
+
+# Redis refusing to serve a write (unreachable, timed out, failed over to a read-only replica,
+# out of memory) means the same for a lease: it cannot be taken or kept right now.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.ReadOnlyError,
+    redis_errors.OutOfMemoryError,
+    OSError,
+)
+
+# KEYS[1] lease key, ARGV[1] token, ARGV[2] ttl in ms -> 1 if extended, 0 if not ours.
+_EXTEND = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+    return redis.call("PEXPIRE", KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS[1] lease key, ARGV[1] token -> 1 if deleted, 0 if not ours.
+_RELEASE = """
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+    return redis.call("DEL", KEYS[1])
+end
+return 0
+"""
+
+
+class LeaseUnavailable(Exception):
+    """Redis is unreachable or timed out: no new execution without a lease (fail closed)."""
+
+    status_hint = 503
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One held lease. ``expires_at`` is local wall-clock time, informational only."""
+
+    key: str
+    token: str
+    ttl: float
+    expires_at: float
+
+
+class LeaseManager:
+    """Takes, extends and releases leases under ``prefix`` on one Redis client."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        ttl: float,
+        prefix: str = DEFAULT_PREFIX,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not math.isfinite(ttl) or _ms(ttl) < 1:
+            raise ValueError(f"lease ttl must be a finite number of at least 1 ms, got {ttl!r}")
+        self._redis = redis
+        self._ttl = ttl
+        self._prefix = prefix
+        self._clock = clock
+        # registered once; each call is an EVALSHA that loads the script if Redis lacks it
+        self._extend = redis.register_script(_EXTEND)
+        self._release = redis.register_script(_RELEASE)
+
+    @property
+    def ttl(self) -> float:
+        return self._ttl
+
+    def now(self) -> float:
+        """The clock that stamps ``Lease.expires_at``."""
+        return self._clock()
+
+    async def acquire(self, name: str) -> Lease | None:
+        """Take the lease on ``name``; None when another holder has it."""
+        key = self._prefix + name
+        token = secrets.token_hex(TOKEN_BYTES)
+        # read before the call: Redis starts the ttl later, so expires_at errs early
+        started = self._clock()
+        with _unavailable("acquire", key):
+            acquired = await self._redis.set(key, token, nx=True, px=_ms(self._ttl))
+        if not acquired:
+            return None
+        return Lease(key=key, token=token, ttl=self._ttl, expires_at=started + self._ttl)
+
+    async def extend(self, lease: Lease) -> Lease | None:
+        """Push the expiry one ttl ahead if the lease is still ours; None when it is lost."""
+        started = self._clock()
+        with _unavailable("extend", lease.key):
+            extended = await self._extend(keys=[lease.key], args=[lease.token, _ms(lease.ttl)])
+        if extended != 1:
+            return None
+        return replace(lease, expires_at=started + lease.ttl)
+
+    async def release(self, lease: Lease) -> bool:
+        """Delete the lease if it is still ours; False when it had expired or changed hands."""
+        with _unavailable("release", lease.key):
+            released = await self._release(keys=[lease.key], args=[lease.token])
+        return bool(released == 1)
+
+    async def holder(self, name: str) -> str | None:
+        """The token currently holding ``name``, or None when nobody does."""
+        key = self._prefix + name
+        with _unavailable("read", key):
+            token = await self._redis.get(key)
+        if token is None:
+            return None
+        return token.decode() if isinstance(token, bytes) else str(token)
+
+    async def remaining(self, name: str) -> float | None:
+        """Seconds until the lease on ``name`` expires, or None when nobody holds it."""
+        key = self._prefix + name
+        with _unavailable("read", key):
+            pttl = int(await self._redis.pttl(key))
+        if pttl == -2:  # no such key
+            return None
+        if pttl == -1:  # a key without expiry was not written by acquire; it never frees itself
+            return math.inf
+        return pttl / 1000
+
+    def heartbeat(self, lease: Lease, *, on_lost: Callable[[], object] | None = None) -> Heartbeat:
+        """Keep ``lease`` alive while the ``async with`` body runs; see :class:`Heartbeat`."""
+        return Heartbeat(self, lease, on_lost=on_lost)
+
+
+class Heartbeat:
+    """Extends a lease every ttl/3 in a background task while the ``async with`` body runs.
+
+    ``lost`` is set, and ``on_lost`` called once, when an extend finds the lease gone (expired
+    or held by another token) or when no extend has succeeded for a whole ttl (Redis
+    unreachable: the lease must be assumed gone). Extends then stop. Leaving the block stops
+    the task; it does not release the lease, the caller does that after settlement.
+    """
+
+    def __init__(
+        self,
+        manager: LeaseManager,
+        lease: Lease,
+        *,
+        on_lost: Callable[[], object] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._manager = manager
+        self._lease = lease
+        self._on_lost = on_lost
+        self._monotonic = monotonic
+        self._interval = lease.ttl * BEAT_FRACTION
+        self._task: asyncio.Task[None] | None = None
+        # monotonic time by which the lease must be assumed expired, and of the next extend
+        self._deadline = 0.0
+        self._next_beat = 0.0
+        self.lost = asyncio.Event()
+
+    @property
+    def lease(self) -> Lease:
+        """The latest lease, with the expiry of the last successful extend."""
+        return self._lease
+
+    async def __aenter__(self) -> Heartbeat:
+        if self._task is not None:
+            raise RuntimeError("a heartbeat can be entered only once")
+        now = self._monotonic()
+        # never trust more than one ttl, even if the wall clock stepped back since the extend
+        left = min(self._lease.ttl, self._lease.expires_at - self._manager.now())
+        self._deadline = now + left
+        # one interval after the lease was last set: immediately if it was taken long ago
+        self._next_beat = self._deadline - self._lease.ttl + self._interval
+        self._task = asyncio.create_task(self._run(), name=f"lease-heartbeat {self._lease.key}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the caller itself is being cancelled: let that through
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self._delay())
+                if not await self._beat():
+                    return
+        except Exception:
+            # a bug here must not leave the work running on a lease nobody extends
+            log.exception("lease heartbeat failed", extra={"lease_key": self._lease.key})
+            self._mark_lost("heartbeat failed")
+
+    def _delay(self) -> float:
+        # never sleep past the deadline: that is when the lease must be given up
+        return max(0.0, min(self._next_beat, self._deadline) - self._monotonic())
+
+    async def _beat(self) -> bool:
+        """One extend; False once the lease is lost and the heartbeat should stop."""
+        started = self._monotonic()
+        budget = self._deadline - started
+        if budget <= 0:
+            self._mark_lost("no extend succeeded within its ttl")
+            return False
+        self._next_beat = started + self._interval
+        try:
+            # an extend answered after the deadline is too late to keep the lease
+            async with asyncio.timeout(budget):
+                renewed = await self._manager.extend(self._lease)
+        except (LeaseUnavailable, redis_errors.RedisError, TimeoutError) as exc:
+            if self._monotonic() >= self._deadline:
+                self._mark_lost("no extend succeeded within its ttl")
+                return False
+            log.warning(
+                "lease %s not extended, retrying: %r",
+                self._lease.key,
+                exc,
+                extra={"lease_key": self._lease.key},
+            )
+            return True
+        if renewed is None:
+            self._mark_lost("expired or taken by another holder")
+            return False
+        self._lease = renewed
+        # Redis started the new ttl after we sent the extend, so this errs early
+        self._deadline = started + renewed.ttl
+        return True
+
+    def _mark_lost(self, reason: str) -> None:
+        if self.lost.is_set():
+            return
+        self.lost.set()
+        log.warning(
+            "lease %s lost: %s",
+            self._lease.key,
+            reason,
+            extra={"lease_key": self._lease.key, "reason": reason},
+        )
+        if self._on_lost is not None:
+            try:
+                self._on_lost()
+            except Exception:
+                log.exception("on_lost callback failed", extra={"lease_key": self._lease.key})
+
+
+def _ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+@contextmanager
+def _unavailable(action: str, key: str) -> Iterator[None]:
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise LeaseUnavailable(f"cannot {action} lease {key}: Redis unavailable ({exc!r})") from exc

@@ -1,0 +1,98 @@
+"""Helpers for end-to-end tests: principals, accounts and transfers over real HTTP, and
+direct reads of the tables (to assert what was, and was not, written)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from service.store.db import async_url
+from tests.conftest import run
+
+ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def new_principal(base_url: str, tenant: str = "acme", role: str = "client") -> dict[str, Any]:
+    response = httpx.post(
+        f"{base_url}/admin/v1/principals",
+        json={"tenant": tenant, "name": f"{role}-{uuid.uuid4().hex[:8]}", "role": role},
+        headers=auth(ADMIN_KEY),
+    )
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def new_account(base_url: str, key: str, balance: int, currency: str = "EUR") -> str:
+    response = httpx.post(
+        f"{base_url}/v1/accounts",
+        json={"currency": currency, "opening_balance": balance},
+        headers={**auth(key), "Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+def transfer(
+    base_url: str,
+    key: str,
+    idempotency_key: str,
+    source: str,
+    destination: str,
+    amount: int,
+    *,
+    timeout: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}/v1/transfers",
+        json={"source": source, "destination": destination, "amount": amount, "currency": "EUR"},
+        headers={**auth(key), "Idempotency-Key": idempotency_key, **(headers or {})},
+        timeout=timeout,
+    )
+
+
+def balance(base_url: str, key: str, account: str) -> int:
+    response = httpx.get(f"{base_url}/v1/accounts/{account}", headers=auth(key))
+    assert response.status_code == 200, response.text
+    return int(response.json()["balance"])
+
+
+def scalar(database_url: str, sql: str, **params: Any) -> Any:
+    async def query() -> Any:
+        engine = create_async_engine(async_url(database_url))
+        try:
+            async with engine.connect() as conn:
+                return (await conn.execute(text(sql), params)).scalar_one()
+        finally:
+            await engine.dispose()
+
+    return run(query())
+
+
+def count_rows(database_url: str) -> dict[str, int]:
+    """Row counts of every table: 'nothing written' is asserted as 'no count changed'."""
+    from service.store.tables import metadata
+
+    async def query() -> dict[str, int]:
+        engine = create_async_engine(async_url(database_url))
+        try:
+            async with engine.connect() as conn:
+                return {
+                    name: int(
+                        (await conn.execute(select(func.count()).select_from(t))).scalar_one()
+                    )
+                    for name, t in metadata.tables.items()
+                }
+        finally:
+            await engine.dispose()
+
+    return run(query())

@@ -1,0 +1,197 @@
+"""Concurrency across two server processes, crashes at failpoints, slow handlers."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.conftest import Services
+from tests.e2e.client import ADMIN_KEY, balance, new_account, new_principal, scalar, transfer
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+LEASE_TTL = 1.0
+BASE_ENV = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_LEASE_TTL": str(LEASE_TTL)}
+
+
+def _failpoint_env(spec: str) -> dict[str, str]:
+    return {**BASE_ENV, "SETTLEMENT_ENABLE_FAILPOINTS": "1", "SETTLEMENT_FAILPOINTS": spec}
+
+
+def _wait_until(predicate: object, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_hundred_concurrent_identical_requests_over_two_processes_execute_once(
+    services: Services, app_database: str
+) -> None:
+    with (
+        ServerProcess(app_database, services.redis_url, env=BASE_ENV) as one,
+        ServerProcess(app_database, services.redis_url, env=BASE_ENV) as two,
+    ):
+        key = new_principal(one.base_url)["api_key"]
+        source = new_account(one.base_url, key, 1000)
+        destination = new_account(one.base_url, key, 0)
+        bases = [one.base_url, two.base_url]
+
+        def send(i: int) -> httpx.Response:
+            return transfer(bases[i % 2], key, "stampede", source, destination, 25)
+
+        with ThreadPoolExecutor(max_workers=50) as pool:
+            responses = list(pool.map(send, range(100)))
+
+        outcomes = Counter(
+            (r.status_code, r.headers.get("idempotent-replayed"))
+            if r.status_code == 201
+            else (r.status_code, r.json()["type"])
+            for r in responses
+        )
+        assert set(outcomes) <= {
+            (201, "false"),
+            (201, "true"),
+            (409, "/problems/operation-in-progress"),
+        }, outcomes
+        assert outcomes[(201, "false")] == 1, outcomes
+        assert (
+            scalar(app_database, "SELECT count(*) FROM transfers WHERE source_id = :s", s=source)
+            == 1
+        )
+        assert balance(one.base_url, key, source) == 975
+        assert balance(two.base_url, key, destination) == 25
+
+
+@pytest.mark.parametrize("failpoint", ["effect.before_commit", "effect.after_commit"])
+def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
+    services: Services, app_database: str, failpoint: str
+) -> None:
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as setup:
+        key = new_principal(setup.base_url)["api_key"]
+        source = new_account(setup.base_url, key, 100)
+        destination = new_account(setup.base_url, key, 0)
+
+    doomed = ServerProcess(
+        app_database, services.redis_url, env=_failpoint_env(f"{failpoint}=sleep:60")
+    ).start()
+    try:
+        thread = threading.Thread(
+            target=lambda: _swallow(
+                lambda: transfer(doomed.base_url, key, "crashy", source, destination, 40)
+            ),
+            daemon=True,
+        )
+        thread.start()
+        if failpoint == "effect.before_commit":
+            _wait_until(
+                lambda: (
+                    scalar(
+                        app_database,
+                        "SELECT count(*) FROM attempts a JOIN operations o"
+                        " ON o.id = a.operation_id WHERE o.idempotency_key = 'crashy'",
+                    )
+                    == 1
+                )
+            )
+            time.sleep(0.3)  # inside the effect's transaction, before its commit
+        else:
+            _wait_until(
+                lambda: (
+                    scalar(
+                        app_database,
+                        "SELECT count(*) FROM transfers WHERE source_id = :s",
+                        s=source,
+                    )
+                    == 1
+                )
+            )
+        doomed.stop(signal.SIGKILL)
+    finally:
+        doomed.stop(signal.SIGKILL)
+
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as restarted:
+        time.sleep(LEASE_TTL + 0.2)  # the dead worker's lease runs out
+        retry = transfer(restarted.base_url, key, "crashy", source, destination, 40)
+        again = transfer(restarted.base_url, key, "crashy", source, destination, 40)
+        assert retry.status_code == 201, retry.text
+        if failpoint == "effect.after_commit":
+            assert retry.headers["idempotent-replayed"] == "true"
+        else:
+            assert retry.headers["idempotent-replayed"] == "false"
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.content == retry.content
+        assert balance(restarted.base_url, key, source) == 60
+        assert balance(restarted.base_url, key, destination) == 40
+    assert (
+        scalar(app_database, "SELECT count(*) FROM transfers WHERE source_id = :s", s=source) == 1
+    )
+
+
+def test_slow_handler_keeps_its_lease_and_a_second_request_gets_409(
+    services: Services, app_database: str
+) -> None:
+    slow = _failpoint_env(f"effect.before_commit=sleep:{LEASE_TTL * 3}")
+    with ServerProcess(app_database, services.redis_url, env=slow) as server:
+        key = new_principal(server.base_url)["api_key"]
+        source = new_account(server.base_url, key, 100)
+        destination = new_account(server.base_url, key, 0)
+        results: list[httpx.Response] = []
+        thread = threading.Thread(
+            target=lambda: results.append(
+                transfer(server.base_url, key, "slow", source, destination, 10)
+            )
+        )
+        thread.start()
+        time.sleep(LEASE_TTL * 1.8)  # well past one TTL: only heartbeats keep the lease
+        second = transfer(server.base_url, key, "slow", source, destination, 10)
+        thread.join(30)
+
+        assert second.status_code == 409
+        assert second.json()["type"] == "/problems/operation-in-progress"
+        assert second.headers["retry-after"]
+        assert second.headers["location"].startswith("/v1/operations/")
+        assert results and results[0].status_code == 201
+        assert results[0].headers["idempotent-replayed"] == "false"
+        assert balance(server.base_url, key, source) == 90
+
+
+def test_prefer_wait_returns_the_outcome_once_settled(
+    services: Services, app_database: str
+) -> None:
+    slow = _failpoint_env("effect.before_commit=sleep:1.5")
+    with ServerProcess(app_database, services.redis_url, env=slow) as server:
+        key = new_principal(server.base_url)["api_key"]
+        source = new_account(server.base_url, key, 100)
+        destination = new_account(server.base_url, key, 0)
+        results: list[httpx.Response] = []
+        thread = threading.Thread(
+            target=lambda: results.append(
+                transfer(server.base_url, key, "waited", source, destination, 10)
+            )
+        )
+        thread.start()
+        time.sleep(0.5)
+        waited = transfer(
+            server.base_url, key, "waited", source, destination, 10, headers={"Prefer": "wait=5"}
+        )
+        thread.join(30)
+        assert waited.status_code == 201, waited.text
+        assert waited.headers["idempotent-replayed"] == "true"
+        assert waited.headers["preference-applied"] == "wait=5"
+        assert results[0].content == waited.content
+
+
+def _swallow(call: object) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        call()  # type: ignore[operator]
