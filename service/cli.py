@@ -128,6 +128,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             # The embedded database belongs to this server: keep it at head. An external
             # database is migrated on purpose (`settlement migrate`); the app refuses otherwise.
             upgrade(ready.database_url)
+            if not settings.bootstrap_admin_key:
+                key = _local_admin_key(Path(settings.data_dir))
+                os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key
+                print(f"admin API key (kept in {settings.data_dir}/admin.key): {key}", flush=True)
         # Worker processes read their settings from the environment, once.
         os.environ["SETTLEMENT_DATABASE_URL"] = ready.database_url
         os.environ["SETTLEMENT_REDIS_URL"] = ready.redis_url
@@ -143,6 +147,19 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
         )
     return 0
+
+
+def _local_admin_key(data_dir: Path) -> str:
+    """The embedded development server's admin key: made once, kept beside its data."""
+    from service.store.principals import new_key
+
+    path = data_dir.resolve() / "admin.key"
+    if path.exists():
+        return path.read_text().strip()
+    key = new_key()
+    path.touch(mode=0o600)
+    path.write_text(key + "\n")
+    return key
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:

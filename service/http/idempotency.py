@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, Response
+from litestar.exceptions import ClientException
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core import (
@@ -126,7 +127,12 @@ class Idempotency:
             key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
         except (AuthError, KeyError_) as exc:
             return _fresh(problem_response(exc.slug, exc.detail))
-        raw = await request.body()
+        try:
+            raw = await request.body()
+        except ClientException as exc:
+            if exc.status_code != 413:
+                raise
+            return _fresh(problem_response("payload-too-large", str(exc.detail)))
         try:
             body = msgspec.json.decode(raw, type=spec.body_type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:

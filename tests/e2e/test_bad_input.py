@@ -90,6 +90,7 @@ def test_bad_transfer_input_is_refused_and_writes_nothing(
     assert problem["type"] == f"/problems/{slug}"
     assert problem["status"] == status
     assert problem["title"] and problem["detail"]
+    assert response.headers["idempotent-replayed"] == "false"
     assert count_rows(app_database) == before
 
 
