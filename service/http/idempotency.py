@@ -242,23 +242,18 @@ class Idempotency:
                 before_commit=lambda: failpoints.hit("effect.before_commit"),
             )
         )
-        heartbeat = self._rt.leases.heartbeat(lease, on_lost=task.cancel)
+        heartbeat = self._rt.leases.heartbeat(
+            lease,
+            on_lost=task.cancel,
+            before_extend=lambda: failpoints.hit("lease.heartbeat"),
+        )
         try:
             async with heartbeat:
                 settled: Settled = await task
         except asyncio.CancelledError:
             if not heartbeat.lost.is_set():
                 raise  # the request itself was cancelled
-            log.warning("lease lost during execution", extra={"operation_id": str(operation_id)})
-            return _fresh(
-                problem_response(
-                    "lease-unavailable",
-                    "this attempt lost its lease; its effect was not committed; retry",
-                    headers={"Retry-After": "1"},
-                    operation_id=str(operation_id),
-                ),
-                str(operation_id),
-            )
+            return await self._after_lost_lease(operation_id, attempt)
         except Exception:
             log.exception("attempt failed", extra={"operation_id": str(operation_id)})
             await self._give_up(operation_id, attempt)
@@ -273,6 +268,29 @@ class Idempotency:
             )
         await failpoints.hit("effect.after_commit")
         return self._settled_response(settled, str(operation_id))
+
+    async def _after_lost_lease(
+        self, operation_id: uuid.UUID, attempt: AttemptRef
+    ) -> Response[bytes]:
+        """The lease was lost and the attempt cancelled, possibly mid-commit: say what the row
+        says. Only a commit under this attempt's own fencing token is this attempt's outcome."""
+        log.warning("lease lost during execution", extra={"operation_id": str(operation_id)})
+        record = await self._rt.store.get(operation_id)
+        op = str(operation_id)
+        if record is not None and record.state.terminal and record.result is not None:
+            if record.state.value == "conflict":
+                return self._answer(OperationConflict(operation_id=op))
+            ours = record.fencing_token == attempt.fencing_token
+            return _result_response(record.result, op, replayed=not ours)
+        return _fresh(
+            problem_response(
+                "lease-unavailable",
+                "this attempt lost its lease before its outcome committed; retry",
+                headers={"Retry-After": "1"},
+                operation_id=op,
+            ),
+            op,
+        )
 
     async def _give_up(self, operation_id: uuid.UUID, attempt: AttemptRef) -> None:
         """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""

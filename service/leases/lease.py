@@ -16,7 +16,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -156,9 +156,18 @@ class LeaseManager:
             return math.inf
         return pttl / 1000
 
-    def heartbeat(self, lease: Lease, *, on_lost: Callable[[], object] | None = None) -> Heartbeat:
-        """Keep ``lease`` alive while the ``async with`` body runs; see :class:`Heartbeat`."""
-        return Heartbeat(self, lease, on_lost=on_lost)
+    def heartbeat(
+        self,
+        lease: Lease,
+        *,
+        on_lost: Callable[[], object] | None = None,
+        before_extend: Callable[[], Awaitable[None]] | None = None,
+    ) -> Heartbeat:
+        """Keep ``lease`` alive while the ``async with`` body runs; see :class:`Heartbeat`.
+
+        ``before_extend`` runs before each extend, inside its time budget (a failpoint hook).
+        """
+        return Heartbeat(self, lease, on_lost=on_lost, before_extend=before_extend)
 
 
 class Heartbeat:
@@ -176,11 +185,13 @@ class Heartbeat:
         lease: Lease,
         *,
         on_lost: Callable[[], object] | None = None,
+        before_extend: Callable[[], Awaitable[None]] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._manager = manager
         self._lease = lease
         self._on_lost = on_lost
+        self._before_extend = before_extend
         self._monotonic = monotonic
         self._interval = lease.ttl * BEAT_FRACTION
         self._task: asyncio.Task[None] | None = None
@@ -249,6 +260,8 @@ class Heartbeat:
         try:
             # an extend answered after the deadline is too late to keep the lease
             async with asyncio.timeout(budget):
+                if self._before_extend is not None:
+                    await self._before_extend()
                 renewed = await self._manager.extend(self._lease)
         except (LeaseUnavailable, redis_errors.RedisError, TimeoutError) as exc:
             if self._monotonic() >= self._deadline:

@@ -195,3 +195,32 @@ def test_prefer_wait_returns_the_outcome_once_settled(
 def _swallow(call: object) -> None:
     with contextlib.suppress(httpx.HTTPError):
         call()  # type: ignore[operator]
+
+
+def test_lost_lease_cancels_the_handler_and_commits_nothing(
+    services: Services, app_database: str
+) -> None:
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as setup:
+        key = new_principal(setup.base_url)["api_key"]
+        source = new_account(setup.base_url, key, 100)
+        destination = new_account(setup.base_url, key, 0)
+    broken = _failpoint_env("lease.heartbeat=error,effect.before_commit=sleep:5")
+    with ServerProcess(app_database, services.redis_url, env=broken) as server:
+        started = time.monotonic()
+        lost = transfer(server.base_url, key, "heartless", source, destination, 10)
+        elapsed = time.monotonic() - started
+
+        assert lost.status_code == 503
+        assert lost.json()["type"] == "/problems/lease-unavailable"
+        assert elapsed < 5  # cancelled at the first failed heartbeat, not after the sleep
+        assert balance(server.base_url, key, source) == 100
+        assert (
+            scalar(app_database, "SELECT count(*) FROM transfers WHERE source_id = :s", s=source)
+            == 0
+        )
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as healthy:
+        time.sleep(LEASE_TTL + 0.2)
+        retry = transfer(healthy.base_url, key, "heartless", source, destination, 10)
+        assert retry.status_code == 201
+        assert retry.headers["idempotent-replayed"] == "false"
+        assert balance(healthy.base_url, key, source) == 90
