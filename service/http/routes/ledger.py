@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get, post
 from litestar.datastructures import State
+from litestar.params import FromPath
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain import ledger
@@ -55,7 +56,7 @@ async def post_transfer(request: Request[Any, Any, Any], state: State) -> Respon
 
 @get("/v1/accounts/{account_id:uuid}", summary="Read an account of your tenant")
 async def get_account(
-    request: Request[Any, Any, Any], state: State, account_id: uuid.UUID
+    request: Request[Any, Any, Any], state: State, account_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
     principal = await authenticate(request)
     require_role(principal, Role.CLIENT, Role.ADMIN)

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response, get
 from litestar.datastructures import State
+from litestar.params import FromPath, FromQuery
 
 from service.http.auth import authenticate
 from service.http.problems import problem_response
@@ -31,7 +32,7 @@ def _respond(principal: Principal, view: OperationView | None, what: str) -> Res
 
 @get("/v1/operations/{operation_id:uuid}", summary="Status of an operation")
 async def get_operation(
-    request: Request[Any, Any, Any], state: State, operation_id: uuid.UUID
+    request: Request[Any, Any, Any], state: State, operation_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
     principal = await authenticate(request)
     view = await operation_view(state.runtime.engine, operation_id)
@@ -40,7 +41,10 @@ async def get_operation(
 
 @get("/v1/operations", summary="Status of your operation under an idempotency key")
 async def get_operation_by_key(
-    request: Request[Any, Any, Any], state: State, key: str, route: str | None = None
+    request: Request[Any, Any, Any],
+    state: State,
+    key: FromQuery[str],
+    route: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     principal = await authenticate(request)
     if not 1 <= len(key) <= 255:
