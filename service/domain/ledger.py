@@ -33,6 +33,8 @@ __all__ = [
 # Largest amount or balance in minor units: fits PostgreSQL bigint with room for a sum.
 MAX_AMOUNT = 10**15
 MEMO_LIMIT = 512
+# PostgreSQL text cannot hold U+0000: refuse it at validation (400), not at INSERT (500).
+NO_NUL = "^[^\x00]*$"
 
 Currency = Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$", description="ISO 4217 code")]
 Amount = Annotated[int, msgspec.Meta(gt=0, le=MAX_AMOUNT)]
@@ -52,7 +54,7 @@ class TransferRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     destination: uuid.UUID
     amount: Amount
     currency: Currency
-    memo: Annotated[str, msgspec.Meta(max_length=MEMO_LIMIT)] | None = None
+    memo: Annotated[str, msgspec.Meta(max_length=MEMO_LIMIT, pattern=NO_NUL)] | None = None
 
     def __post_init__(self) -> None:
         _known_currency(self.currency)

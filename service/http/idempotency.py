@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 import msgspec
 from litestar import Request, Response
@@ -57,7 +58,13 @@ from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_respons
 from service.leases import Lease, LeaseUnavailable
 from service.store.principals import Principal, Role
 from service.store.rows import Scope
-from service.store.settlement import AttemptRef, ClaimOutcome, Settled
+from service.store.settlement import (
+    AttemptRef,
+    ClaimOutcome,
+    RowLocked,
+    Settled,
+    SettlementContention,
+)
 
 __all__ = ["ExecutionContext", "Idempotency", "IdempotentRoute", "Outcome"]
 
@@ -149,7 +156,14 @@ class Idempotency:
             new_operation_id=str(uuid.uuid4()),
             lease_expires_at=time.time() + self._rt.settings.lease_ttl,
         )
-        return await self._run(request, spec, principal, scope, claim, body)
+        try:
+            return await self._run(request, spec, principal, scope, claim, body)
+        except RowLocked:
+            return _busy(scope)
+        except SettlementContention as exc:
+            return _fresh(
+                problem_response("service-unavailable", str(exc), headers={"Retry-After": "1"})
+            )
 
     # -- steps 2-7 -------------------------------------------------------------------------
 
@@ -182,7 +196,7 @@ class Idempotency:
                 op,
             )
         if lease is None:
-            return await self._in_progress(request, scope, record)
+            return await self._in_progress(request, scope, claim, record)
         try:
             outcome: ClaimOutcome = await store.claim(
                 scope, claim, lease_token=lease.token, lease_held=True
@@ -222,7 +236,7 @@ class Idempotency:
                 produced = _business_outcome(failure, operation_id)
                 kind = ObservationKind.FAILED
             return Observation(
-                tuple=current.tuple,
+                tuple=attempt.reservation,
                 kind=kind,
                 source=Source.ATTEMPT,
                 fencing_token=attempt.fencing_token,
@@ -251,7 +265,8 @@ class Idempotency:
             async with heartbeat:
                 settled: Settled = await task
         except asyncio.CancelledError:
-            if not heartbeat.lost.is_set():
+            me = asyncio.current_task()
+            if not heartbeat.lost.is_set() or (me is not None and me.cancelling()):
                 raise  # the request itself was cancelled
             return await self._after_lost_lease(operation_id, attempt)
         except Exception:
@@ -267,6 +282,7 @@ class Idempotency:
                 str(operation_id),
             )
         await failpoints.hit("effect.after_commit")
+        await failpoints.hit("settle.after")
         return self._settled_response(settled, str(operation_id))
 
     async def _after_lost_lease(
@@ -275,13 +291,16 @@ class Idempotency:
         """The lease was lost and the attempt cancelled, possibly mid-commit: say what the row
         says. Only a commit under this attempt's own fencing token is this attempt's outcome."""
         log.warning("lease lost during execution", extra={"operation_id": str(operation_id)})
-        record = await self._rt.store.get(operation_id)
         op = str(operation_id)
+        record = None
+        with contextlib.suppress(Exception):
+            record = await self._rt.store.get(operation_id)
         if record is not None and record.state.terminal and record.result is not None:
             if record.state.value == "conflict":
                 return self._answer(OperationConflict(operation_id=op))
             ours = record.fencing_token == attempt.fencing_token
             return _result_response(record.result, op, replayed=not ours)
+        await self._give_up(operation_id, attempt)  # ignored if another attempt took over
         return _fresh(
             problem_response(
                 "lease-unavailable",
@@ -320,13 +339,17 @@ class Idempotency:
     # -- in progress: 409 or Prefer: wait ------------------------------------------------------
 
     async def _in_progress(
-        self, request: Request[Any, Any, Any], scope: Scope, record: Record | None
+        self,
+        request: Request[Any, Any, Any],
+        scope: Scope,
+        claim: ClaimRequest,
+        record: Record | None,
     ) -> Response[bytes]:
         store = self._rt.store
         if record is None:
             record = await store.get_by_scope(scope)
         if record is None:
-            return self._answer(InProgress(operation_id="", lease_expires_at=0))
+            return _busy(scope)  # the winner has not inserted its row yet
         operation_id = record.tuple.operation_id
         wait = _prefer_wait(request.headers.get("prefer"), self._rt.settings.max_wait)
         if wait > 0:
@@ -337,7 +360,7 @@ class Idempotency:
                         await asyncio.wait_for(settled, wait)
                     current = await store.get_by_scope(scope)
             if current is not None and current.state.terminal:
-                response = self._answer(decide_claim(current, _same_request(current), time.time()))
+                response = self._answer(decide_claim(current, claim, time.time()))
                 response.headers["Preference-Applied"] = f"wait={wait:g}"
                 return response
         lease_left = record.lease_expires_at or 0.0
@@ -396,16 +419,6 @@ class Idempotency:
                 raise AssertionError("a claim is executed, not answered")
 
 
-def _same_request(record: Record) -> ClaimRequest:
-    """A request matching the row exactly (used to turn a settled row into its replay)."""
-    return ClaimRequest(
-        request_fingerprint=record.tuple.request_fingerprint,
-        binding=record.binding,
-        new_operation_id=record.tuple.operation_id,
-        lease_expires_at=0.0,
-    )
-
-
 def _result_response(
     result: Result, operation_id: str | None, *, replayed: bool
 ) -> Response[bytes]:
@@ -441,6 +454,19 @@ def _business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outc
     )
     return Outcome(
         status=status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def _busy(scope: Scope) -> Response[bytes]:
+    """409 for a scope whose operation id is not known here: point at the key lookup."""
+    location = "/v1/operations?" + urlencode({"key": scope.idempotency_key, "route": scope.route})
+    return _fresh(
+        problem_response(
+            "operation-in-progress",
+            "another attempt holds this operation",
+            headers={"Retry-After": "1", "Location": location},
+            state="in_progress",
+        )
     )
 
 

@@ -30,6 +30,8 @@ log = logging.getLogger("settlement.leases")
 
 # Every lease key lives under this prefix, so leases can be listed and never collide.
 DEFAULT_PREFIX = "settlement:lease:"
+# How long each cancel of the heartbeat task is given to land before it is repeated.
+STOP_GRACE = 0.1
 
 # Extend every ttl/3: two beats in a row may fail and a third still lands before expiry.
 BEAT_FRACTION = 1 / 3
@@ -195,6 +197,7 @@ class Heartbeat:
         self._monotonic = monotonic
         self._interval = lease.ttl * BEAT_FRACTION
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         # monotonic time by which the lease must be assumed expired, and of the next extend
         self._deadline = 0.0
         self._next_beat = 0.0
@@ -226,17 +229,18 @@ class Heartbeat:
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # the caller itself is being cancelled: let that through
+        self._stopping = True
+        # A cancellation that lands as an extend's own timeout fires can be swallowed by
+        # asyncio.timeout (Python 3.11): keep cancelling until the task has really ended.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=STOP_GRACE)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("lease heartbeat ended with %r", task.exception())
 
     async def _run(self) -> None:
         try:
-            while True:
+            while not self._stopping:
                 await asyncio.sleep(self._delay())
                 if not await self._beat():
                     return

@@ -8,15 +8,17 @@ three stages; it never assigns blindly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core import (
@@ -44,12 +46,16 @@ __all__ = [
     "ClaimOutcome",
     "LocalEffect",
     "OperationNotFound",
+    "RowLocked",
     "Settled",
     "SettlementContention",
     "SettlementStore",
 ]
 
 log = logging.getLogger("settlement.store")
+
+# SQLSTATE of "lock_timeout expired" (lock_not_available).
+LOCK_NOT_AVAILABLE = "55P03"
 
 # A local effect writes its rows on the settlement transaction's connection and reports its
 # outcome (completed or failed, with the result) as an observation of the current attempt.
@@ -58,6 +64,12 @@ LocalEffect = Callable[[AsyncConnection, Record], Awaitable[Observation]]
 
 class OperationNotFound(LookupError):
     status_hint = 404
+
+
+class RowLocked(RuntimeError):
+    """The operation row stayed locked past the lock timeout (another phase holds it)."""
+
+    status_hint = 409
 
 
 class SettlementContention(RuntimeError):
@@ -107,6 +119,17 @@ class SettlementStore:
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self._engine)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _lock_timeouts() -> Iterator[None]:
+        """A lock not granted within the lock timeout is a busy row, not a server fault."""
+        try:
+            yield
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+                raise RowLocked("the operation row is locked by another phase") from exc
+            raise
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -171,7 +194,12 @@ class SettlementStore:
                 source=Source.ATTEMPT,
                 fencing_token=attempt.fencing_token,
             )
-            if record.fencing_token != attempt.fencing_token or record.state.terminal:
+            current = record.tuple == attempt.reservation
+            if (
+                not current
+                or record.fencing_token != attempt.fencing_token
+                or record.state.terminal
+            ):
                 return probe
             return await effect(conn, record)
 
@@ -190,7 +218,11 @@ class SettlementStore:
         async with self._engine.begin() as conn:
             await _finish_attempt(conn, attempt_id, outcome, status, error, at(self._clock()))
 
-    async def _settle(
+    async def _settle(self, *args: Any, **kwargs: Any) -> Settled:
+        with self._lock_timeouts():
+            return await self._settle_locked(*args, **kwargs)
+
+    async def _settle_locked(
         self,
         operation_id: uuid.UUID,
         produce: Callable[[AsyncConnection, Record], Awaitable[Observation]],
@@ -273,7 +305,17 @@ class SettlementStore:
             )
         raise SettlementContention(f"operation {operation_id}: revision kept moving")
 
-    async def claim(
+    async def claim(self, scope: Scope, request: ClaimRequest, **kwargs: Any) -> ClaimOutcome:
+        """Claim the scope's operation for a new attempt, or say why not (one CAS).
+
+        ``lease_held``: the caller holds the scope's lease, so no other attempt is live
+        whatever the row's own lease column says; a row still in_progress is stale.
+        Raises :class:`RowLocked` when the row stays locked past the lock timeout.
+        """
+        with self._lock_timeouts():
+            return await self._claim(scope, request, **kwargs)
+
+    async def _claim(
         self,
         scope: Scope,
         request: ClaimRequest,
@@ -281,11 +323,6 @@ class SettlementStore:
         lease_token: str | None = None,
         lease_held: bool = False,
     ) -> ClaimOutcome:
-        """Claim the scope's operation for a new attempt, or say why not (one CAS).
-
-        ``lease_held``: the caller holds the scope's lease, so no other attempt is live
-        whatever the row's own lease column says; a row still in_progress is stale.
-        """
         for _ in range(self._max_retries):
             async with self.unit_of_work() as uow:
                 record = await uow.get_for_update_by_scope(scope)

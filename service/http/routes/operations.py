@@ -47,7 +47,9 @@ async def get_operation_by_key(
     route: FromQuery[str | None] = None,
 ) -> Response[bytes]:
     principal = await authenticate(request)
-    if not 1 <= len(key) <= 255:
-        return problem_response("validation-error", "key must be 1-255 characters")
+    if not 1 <= len(key) <= 255 or "\x00" in key or (route is not None and "\x00" in route):
+        return problem_response("validation-error", "key must be 1-255 characters, no NUL")
+    if route is not None and len(route) > 256:
+        return problem_response("validation-error", "route must be at most 256 characters")
     view = await find_by_key(state.runtime.engine, principal.tenant, principal.id, key, route)
     return _respond(principal, view, f"with key {key!r}")
