@@ -224,3 +224,28 @@ def test_lost_lease_cancels_the_handler_and_commits_nothing(
         assert retry.status_code == 201
         assert retry.headers["idempotent-replayed"] == "false"
         assert balance(healthy.base_url, key, source) == 90
+
+
+def test_prefer_wait_with_another_body_is_still_a_fingerprint_mismatch(
+    services: Services, app_database: str
+) -> None:
+    slow = _failpoint_env("effect.before_commit=sleep:1.5")
+    with ServerProcess(app_database, services.redis_url, env=slow) as server:
+        key = new_principal(server.base_url)["api_key"]
+        source = new_account(server.base_url, key, 100)
+        destination = new_account(server.base_url, key, 0)
+        thread = threading.Thread(
+            target=lambda: transfer(server.base_url, key, "edited", source, destination, 10)
+        )
+        thread.start()
+        time.sleep(0.5)
+        edited = transfer(
+            server.base_url, key, "edited", source, destination, 99, headers={"Prefer": "wait=5"}
+        )
+        thread.join(30)
+        assert edited.status_code in (409, 422), edited.text
+        if edited.status_code == 409:  # answered before the first one settled
+            assert edited.json()["type"] == "/problems/operation-in-progress"
+        else:
+            assert edited.json()["type"] == "/problems/fingerprint-mismatch"
+        assert balance(server.base_url, key, source) == 90
