@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,13 +14,17 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import ConfigError, Settings
+from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
-from service.http.health import health
+from service.http.health import health, metrics
 from service.http.idempotency import Idempotency
+from service.http.late import LateAnswers
 from service.http.problems import exception_handlers
 from service.http.routes.admin import create_principal
 from service.http.routes.ledger import get_account, post_account, post_transfer
+from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
+from service.http.routes.payouts import payouts_route, post_payout
 from service.leases import LeaseManager, make_redis
 from service.logs import configure_logging
 from service.store.db import make_engine
@@ -26,6 +32,8 @@ from service.store.migrate import ensure_current
 from service.store.notify import TerminalWaiter
 from service.store.principals import PrincipalStore
 from service.store.settlement import SettlementStore
+from service.sweeper import Sweeper
+from service.telemetry import Metrics
 
 __all__ = ["Runtime", "app_from_env", "create_app"]
 
@@ -41,8 +49,10 @@ class Runtime:
         self.settings = settings
         self.engine = engine
         self.redis = redis
+        self.metrics = Metrics()
         self.store = SettlementStore(
             engine,
+            hooks=self.metrics,
             policy=settings.terminal_policy,
             retention=settings.retention,
             max_retries=settings.settle_max_retries,
@@ -52,6 +62,25 @@ class Runtime:
         self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
         self.failpoints = Failpoints.from_settings(settings)
         self.idempotency = Idempotency(self)
+        self.provider: ProviderClient | None = None
+        if settings.provider_url and settings.provider_secret:
+            # the client's own bound is the late window; each attempt waits provider_timeout
+            self.provider = ProviderClient(
+                settings.provider_url,
+                settings.provider_secret,
+                timeout=max(settings.late_response_window, settings.provider_timeout),
+            )
+        self.payouts = payouts_route(self)
+        self.late = LateAnswers(self.store, self.metrics)
+        self.sweeper = Sweeper(
+            self.store, self.leases, self.metrics, interval=settings.sweep_interval
+        )
+
+    async def close(self) -> None:
+        await self.late.close()
+        await self.waiter.close()
+        if self.provider is not None:
+            await self.provider.close()
 
 
 def create_app(settings: Settings) -> Litestar:
@@ -72,9 +101,15 @@ def create_app(settings: Settings) -> Litestar:
             if settings.bootstrap_admin_key:
                 await runtime.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
             app.state.runtime = runtime
+            sweeping = asyncio.create_task(runtime.sweeper.run(), name="lease-sweeper")
             log.info("server ready")
-            yield
-            await runtime.waiter.close()
+            try:
+                yield
+            finally:
+                sweeping.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeping
+                await runtime.close()
         finally:
             await redis.aclose()
             await engine.dispose()
@@ -82,12 +117,15 @@ def create_app(settings: Settings) -> Litestar:
     return Litestar(
         route_handlers=[
             health,
+            metrics,
             post_account,
             get_account,
             post_transfer,
             get_operation,
             get_operation_by_key,
             create_principal,
+            post_payout,
+            post_observation,
         ],
         lifespan=[lifespan],
         exception_handlers=exception_handlers,

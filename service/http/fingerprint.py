@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from service.evidence import result_digest
 from service.http.problems import ProblemError
 
 __all__ = ["KeyError_", "fingerprint", "parse_idempotency_key", "result_digest"]
@@ -72,11 +73,3 @@ def fingerprint(route: str, path_params: dict[str, Any], body: msgspec.Struct) -
         order="sorted",
     )
     return hashlib.sha256(canonical).hexdigest()
-
-
-def result_digest(status: int, content_type: str, body: bytes) -> str:
-    """Digest of a stored outcome: two outcomes are the same iff status, type and body are."""
-    h = hashlib.sha256()
-    h.update(f"{status}\n{content_type}\n".encode())
-    h.update(body)
-    return h.hexdigest()

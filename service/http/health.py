@@ -13,7 +13,7 @@ from litestar.datastructures import State
 from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
 
-__all__ = ["health"]
+__all__ = ["health", "metrics"]
 
 log = logging.getLogger("settlement.health")
 
@@ -50,3 +50,10 @@ async def health(state: State) -> Response[Health]:
         Health(status="ok" if healthy else "degraded", database=database, redis=redis),
         status_code=200 if healthy else 503,
     )
+
+
+@get("/metrics", media_type="text/plain; version=0.0.4")
+async def metrics(state: State) -> str:
+    """Prometheus text exposition of this process's counters."""
+    rendered: str = state.runtime.metrics.render()
+    return rendered

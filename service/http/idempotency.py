@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import re
 import time
@@ -47,11 +46,14 @@ from service.core import (
     OperationConflict,
     Record,
     Replay,
+    ReservationTuple,
     Result,
     Source,
     decide_claim,
 )
 from service.domain.ledger import BusinessFailure
+from service.domain.payouts import ProviderUnavailable
+from service.evidence import SignedEvidence, observation_of
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.fingerprint import KeyError_, fingerprint, parse_idempotency_key, result_digest
 from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_response
@@ -104,16 +106,25 @@ class Outcome(msgspec.Struct, frozen=True):
 
 
 LocalHandler = Callable[[AsyncConnection, ExecutionContext, Any], Awaitable[Outcome]]
+# An external effect sends the request downstream and returns verified evidence of a
+# definitive answer, or raises ProviderUnavailable when there is none.
+ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
 
 
 @dataclass(frozen=True, slots=True)
 class IdempotentRoute:
-    """Declares a route idempotent: its scope name, body schema, roles and local effect."""
+    """Declares a route idempotent: its scope name, body schema, roles and its effect,
+    either local (commits with the settlement) or external (settled from evidence)."""
 
     route: str
     body_type: type[msgspec.Struct]
-    execute: LocalHandler
+    execute: LocalHandler | None = None
+    external: ExternalHandler | None = None
     roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
+
+    def __post_init__(self) -> None:
+        if (self.execute is None) == (self.external is None):
+            raise ValueError(f"{self.route}: declare exactly one of execute or external")
 
 
 class Idempotency:
@@ -183,7 +194,7 @@ class Idempotency:
             if not isinstance(early, Claim | InProgress):
                 return self._answer(early)
         try:
-            lease = await self._rt.leases.acquire(_lease_name(scope))
+            lease = await self._rt.leases.acquire(scope.lease_name())
         except LeaseUnavailable:
             op = None if record is None else record.tuple.operation_id
             return _fresh(
@@ -204,6 +215,8 @@ class Idempotency:
             if not isinstance(outcome.decision, Claim):
                 return self._answer(outcome.decision)
             await self._rt.failpoints.hit("claim.after")
+            if spec.external is not None:
+                return await self._execute_external(spec, principal, body, outcome, lease)
             return await self._execute(spec, principal, body, outcome, lease)
         finally:
             with contextlib.suppress(LeaseUnavailable):
@@ -228,9 +241,12 @@ class Idempotency:
         context = ExecutionContext(principal=principal, operation_id=operation_id)
         failpoints = self._rt.failpoints
 
+        execute = spec.execute
+        assert execute is not None
+
         async def effect(conn: AsyncConnection, current: Record) -> Observation:
             try:
-                produced = await spec.execute(conn, context, body)
+                produced = await execute(conn, context, body)
                 kind = ObservationKind.COMPLETED
             except BusinessFailure as failure:
                 produced = _business_outcome(failure, operation_id)
@@ -284,6 +300,102 @@ class Idempotency:
         await failpoints.hit("effect.after_commit")
         await failpoints.hit("settle.after")
         return self._settled_response(settled, str(operation_id))
+
+    async def _execute_external(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        body: Any,
+        claimed: ClaimOutcome,
+        lease: Lease,
+    ) -> Response[bytes]:
+        """Send downstream under the sink key; settle the answer as an observation.
+
+        The call runs as its own task bounded by the late-response window. The attempt waits
+        at most the provider timeout (or until its lease is lost); past that it settles
+        ``unknown`` (504) and hands the call to the late-answer keeper, which settles the
+        answer if it still arrives.
+        """
+        record = claimed.record
+        assert record is not None and claimed.attempt_id is not None and spec.external
+        operation_id = uuid.UUID(record.tuple.operation_id)
+        attempt = AttemptRef(
+            attempt_id=claimed.attempt_id,
+            reservation=record.tuple,
+            fencing_token=record.fencing_token,
+        )
+        context = ExecutionContext(principal=principal, operation_id=operation_id)
+        settings = self._rt.settings
+        failpoints = self._rt.failpoints
+        call = asyncio.create_task(
+            _bounded(
+                spec.external(context, attempt.reservation, body), settings.late_response_window
+            )
+        )
+        heartbeat = self._rt.leases.heartbeat(
+            lease, before_extend=lambda: failpoints.hit("lease.heartbeat")
+        )
+        lost = asyncio.ensure_future(heartbeat.lost.wait())
+        try:
+            async with heartbeat:
+                await asyncio.wait(
+                    {call, lost},
+                    timeout=settings.provider_timeout,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+        finally:
+            lost.cancel()
+        op = str(operation_id)
+        if not call.done():
+            self._rt.late.adopt(call, operation_id)
+            return await self._outcome_unknown(operation_id, attempt, "no answer in time")
+        try:
+            signed = call.result()
+        except ProviderUnavailable as exc:
+            return await self._outcome_unknown(operation_id, attempt, str(exc))
+        except Exception as exc:  # a bug is not an outcome
+            log.exception("external call failed", extra={"operation_id": op})
+            return await self._outcome_unknown(operation_id, attempt, repr(exc))
+        await failpoints.hit("effect.before_commit")
+        settled = await self._rt.store.settle(
+            operation_id,
+            observation_of(signed.evidence, Source.ATTEMPT),
+            attempt_id=attempt.attempt_id,
+        )
+        await failpoints.hit("effect.after_commit")
+        await failpoints.hit("settle.after")
+        return self._settled_response(settled, op)
+
+    async def _outcome_unknown(
+        self, operation_id: uuid.UUID, attempt: AttemptRef, why: str
+    ) -> Response[bytes]:
+        """The attempt ends without a definitive answer: ``unknown``, safe to retry."""
+        log.warning(
+            "external outcome unknown", extra={"operation_id": str(operation_id), "why": why}
+        )
+        settled = await self._rt.store.settle(
+            operation_id,
+            Observation(
+                tuple=attempt.reservation,
+                kind=ObservationKind.UNKNOWN,
+                source=Source.ATTEMPT,
+                fencing_token=attempt.fencing_token,
+            ),
+            attempt_id=attempt.attempt_id,
+        )
+        if settled.record.state.terminal:  # a definitive answer was settled meanwhile
+            return self._settled_response(settled, str(operation_id))
+        return _fresh(
+            problem_response(
+                "operation-outcome-unknown",
+                f"the provider gave no definitive answer ({why}); "
+                "retry with the same key: the provider never pays twice",
+                headers={"Retry-After": "1"},
+                operation_id=str(operation_id),
+                state="unknown",
+            ),
+            str(operation_id),
+        )
 
     async def _after_lost_lease(
         self, operation_id: uuid.UUID, attempt: AttemptRef
@@ -457,6 +569,15 @@ def _business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outc
     )
 
 
+async def _bounded(call: Awaitable[SignedEvidence], limit: float) -> SignedEvidence:
+    """Bound an external call in total time; past it there is no answer to wait for."""
+    try:
+        async with asyncio.timeout(limit):
+            return await call
+    except TimeoutError as exc:
+        raise ProviderUnavailable(f"no answer within {limit:g}s") from exc
+
+
 def _busy(scope: Scope) -> Response[bytes]:
     """409 for a scope whose operation id is not known here: point at the key lookup."""
     location = "/v1/operations?" + urlencode({"key": scope.idempotency_key, "route": scope.route})
@@ -475,8 +596,3 @@ def _prefer_wait(header: str | None, cap: float) -> float:
         return 0.0
     match = _PREFER_WAIT.search(header)
     return 0.0 if match is None else min(float(match.group(1)), cap)
-
-
-def _lease_name(scope: Scope) -> str:
-    raw = f"{scope.tenant}\x00{scope.principal_id}\x00{scope.route}\x00{scope.idempotency_key}"
-    return hashlib.sha256(raw.encode()).hexdigest()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -29,6 +30,11 @@ class Scope(msgspec.Struct, frozen=True):
     principal_id: uuid.UUID
     route: str
     idempotency_key: str
+
+    def lease_name(self) -> str:
+        """The scope's lease key in Redis: a digest, so any key fits and none collide."""
+        raw = f"{self.tenant}\x00{self.principal_id}\x00{self.route}\x00{self.idempotency_key}"
+        return hashlib.sha256(raw.encode()).hexdigest()
 
 
 def to_ts(seconds: float | None) -> datetime | None:

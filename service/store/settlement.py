@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from sqlalchemy import select, update
@@ -49,6 +49,7 @@ __all__ = [
     "RowLocked",
     "Settled",
     "SettlementContention",
+    "SettlementHooks",
     "SettlementStore",
 ]
 
@@ -101,11 +102,28 @@ class ClaimOutcome(msgspec.Struct, frozen=True):
     attempt_id: uuid.UUID | None = None
 
 
+class SettlementHooks(Protocol):
+    """What the store reports as it settles (metrics live behind this)."""
+
+    def on_settled(self, source: str, disposition: str) -> None: ...
+
+    def on_claimed(self, kind: str) -> None: ...
+
+
+class _NoHooks:
+    def on_settled(self, source: str, disposition: str) -> None:
+        return None
+
+    def on_claimed(self, kind: str) -> None:
+        return None
+
+
 class SettlementStore:
     def __init__(
         self,
         engine: AsyncEngine,
         *,
+        hooks: SettlementHooks | None = None,
         policy: TerminalPolicy = TerminalPolicy.CONFLICT,
         retention: float = 86_400.0,
         max_retries: int = 16,
@@ -116,6 +134,7 @@ class SettlementStore:
         self._retention = retention
         self._max_retries = max_retries
         self._clock = clock
+        self._hooks: SettlementHooks = hooks or _NoHooks()
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self._engine)
@@ -141,6 +160,68 @@ class SettlementStore:
                 .first()
             )
         return None if row is None else record_from_row(row)
+
+    async def tenant_of(self, operation_id: uuid.UUID) -> str | None:
+        async with self._engine.connect() as conn:
+            tenant: str | None = (
+                await conn.execute(
+                    select(operations.c.tenant).where(operations.c.id == operation_id)
+                )
+            ).scalar_one_or_none()
+        return tenant
+
+    async def record_refused(
+        self,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        reason: str,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """Keep an observation that never reached a row (quarantined, stage A)."""
+        async with self.unit_of_work() as uow:
+            await uow.record_observation(
+                operation_id,
+                observation,
+                stage="A",
+                disposition="quarantined",
+                reason=reason,
+                revision_before=None,
+                revision_after=None,
+                detail=detail,
+            )
+            await uow.commit()
+        self._hooks.on_settled(observation.source.value, "quarantined")
+
+    async def sweep(
+        self, batch: int, is_live: Callable[[uuid.UUID, Scope], Awaitable[bool]]
+    ) -> list[uuid.UUID]:
+        """Demote up to ``batch`` in_progress rows whose lease has expired to ``unknown``.
+
+        Rows are taken with ``FOR UPDATE SKIP LOCKED`` so several sweepers share the work.
+        ``is_live`` asks the lease store whether an attempt still holds the scope's lease
+        (a heartbeat keeps Redis, not this row, up to date); a live one is left alone.
+        Each demotion goes through the core and the CAS and is recorded (source sweeper).
+        """
+        now = self._clock()
+        demoted: list[uuid.UUID] = []
+        with self._lock_timeouts():
+            async with self.unit_of_work() as uow:
+                rows = await uow.expired_in_progress(at(now), batch)
+                for scope, record in rows:
+                    operation_id = uuid.UUID(record.tuple.operation_id)
+                    if await is_live(operation_id, scope):
+                        continue
+                    observation = Observation(
+                        tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
+                    )
+                    decision = settle(record, observation, now, self._policy)
+                    if isinstance(decision, Apply):
+                        await uow.cas_write(decision.record, decision.expected_revision, at(now))
+                        demoted.append(operation_id)
+                    await uow.record_decision(operation_id, observation, decision, record.revision)
+                    self._hooks.on_settled(Source.SWEEPER.value, decision.disposition.value)
+                await uow.commit()
+        return demoted
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
         """The replay path's one indexed read (no lock)."""
@@ -297,6 +378,7 @@ class SettlementStore:
                     await before_commit()
                 await uow.commit()
             _log_decision(operation_id, observation, decision)
+            self._hooks.on_settled(observation.source.value, decision.disposition.value)
             return Settled(
                 decision=decision,
                 record=after,
@@ -360,6 +442,7 @@ class SettlementStore:
                         )
                 await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
                 await uow.commit()
+            self._hooks.on_claimed(decision.kind.value)
             log.info(
                 "operation claimed",
                 extra={

@@ -93,6 +93,34 @@ class UnitOfWork:
         )
         return None if row is None else record_from_row(row)
 
+    async def expired_in_progress(self, now: datetime, limit: int) -> list[tuple[Scope, Record]]:
+        """Lock up to ``limit`` in_progress rows whose lease ended, skipping locked ones."""
+        rows = (
+            (
+                await self.connection.execute(
+                    select(operations)
+                    .where(operations.c.state == "in_progress", operations.c.lease_expires_at < now)
+                    .order_by(operations.c.lease_expires_at)
+                    .limit(limit)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            .mappings()
+            .all()
+        )
+        return [
+            (
+                Scope(
+                    tenant=row["tenant"],
+                    principal_id=row["principal_id"],
+                    route=row["route"],
+                    idempotency_key=row["idempotency_key"],
+                ),
+                record_from_row(row),
+            )
+            for row in rows
+        ]
+
     # -- writes -----------------------------------------------------------------------------
 
     async def insert_operation(

@@ -1,0 +1,116 @@
+"""The demo external effect: payouts through a downstream provider.
+
+The provider honours the sink idempotency key ``<operation_id>:<binding_generation>``, so a
+retry of an attempt whose outcome is unknown sends the same key and can never pay twice.
+Its answer carries signed evidence of the outcome; only verified evidence becomes an
+observation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import httpx
+import msgspec
+
+from service.core import ReservationTuple
+from service.domain.currencies import ISO_4217
+from service.evidence import Evidence, SignedEvidence, verify
+
+__all__ = ["PayoutRequest", "ProviderClient", "ProviderUnavailable", "sink_key"]
+
+log = logging.getLogger("settlement.payouts")
+
+# Largest payout in minor units (fits PostgreSQL bigint with room to spare).
+MAX_PAYOUT = 10**15
+# Largest provider answer read into memory; evidence is a few hundred bytes.
+MAX_PROVIDER_ANSWER = 64 * 1024
+
+Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}$")]
+
+
+class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    beneficiary: Beneficiary
+    amount: Annotated[int, msgspec.Meta(gt=0, le=MAX_PAYOUT)]
+    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$")]
+
+    def __post_init__(self) -> None:
+        if self.currency not in ISO_4217:
+            raise ValueError(f"unknown currency {self.currency!r} (ISO 4217)")
+
+
+class ProviderUnavailable(Exception):
+    """No definitive answer: timeout, transport error, 5xx, or an answer we cannot trust."""
+
+
+def sink_key(reservation: ReservationTuple) -> str:
+    return f"{reservation.operation_id}:{reservation.binding_generation}"
+
+
+class ProviderClient:
+    """One pooled HTTP client per process; every call bounded by ``timeout``."""
+
+    def __init__(self, base_url: str, secret: str, *, timeout: float) -> None:
+        self._secret = secret
+        self._client = httpx.AsyncClient(
+            base_url=base_url,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
+        )
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    async def pay(self, reservation: ReservationTuple, request: PayoutRequest) -> SignedEvidence:
+        """Send the payout under its sink key; the verified evidence of a definitive answer."""
+        body = {
+            "operation_id": reservation.operation_id,
+            "binding_generation": reservation.binding_generation,
+            "request_fingerprint": reservation.request_fingerprint,
+            "beneficiary": request.beneficiary,
+            "amount": request.amount,
+            "currency": request.currency,
+        }
+        try:
+            response = await self._client.post(
+                "/payments", json=body, headers={"Idempotency-Key": sink_key(reservation)}
+            )
+        except httpx.HTTPError as exc:
+            raise ProviderUnavailable(f"provider call failed: {exc!r}") from exc
+        if response.status_code >= 500:
+            raise ProviderUnavailable(f"provider answered {response.status_code}")
+        if response.status_code not in (201, 402) or len(response.content) > MAX_PROVIDER_ANSWER:
+            log.error(
+                "provider answer not understood",
+                extra={"status": response.status_code, "operation_id": reservation.operation_id},
+            )
+            raise ProviderUnavailable(f"provider answered {response.status_code}")
+        try:
+            answer = msgspec.json.decode(response.content, type=_Answer)
+            signed = SignedEvidence(evidence=answer.evidence, signature=answer.signature)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise ProviderUnavailable(f"provider evidence malformed: {exc}") from exc
+        if not verify(signed, self._secret):
+            log.error(
+                "provider evidence does not verify", extra={"sink_key": sink_key(reservation)}
+            )
+            raise ProviderUnavailable("provider evidence does not verify")
+        ev = signed.evidence
+        if (
+            str(ev.operation_id) != reservation.operation_id
+            or ev.binding_generation != reservation.binding_generation
+            or ev.request_fingerprint != reservation.request_fingerprint
+        ):
+            log.error(
+                "provider evidence names another reservation",
+                extra={"sink_key": sink_key(reservation)},
+            )
+            raise ProviderUnavailable("provider evidence names another reservation")
+        return signed
+
+
+class _Answer(msgspec.Struct, frozen=True):
+    reference: str
+    evidence: Evidence
+    signature: str

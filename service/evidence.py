@@ -1,0 +1,112 @@
+"""Signed evidence of an external outcome, shared by the provider and the server.
+
+Evidence names the reservation tuple it is about and the result the operation should store.
+It is signed with HMAC-SHA256 under the provider's shared secret over its canonical encoding:
+the JSON of the evidence object with keys sorted at every level, no whitespace. The stored
+result body is the canonical JSON of ``result.body``, with content type ``application/json``
+for a success and ``application/problem+json`` for a failure, so the server's stored digest
+and the provider's ``result_digest`` agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import uuid
+from typing import Any, Literal
+
+import msgspec
+
+from service.core import Observation, ObservationKind, ReservationTuple, Result, Source
+
+__all__ = [
+    "Evidence",
+    "EvidenceResult",
+    "SignedEvidence",
+    "canonical",
+    "content_type_for",
+    "observation_of",
+    "result_digest",
+    "sign",
+    "stored_body",
+    "verify",
+]
+
+
+class EvidenceResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    status: int
+    body: dict[str, Any]
+
+
+class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    operation_id: uuid.UUID
+    binding_generation: int
+    request_fingerprint: str
+    outcome: Literal["completed", "failed"]
+    result: EvidenceResult
+    result_digest: str
+    issued_at: str
+
+
+class SignedEvidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    evidence: Evidence
+    signature: str
+
+
+def canonical(value: Any) -> bytes:
+    return msgspec.json.encode(value, order="sorted")
+
+
+def content_type_for(outcome: str) -> str:
+    return "application/json" if outcome == "completed" else "application/problem+json"
+
+
+def stored_body(result: EvidenceResult) -> bytes:
+    return canonical(result.body)
+
+
+def result_digest(status: int, content_type: str, body: bytes) -> str:
+    """Digest of a stored outcome: two outcomes are the same iff status, type and body are."""
+    h = hashlib.sha256()
+    h.update(f"{status}\n{content_type}\n".encode())
+    h.update(body)
+    return h.hexdigest()
+
+
+def sign(evidence: Evidence, secret: str) -> str:
+    return hmac.new(secret.encode(), canonical(evidence), hashlib.sha256).hexdigest()
+
+
+def verify(signed: SignedEvidence, secret: str) -> bool:
+    """Constant-time check of the signature, then of the digest the evidence claims."""
+    expected = sign(signed.evidence, secret)
+    if not hmac.compare_digest(expected, signed.signature):
+        return False
+    ev = signed.evidence
+    body = stored_body(ev.result)
+    digest = result_digest(ev.result.status, content_type_for(ev.outcome), body)
+    return hmac.compare_digest(digest, ev.result_digest)
+
+
+def observation_of(
+    evidence: Evidence, source: Source, *, verified: bool = True, attempt_fencing: int | None = None
+) -> Observation:
+    """The observation verified evidence makes: its tuple comes only from the evidence."""
+    content_type = content_type_for(evidence.outcome)
+    return Observation(
+        tuple=ReservationTuple(
+            operation_id=str(evidence.operation_id),
+            request_fingerprint=evidence.request_fingerprint,
+            binding_generation=evidence.binding_generation,
+        ),
+        kind=ObservationKind(evidence.outcome),
+        source=source,
+        result=Result(
+            status=evidence.result.status,
+            content_type=content_type,
+            body=stored_body(evidence.result),
+            digest=evidence.result_digest,
+        ),
+        fencing_token=attempt_fencing,
+        verified=verified,
+    )

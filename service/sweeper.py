@@ -1,0 +1,69 @@
+"""The lease sweeper: in_progress operations whose worker died become ``unknown``.
+
+A background loop in every server process (``run``), and ``settlement sweep`` for one pass
+(``run_once``). Batches are bounded and taken with ``FOR UPDATE SKIP LOCKED``, so any number
+of processes can sweep at once. A row is demoted only when its lease is gone from Redis too;
+if Redis cannot be asked, nothing is demoted (fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from service.leases import LeaseManager
+from service.store.rows import Scope
+from service.store.settlement import SettlementStore
+from service.telemetry import Metrics
+
+__all__ = ["SWEEP_BATCH", "Sweeper"]
+
+log = logging.getLogger("settlement.sweeper")
+
+# Rows per transaction: keeps each sweep's locks and its Redis round trips short.
+SWEEP_BATCH = 100
+
+
+class Sweeper:
+    def __init__(
+        self,
+        store: SettlementStore,
+        leases: LeaseManager,
+        metrics: Metrics,
+        *,
+        interval: float,
+        batch: int = SWEEP_BATCH,
+    ) -> None:
+        self._store = store
+        self._leases = leases
+        self._metrics = metrics
+        self._interval = interval
+        self._batch = batch
+
+    async def _is_live(self, operation_id: uuid.UUID, scope: Scope) -> bool:
+        return await self._leases.holder(scope.lease_name()) is not None
+
+    async def run_once(self) -> int:
+        """One bounded batch; the number of operations demoted."""
+        demoted = await self._store.sweep(self._batch, self._is_live)
+        for operation_id in demoted:
+            log.warning(
+                "demoted an in_progress operation whose lease expired",
+                extra={"operation_id": str(operation_id)},
+            )
+        if demoted:
+            self._metrics.inc("settlement_sweeper_demotions_total", len(demoted))
+        return len(demoted)
+
+    async def run(self) -> None:
+        """Sweep every ``interval`` seconds until cancelled; errors are logged, not fatal."""
+        while True:
+            try:
+                while await self.run_once() >= self._batch:
+                    pass  # a full batch: there may be more right away
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("sweep failed; will retry", extra={"error": repr(exc)})
+            await asyncio.sleep(self._interval)
