@@ -19,6 +19,11 @@ __all__ = ["main"]
 
 log = logging.getLogger("settlement.cli")
 
+# Where `serve --embedded` runs the provider simulator (DESIGN §10: make run starts it).
+PROVIDER_PORT = 8100
+# How long `serve --embedded` waits for the simulator to answer before giving up.
+PROVIDER_START_TIMEOUT = 30.0
+
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
 GRACEFUL_SHUTDOWN = 10.0
 
@@ -54,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument(
+        "--provider-port",
+        type=int,
+        default=PROVIDER_PORT,
+        help="port of the provider simulator started with --embedded (when no provider URL)",
+    )
     serve.set_defaults(run=_serve)
 
     migrate = sub.add_parser("migrate", help="upgrade the database schema to head")
@@ -61,6 +72,16 @@ def _parser() -> argparse.ArgumentParser:
         "--embedded", action="store_true", help="migrate the embedded PostgreSQL under the data dir"
     )
     migrate.set_defaults(run=_migrate)
+
+    sweep = sub.add_parser("sweep", help="one pass of the lease sweeper")
+    sweep.add_argument("--embedded", action="store_true", help="use the embedded servers")
+    sweep.set_defaults(run=_sweep)
+
+    sim = sub.add_parser("provider-sim", help="run the downstream provider simulator")
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=PROVIDER_PORT)
+    sim.add_argument("--db", default=None, help="SQLite file (default: DATA_DIR/provider.sqlite3)")
+    sim.set_defaults(run=_provider_sim)
 
     principals = sub.add_parser("principals", help="manage principals and API keys")
     psub = principals.add_subparsers(required=True, metavar="ACTION")
@@ -122,12 +143,17 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     with (
         contextlib.suppress(_Terminated),
         _endpoints(settings, args.embedded, want_redis=True) as ready,
+        contextlib.ExitStack() as stack,
     ):
         assert ready.database_url is not None and ready.redis_url is not None
         if settings.database_url is None:
             # The embedded database belongs to this server: keep it at head. An external
             # database is migrated on purpose (`settlement migrate`); the app refuses otherwise.
             upgrade(ready.database_url)
+            if settings.provider_url is None:
+                provider = stack.enter_context(_embedded_provider(settings, args.provider_port))
+                os.environ["SETTLEMENT_PROVIDER_URL"] = provider[0]
+                os.environ["SETTLEMENT_PROVIDER_SECRET"] = provider[1]
             if not settings.bootstrap_admin_key:
                 key = _local_admin_key(Path(settings.data_dir))
                 os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key
@@ -149,6 +175,69 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str]]:
+    """Run the provider simulator beside an embedded dev server; yields (url, secret)."""
+    import subprocess
+
+    import httpx
+
+    from service.embedded import die_with_parent
+
+    data_dir = Path(settings.data_dir).resolve()
+    secret = settings.provider_secret or _local_secret(data_dir / "provider.secret")
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "service.provider",
+            "--port",
+            str(port),
+            "--db",
+            str(data_dir / "provider.sqlite3"),
+        ],
+        env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": secret},
+        preexec_fn=die_with_parent(),
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + PROVIDER_START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                raise ConfigError(
+                    f"the provider simulator exited ({proc.returncode}); is port {port} free?"
+                )
+            try:
+                httpx.get(f"{url}/health", timeout=1.0)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise ConfigError("the provider simulator did not start") from None
+                time.sleep(0.1)
+        print(f"provider simulator at {url}", flush=True)
+        yield url, secret
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _local_secret(path: Path) -> str:
+    """A development secret made once and kept beside the data (make run only)."""
+    import secrets
+
+    if path.exists():
+        return path.read_text().strip()
+    value = secrets.token_hex(32)
+    path.touch(mode=0o600)
+    path.write_text(value + "\n")
+    return value
+
+
 def _local_admin_key(data_dir: Path) -> str:
     """The embedded development server's admin key: made once, kept beside its data."""
     from service.store.principals import new_key
@@ -160,6 +249,48 @@ def _local_admin_key(data_dir: Path) -> str:
     path.touch(mode=0o600)
     path.write_text(key + "\n")
     return key
+
+
+def _sweep(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from service.leases import LeaseManager, make_redis
+    from service.store.db import make_engine
+    from service.store.migrate import ensure_current
+    from service.store.settlement import SettlementStore
+    from service.sweeper import Sweeper
+    from service.telemetry import Metrics
+
+    async def once(database_url: str, redis_url: str) -> int:
+        engine = make_engine(settings, database_url, pool_size=1)
+        redis = make_redis(settings, redis_url)
+        try:
+            await ensure_current(engine)
+            metrics = Metrics()
+            store = SettlementStore(engine, hooks=metrics, policy=settings.terminal_policy)
+            leases = LeaseManager(redis, ttl=settings.lease_ttl)
+            sweeper = Sweeper(store, leases, metrics, interval=settings.sweep_interval)
+            total = 0
+            while (n := await sweeper.run_once()) > 0:
+                total += n
+            return total
+        finally:
+            await redis.aclose()
+            await engine.dispose()
+
+    with _endpoints(settings, args.embedded, want_redis=True) as ready:
+        assert ready.database_url is not None and ready.redis_url is not None
+        demoted = asyncio.run(once(ready.database_url, ready.redis_url))
+    print(f"demoted {demoted} operation(s)")
+    return 0
+
+
+def _provider_sim(args: argparse.Namespace, settings: Settings) -> int:
+    from service.provider.__main__ import main as provider_main
+
+    db = args.db or str(Path(settings.data_dir) / "provider.sqlite3")
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    return provider_main(["--host", args.host, "--port", str(args.port), "--db", db])
 
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:

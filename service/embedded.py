@@ -48,6 +48,7 @@ __all__ = [
     "EmbeddedServiceError",
     "EmbeddedServices",
     "ServiceEndpoints",
+    "die_with_parent",
 ]
 
 log = logging.getLogger("settlement.embedded")
@@ -532,7 +533,7 @@ def _require_main_thread() -> None:
         )
 
 
-def _die_with_parent(sig: signal.Signals) -> Callable[[], None]:
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
     """A preexec_fn asking the kernel to send ``sig`` when the starting thread dies."""
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before fork, not in the child
     parent = os.getpid()
@@ -552,7 +553,7 @@ def _child_options(run_as: _RunAs | None, death_signal: signal.Signals) -> _Pope
         "cwd": "/",
         "env": env,
         "start_new_session": True,
-        "preexec_fn": _die_with_parent(death_signal),
+        "preexec_fn": die_with_parent(death_signal),
     }
     if run_as is not None:
         options["user"], options["group"], options["extra_groups"] = run_as.uid, run_as.gid, []

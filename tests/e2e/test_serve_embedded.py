@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,41 +29,88 @@ def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
     env["SETTLEMENT_DATA_DIR"] = str(data_dir)
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve", "--embedded", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "serve",
+            "--embedded",
+            "--port",
+            str(port),
+            "--provider-port",
+            str(free_port()),
+        ],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + START_TIMEOUT * 2
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "server exited during start"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT * 2
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "server exited during start"
+            try:
+                response = httpx.get(f"{base}/health", timeout=1.0)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            assert response.status_code == 200
+            assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+            _RUNNING.append(proc)
+            return proc, base
+        raise AssertionError("embedded server did not become healthy")
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+_RUNNING: list[subprocess.Popen[bytes]] = []
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
         try:
-            response = httpx.get(f"{base}/health", timeout=1.0)
-        except httpx.TransportError:
-            time.sleep(0.2)
-            continue
-        assert response.status_code == 200
-        assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
-        return proc, base
-    proc.kill()
-    raise AssertionError("embedded server did not become healthy")
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def _servers_on(data_dir: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if str(data_dir) in cmdline and ("postgres" in cmdline or "redis-server" in cmdline):
-            found.append(proc)
-    return found
+@pytest.fixture(autouse=True)
+def _no_server_outlives_its_test() -> Iterator[None]:
+    yield
+    while _RUNNING:
+        _stop(_RUNNING.pop())
 
 
-def _wait_gone(data_dir: Path) -> list[psutil.Process]:
+def _servers_of(proc: subprocess.Popen[bytes]) -> list[psutil.Process]:
+    """The processes the server started (PostgreSQL with its backends, Redis, provider)."""
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _assert_all_servers_running(children: list[psutil.Process]) -> None:
+    lines = []
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            lines.append(" ".join(child.cmdline()))
+    running = " ".join(lines)
+    for name in ("postgres", "redis-server", "service.provider"):
+        assert name in running, f"{name} was not found running"
+
+
+def _wait_gone(children: list[psutil.Process]) -> list[psutil.Process]:
     deadline = time.monotonic() + ORPHAN_GRACE
+    left = children
     while time.monotonic() < deadline:
-        left = [p for p in _servers_on(data_dir) if p.is_running() and p.status() != "zombie"]
+        left = []
+        for child in children:
+            try:
+                if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                    left.append(child)
+            except psutil.NoSuchProcess:
+                pass
         if not left:
             return []
         time.sleep(0.2)
@@ -71,18 +120,21 @@ def _wait_gone(data_dir: Path) -> list[psutil.Process]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_stop_signal_stops_embedded_services_cleanly(tmp_path: Path, sig: int) -> None:
     proc, _ = _start(tmp_path)
-    assert _servers_on(tmp_path), "embedded servers were not found running"
+    children = _servers_of(proc)
+    _assert_all_servers_running(children)
     proc.send_signal(sig)
     assert proc.wait(STOP_TIMEOUT) == 0
-    assert _wait_gone(tmp_path) == []
+    assert _wait_gone(children) == []
     assert "database system is shut down" in (tmp_path / "postgres.log").read_text()
 
 
 def test_sigkill_of_the_server_leaves_no_orphans(tmp_path: Path) -> None:
     proc, _ = _start(tmp_path)
+    children = _servers_of(proc)
+    _assert_all_servers_running(children)
     proc.kill()
     proc.wait(STOP_TIMEOUT)
-    assert _wait_gone(tmp_path) == []
+    assert _wait_gone(children) == []
 
 
 def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
@@ -90,9 +142,10 @@ def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(STOP_TIMEOUT) == 0
     proc, base = _start(tmp_path)  # the migrated cluster is reused, not re-initialised
+    children = _servers_of(proc)
     try:
         assert httpx.get(f"{base}/health").status_code == 200
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(STOP_TIMEOUT)
-    assert _wait_gone(tmp_path) == []
+    assert _wait_gone(children) == []

@@ -1,0 +1,314 @@
+"""The provider simulator's HTTP surface: payments keyed by a sink key, and a fault control.
+
+``POST /payments`` honours ``Idempotency-Key`` as a sink key: the first call commits a payment
+(or, with ``decline`` armed, a declined one) and every later call with that key gets the same
+stored answer; the same key with a different body is refused with 422 and commits nothing.
+
+``/_sim/*`` is the control surface for tests and demos: ``POST /_sim/faults`` arms faults for
+the next new payments, ``DELETE /_sim/faults`` clears them, ``GET /_sim/payments[?key=]``
+counts committed payments and recorded declines.
+
+Faults apply only to a call that would create a new payment; a replay is always answered
+normally, without delay or drop. A delayed commit runs in its own shielded task, so a caller
+that gives up (or a cancelled request) never stops it; shutdown waits for such commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Litestar, Request, Response, delete, get, post
+from litestar.background_tasks import BackgroundTask, BackgroundTasks
+from litestar.datastructures import Cookie, State
+from litestar.enums import MediaType
+from litestar.exceptions import HTTPException
+from litestar.response.base import ASGIResponse
+from litestar.types import Receive, Send, TypeEncodersMap
+
+from service.evidence import canonical
+from service.provider.faults import Fault, FaultError, FaultMode, FaultQueue, FaultRequest
+from service.provider.payments import (
+    Outcome,
+    Payment,
+    PaymentRequest,
+    answer_body,
+    new_reference,
+    record_payment,
+)
+from service.provider.store import Counts, PaymentStore
+
+__all__ = ["MAX_BODY_SIZE", "MAX_KEY_LENGTH", "create_provider_app"]
+
+log = logging.getLogger("settlement.provider")
+
+T = TypeVar("T")
+
+# Payment and fault bodies are a few hundred bytes; anything near this is not a real request.
+MAX_BODY_SIZE = 64 * 1024
+# Same bound as the settlement server's own Idempotency-Key (1-255 printable ASCII).
+MAX_KEY_LENGTH = 255
+
+
+class ClientError(Exception):
+    """A request the simulator refuses; answered as ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: str
+
+
+class Armed(msgspec.Struct, frozen=True):
+    armed: list[Fault]
+
+
+class Simulator:
+    """What one simulator process holds: the secret, the store, the armed faults."""
+
+    def __init__(self, secret: str, db_path: Path) -> None:
+        self.secret = secret
+        self.db_path = db_path
+        self.faults = FaultQueue()
+        self._store: PaymentStore | None = None
+        self._commits: set[asyncio.Task[tuple[Payment, bool]]] = set()
+
+    @property
+    def store(self) -> PaymentStore:
+        if self._store is None:
+            raise RuntimeError("the payment store is opened by the app's lifespan")
+        return self._store
+
+    async def open(self) -> None:
+        self._store = await asyncio.to_thread(PaymentStore.open, self.db_path)
+
+    async def close(self) -> None:
+        """Let in-flight commits finish (their callers may be gone), then close the store."""
+        while self._commits:
+            await asyncio.gather(*self._commits, return_exceptions=True)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    async def pay(self, sink_key: str, request: PaymentRequest) -> Response[bytes]:
+        wanted = canonical(request)
+        existing = await asyncio.to_thread(self.store.find, sink_key)
+        if existing is not None:
+            return _answer(existing, wanted, replayed=True)
+        fault = self.faults.take()
+        if fault is not None:
+            log.info("fault applied", extra={"sink_key": sink_key, "mode": fault.mode.value})
+        mode = fault.mode if fault is not None else None
+        if mode is FaultMode.ERROR_5XX:
+            return Response(
+                msgspec.json.encode({"error": "simulated provider failure"}),
+                status_code=503,
+                media_type=MediaType.JSON,
+            )
+        outcome: Outcome = "declined" if mode is FaultMode.DECLINE else "completed"
+        delay = fault.delay if fault is not None else 0.0
+        payment, created = await self._commit(sink_key, request, outcome, delay)
+        if mode is FaultMode.DROP_RESPONSE and payment.request == wanted:
+            return _DroppedResponse(
+                answer_body(payment), status_code=payment.status, media_type=MediaType.JSON
+            )
+        return _answer(payment, wanted, replayed=not created)
+
+    async def _commit(
+        self, sink_key: str, request: PaymentRequest, outcome: Outcome, delay: float
+    ) -> tuple[Payment, bool]:
+        task = asyncio.create_task(self._delayed_commit(sink_key, request, outcome, delay))
+        self._commits.add(task)
+        task.add_done_callback(self._commit_done)
+        return await asyncio.shield(task)
+
+    async def _delayed_commit(
+        self, sink_key: str, request: PaymentRequest, outcome: Outcome, delay: float
+    ) -> tuple[Payment, bool]:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        payment = record_payment(
+            sink_key,
+            request,
+            outcome=outcome,
+            reference=new_reference(),
+            now=datetime.now(UTC),
+            secret=self.secret,
+        )
+        return await asyncio.to_thread(self.store.commit, payment)
+
+    def _commit_done(self, task: asyncio.Task[tuple[Payment, bool]]) -> None:
+        self._commits.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("payment commit failed", exc_info=exc)
+
+
+def _answer(payment: Payment, wanted: bytes, *, replayed: bool) -> Response[bytes]:
+    if payment.request != wanted:
+        raise ClientError(422, "sink key reused with a different request")
+    return Response(
+        answer_body(payment),
+        status_code=payment.status,
+        media_type=MediaType.JSON,
+        headers={"Idempotent-Replayed": "true" if replayed else "false"},
+    )
+
+
+class _TruncatedBody(ASGIResponse):
+    """Announces the whole body in ``content-length``, sends half of it, and stops; the
+    server then closes the connection, so the client sees a transport error."""
+
+    __slots__ = ()
+
+    async def send_body(self, send: Send, receive: Receive) -> None:
+        prefix = self.body[: len(self.body) // 2]
+        await send({"type": "http.response.body", "body": prefix, "more_body": True})
+
+
+class _DroppedResponse(Response[bytes]):
+    """A committed payment whose answer is lost on the wire (fault ``drop_response``)."""
+
+    __slots__ = ()
+
+    def to_asgi_response(
+        self,
+        app: Litestar | None,
+        request: Request[Any, Any, Any],
+        *,
+        background: BackgroundTask | BackgroundTasks | None = None,
+        cookies: Iterable[Cookie] | None = None,
+        encoded_headers: Iterable[tuple[bytes, bytes]] | None = None,
+        headers: dict[str, str] | None = None,
+        is_head_response: bool = False,
+        media_type: MediaType | str | None = None,
+        status_code: int | None = None,
+        type_encoders: TypeEncodersMap | None = None,
+    ) -> ASGIResponse:
+        return _TruncatedBody(
+            body=self.content, status_code=self.status_code, media_type=MediaType.JSON
+        )
+
+
+def _simulator(state: State) -> Simulator:
+    simulator: Simulator = state.simulator
+    return simulator
+
+
+def _sink_key(values: list[str]) -> str:
+    if not values:
+        raise ClientError(400, "the Idempotency-Key header is required")
+    if len(values) > 1:
+        raise ClientError(400, "send exactly one Idempotency-Key header")
+    key = values[0].strip(" \t")
+    if not 1 <= len(key) <= MAX_KEY_LENGTH or not all(" " <= ch <= "~" for ch in key):
+        raise ClientError(
+            400, f"Idempotency-Key must be 1-{MAX_KEY_LENGTH} printable ASCII characters"
+        )
+    return key
+
+
+def _decode(body: bytes, type_: type[T]) -> T:
+    try:
+        return msgspec.json.decode(body, type=type_)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ClientError(400, str(exc)) from None
+
+
+@post("/payments", status_code=201)
+async def post_payment(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    sink_key = _sink_key(request.headers.getall("idempotency-key", []))
+    payment = _decode(await request.body(), PaymentRequest)
+    return await _simulator(state).pay(sink_key, payment)
+
+
+@post("/_sim/faults", status_code=200)
+async def arm_faults(request: Request[Any, Any, Any], state: State) -> Armed:
+    faults = _simulator(state).faults
+    try:
+        faults.arm(_decode(await request.body(), FaultRequest))
+    except FaultError as exc:
+        raise ClientError(400, str(exc)) from None
+    return Armed(armed=faults.armed())
+
+
+@get("/_sim/faults")
+async def list_faults(state: State) -> Armed:
+    return Armed(armed=_simulator(state).faults.armed())
+
+
+@delete("/_sim/faults", status_code=200)
+async def clear_faults(state: State) -> Armed:
+    faults = _simulator(state).faults
+    faults.clear()
+    return Armed(armed=faults.armed())
+
+
+@get("/_sim/payments")
+async def count_payments(state: State, key: str | None = None) -> Counts:
+    return await asyncio.to_thread(_simulator(state).store.counts, key)
+
+
+@get("/health")
+async def health() -> Health:
+    return Health(status="ok")
+
+
+def _client_error(request: Request[Any, Any, Any], exc: ClientError) -> Response[Any]:
+    return Response({"error": exc.message}, status_code=exc.status)
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    return Response({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    log.error("unhandled error", exc_info=exc)
+    return Response({"error": "internal error"}, status_code=500)
+
+
+def create_provider_app(secret: str, db_path: Path) -> Litestar:
+    """The simulator app; its SQLite store at ``db_path`` is opened by the lifespan."""
+    if not secret:
+        raise ValueError("the provider secret must not be empty")
+    simulator = Simulator(secret, db_path)
+
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        await simulator.open()
+        log.info("provider simulator ready", extra={"db_path": str(db_path)})
+        try:
+            yield
+        finally:
+            await simulator.close()
+
+    return Litestar(
+        route_handlers=[
+            post_payment,
+            arm_faults,
+            list_faults,
+            clear_faults,
+            count_payments,
+            health,
+        ],
+        state=State({"simulator": simulator}),
+        lifespan=[lifespan],
+        exception_handlers={
+            ClientError: _client_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        },
+        request_max_body_size=MAX_BODY_SIZE,
+        openapi_config=None,
+        logging_config=None,
+        debug=False,
+    )

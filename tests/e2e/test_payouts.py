@@ -1,0 +1,384 @@
+"""Payouts (external effect) and observers, over HTTP, with a real provider process.
+
+In every test the provider's own count of payments per sink key is asserted: exactly one
+where a payout happened, zero where none should have.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from service.evidence import (
+    Evidence,
+    EvidenceResult,
+    canonical,
+    content_type_for,
+    result_digest,
+    sign,
+)
+from tests.conftest import Services
+from tests.e2e.client import ADMIN_KEY, auth, new_principal
+from tests.e2e.provider import SECRET, ProviderProcess
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+LEASE_TTL = 1.0
+SWEEP_INTERVAL = 0.5
+PROVIDER_TIMEOUT = 0.8
+
+
+def _env(provider: ProviderProcess, **extra: str) -> dict[str, str]:
+    return {
+        "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+        "SETTLEMENT_PROVIDER_URL": provider.base_url,
+        "SETTLEMENT_PROVIDER_SECRET": SECRET,
+        "SETTLEMENT_PROVIDER_TIMEOUT": str(PROVIDER_TIMEOUT),
+        "SETTLEMENT_LATE_RESPONSE_WINDOW": "10",
+        "SETTLEMENT_LEASE_TTL": str(LEASE_TTL),
+        "SETTLEMENT_SWEEP_INTERVAL": str(SWEEP_INTERVAL),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[ProviderProcess]:
+    with ProviderProcess() as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def payout_server(
+    services: Services, app_database: str, provider: ProviderProcess
+) -> Iterator[ServerProcess]:
+    with ServerProcess(app_database, services.redis_url, env=_env(provider)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client_key(payout_server: ServerProcess) -> str:
+    return str(new_principal(payout_server.base_url)["api_key"])
+
+
+@pytest.fixture(scope="module")
+def observer_key(payout_server: ServerProcess) -> str:
+    return str(new_principal(payout_server.base_url, role="observer")["api_key"])
+
+
+def payout(base_url: str, key: str, idem: str, amount: int = 500, **kw: Any) -> httpx.Response:
+    return httpx.post(
+        f"{base_url}/v1/payouts",
+        json={"beneficiary": "ACME Supplies", "amount": amount, "currency": "EUR"},
+        headers={**auth(key), "Idempotency-Key": idem},
+        timeout=30,
+        **kw,
+    )
+
+
+def status(base_url: str, key: str, operation_id: str) -> dict[str, Any]:
+    response = httpx.get(f"{base_url}/v1/operations/{operation_id}", headers=auth(key))
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def sink(view: dict[str, Any]) -> str:
+    return f"{view['id']}:{view['binding_generation']}"
+
+
+def wait_for_state(base_url: str, key: str, operation_id: str, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if status(base_url, key, operation_id)["state"] == state:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"operation never reached {state}: {status(base_url, key, operation_id)}")
+
+
+def evidence_for(view: dict[str, Any], *, reference: str, **overrides: Any) -> dict[str, Any]:
+    """Signed evidence as an observer would deliver it (a completed payout by default)."""
+    body = {
+        "id": view["id"],
+        "provider_reference": reference,
+        "amount": 500,
+        "currency": "EUR",
+        "beneficiary": "ACME Supplies",
+    }
+    result = EvidenceResult(status=201, body=body)
+    fields: dict[str, Any] = {
+        "operation_id": uuid.UUID(view["id"]),
+        "binding_generation": view["binding_generation"],
+        "request_fingerprint": view["request_fingerprint"],
+        "outcome": "completed",
+        "result": result,
+        "result_digest": result_digest(201, content_type_for("completed"), canonical(body)),
+        "issued_at": datetime.now(UTC).isoformat(),
+    }
+    fields.update(overrides)
+    evidence = Evidence(**fields)
+    return {"evidence": msgspec.to_builtins(evidence), "signature": sign(evidence, SECRET)}
+
+
+def metric(base_url: str, name: str) -> float:
+    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+        if line.startswith(f"{name} "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not exported")
+
+
+def observe(base_url: str, key: str, signed: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/observations", json=signed, headers=auth(key))
+
+
+def test_payout_succeeds_once_and_replays(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    first = payout(payout_server.base_url, client_key, "p-ok")
+    again = payout(payout_server.base_url, client_key, "p-ok")
+    assert first.status_code == 201, first.text
+    assert first.json()["provider_reference"].startswith("pay_")
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == first.content
+    view = status(payout_server.base_url, client_key, first.headers["operation-id"])
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+
+
+def test_lost_response_is_unknown_then_retry_gets_the_same_payment(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("drop_response")
+    lost = payout(payout_server.base_url, client_key, "p-drop")
+    assert lost.status_code == 504
+    assert lost.json()["type"] == "/problems/operation-outcome-unknown"
+    operation_id = lost.headers["operation-id"]
+    assert status(payout_server.base_url, client_key, operation_id)["state"] == "unknown"
+
+    retry = payout(payout_server.base_url, client_key, "p-drop")
+    assert retry.status_code == 201, retry.text
+    assert retry.headers["idempotent-replayed"] == "false"
+    view = status(payout_server.base_url, client_key, operation_id)
+    assert view["state"] == "completed"
+    assert [a["outcome"] for a in view["attempts"]] == ["unknown", "completed"]
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+
+
+def test_late_answer_upgrades_unknown_without_a_retry(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 3))
+    timed_out = payout(payout_server.base_url, client_key, "p-late")
+    assert timed_out.status_code == 504
+    operation_id = timed_out.headers["operation-id"]
+
+    wait_for_state(payout_server.base_url, client_key, operation_id, "completed", timeout=10)
+    replay = payout(payout_server.base_url, client_key, "p-late")
+    assert replay.status_code == 201
+    assert replay.headers["idempotent-replayed"] == "true"
+    view = status(payout_server.base_url, client_key, operation_id)
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+    assert metric(payout_server.base_url, "settlement_late_responses_total") >= 1
+
+
+def test_success_first_then_the_late_answer_keeps_completed(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 3))
+    timed_out = payout(payout_server.base_url, client_key, "p-race")
+    assert timed_out.status_code == 504
+    operation_id = timed_out.headers["operation-id"]
+    # the retry reaches the provider while the first call is still delayed
+    retry = payout(payout_server.base_url, client_key, "p-race")
+    assert retry.status_code == 201, retry.text
+    time.sleep(PROVIDER_TIMEOUT * 3 + 0.5)  # the first call's late answer arrives
+    view = status(payout_server.base_url, client_key, operation_id)
+    assert view["state"] == "completed"
+    assert view["result"]["body"] == retry.json()
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+
+
+def test_provider_5xx_is_unknown_then_retry_pays_once(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("error_5xx")
+    failed = payout(payout_server.base_url, client_key, "p-5xx")
+    assert failed.status_code == 504
+    view = status(payout_server.base_url, client_key, failed.headers["operation-id"])
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    retry = payout(payout_server.base_url, client_key, "p-5xx")
+    assert retry.status_code == 201
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+
+
+def test_decline_is_a_stored_402_and_recorded_once(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("decline")
+    declined = payout(payout_server.base_url, client_key, "p-decline")
+    again = payout(payout_server.base_url, client_key, "p-decline")
+    assert declined.status_code == 402
+    assert declined.json()["type"] == "/problems/payout-declined"
+    assert again.status_code == 402
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.content == declined.content
+    view = status(payout_server.base_url, client_key, declined.headers["operation-id"])
+    assert view["state"] == "failed"
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 1}
+
+
+def test_conflicting_evidence_is_surfaced_never_overwritten(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str, observer_key: str
+) -> None:
+    provider.arm("error_5xx")
+    unknown = payout(payout_server.base_url, client_key, "p-conflict")
+    operation_id = unknown.headers["operation-id"]
+    view = status(payout_server.base_url, client_key, operation_id)
+    other_observer = new_principal(payout_server.base_url, role="observer")["api_key"]
+
+    one = observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_a"))
+    two = observe(payout_server.base_url, other_observer, evidence_for(view, reference="pay_b"))
+
+    assert one.status_code == 202 and one.json()["disposition"] == "applied"
+    assert two.status_code == 202 and two.json()["disposition"] == "conflict"
+    after = status(payout_server.base_url, client_key, operation_id)
+    assert after["state"] == "conflict"
+    assert len(set(after["conflict"]["digests"])) == 2
+    retry = payout(payout_server.base_url, client_key, "p-conflict")
+    assert retry.status_code == 409
+    assert retry.json()["type"] == "/problems/operation-conflict"
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    assert metric(payout_server.base_url, "settlement_conflicts_total") >= 1
+
+
+@pytest.mark.parametrize(
+    "mismatch",
+    [{"binding_generation": 2}, {"request_fingerprint": "0" * 64}],
+    ids=["other-epoch", "other-fingerprint"],
+)
+def test_mismatched_evidence_is_quarantined_then_exact_match_applies(
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    observer_key: str,
+    mismatch: dict[str, Any],
+) -> None:
+    provider.arm("error_5xx")
+    idem = f"p-quarantine-{next(iter(mismatch))}"
+    unknown = payout(payout_server.base_url, client_key, idem)
+    operation_id = unknown.headers["operation-id"]
+    view = status(payout_server.base_url, client_key, operation_id)
+
+    stale = observe(
+        payout_server.base_url, observer_key, evidence_for(view, reference="pay_x", **mismatch)
+    )
+    assert stale.status_code == 202
+    assert stale.json()["disposition"] == "quarantined"
+    unchanged = status(payout_server.base_url, client_key, operation_id)
+    assert unchanged["state"] == "unknown"
+    assert unchanged["revision"] == view["revision"]
+
+    exact = observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_x"))
+    assert exact.status_code == 202
+    assert exact.json()["disposition"] == "applied"
+    assert status(payout_server.base_url, client_key, operation_id)["state"] == "completed"
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+
+
+def test_forged_or_altered_evidence_is_422_and_changes_nothing(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str, observer_key: str
+) -> None:
+    provider.arm("error_5xx")
+    unknown = payout(payout_server.base_url, client_key, "p-forged")
+    operation_id = unknown.headers["operation-id"]
+    view = status(payout_server.base_url, client_key, operation_id)
+
+    forged = evidence_for(view, reference="pay_f")
+    forged["signature"] = "0" * 64
+    altered = evidence_for(view, reference="pay_f")
+    altered["evidence"]["result"]["body"]["amount"] = 1_000_000
+    for signed in (forged, altered):
+        response = observe(payout_server.base_url, observer_key, signed)
+        assert response.status_code == 422
+        assert response.json()["type"] == "/problems/invalid-evidence"
+    after = status(payout_server.base_url, client_key, operation_id)
+    assert after["state"] == "unknown"
+    assert after["revision"] == view["revision"]
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+
+
+def test_evidence_for_an_unknown_operation_is_404(
+    payout_server: ServerProcess, observer_key: str
+) -> None:
+    ghost = {
+        "id": str(uuid.uuid4()),
+        "binding_generation": 1,
+        "request_fingerprint": "f" * 64,
+    }
+    response = observe(payout_server.base_url, observer_key, evidence_for(ghost, reference="p"))
+    assert response.status_code == 404
+
+
+def test_clients_may_not_deliver_evidence(payout_server: ServerProcess, client_key: str) -> None:
+    response = httpx.post(
+        f"{payout_server.base_url}/v1/observations", json={}, headers=auth(client_key)
+    )
+    assert response.status_code == 403
+
+
+def test_killed_in_flight_payout_is_swept_and_retried_once(
+    services: Services, app_database: str, provider: ProviderProcess
+) -> None:
+    with ServerProcess(app_database, services.redis_url, env=_env(provider)) as setup:
+        key = str(new_principal(setup.base_url)["api_key"])
+    doomed = ServerProcess(
+        app_database,
+        services.redis_url,
+        env=_env(provider, SETTLEMENT_PROVIDER_TIMEOUT="30"),
+    ).start()
+    provider.arm("delay", delay_ms=2500)
+    try:
+        threading.Thread(
+            target=lambda: _swallow(lambda: payout(doomed.base_url, key, "p-killed")),
+            daemon=True,
+        ).start()
+        deadline = time.monotonic() + 10
+        operation_id = None
+        while time.monotonic() < deadline and operation_id is None:
+            found = httpx.get(
+                f"{doomed.base_url}/v1/operations", params={"key": "p-killed"}, headers=auth(key)
+            )
+            if found.status_code == 200:
+                operation_id = found.json()["id"]
+            else:
+                time.sleep(0.05)
+        assert operation_id is not None
+    finally:
+        doomed.stop(signal.SIGKILL)
+
+    with ServerProcess(app_database, services.redis_url, env=_env(provider)) as restarted:
+        started = time.monotonic()
+        wait_for_state(
+            restarted.base_url, key, operation_id, "unknown", timeout=LEASE_TTL + SWEEP_INTERVAL + 5
+        )
+        assert time.monotonic() - started <= LEASE_TTL + SWEEP_INTERVAL + 5
+        view = status(restarted.base_url, key, operation_id)
+        assert any(a["outcome"] is None for a in view["attempts"])  # the dead attempt
+        time.sleep(3)  # the delayed provider call commits its payment meanwhile
+        retry = payout(restarted.base_url, key, "p-killed")
+        assert retry.status_code == 201, retry.text
+        assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+
+
+def _swallow(call: Any) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        call()

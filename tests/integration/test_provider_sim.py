@@ -1,0 +1,467 @@
+"""The provider simulator as a real process over HTTP: one payment per sink key, signed
+evidence, faults that behave like a real provider's failures, and a store that survives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import msgspec
+import pytest
+
+from service.evidence import SignedEvidence, verify
+
+SECRET = "s3cret"
+# A simulator that has not answered /health by then has failed to start.
+START_TIMEOUT = 20.0
+# SIGTERM to exit; nothing is in flight when the tests stop it.
+STOP_TIMEOUT = 10.0
+# Client timeout for ordinary calls; the simulator answers in milliseconds.
+CALL_TIMEOUT = 5.0
+# Concurrent identical calls in the one-winner test.
+CONCURRENT_CALLS = 20
+# Delayed-commit test: the simulator sleeps this long, the client gives up much earlier.
+DELAY_MS = 1500
+CLIENT_TIMEOUT = 0.3
+COMMIT_DEADLINE = 3.0
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ProviderProcess:
+    """``python -m service.provider`` on a free port, with its secret from the environment."""
+
+    def __init__(self, db_path: Path) -> None:
+        self.db_path = db_path
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.NamedTemporaryFile(prefix="provider-sim-", suffix=".log")  # noqa: SIM115 - closed in __exit__
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "service.provider",
+                "--port",
+                str(self.port),
+                "--db",
+                str(self.db_path),
+            ],
+            env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": SECRET},
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"simulator exited with {self.proc.returncode}:\n{self.output()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"simulator did not answer within {START_TIMEOUT}s:\n{self.output()}")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._log.close()
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def pay(
+        self, body: dict[str, Any], key: str | None, *, timeout: float = CALL_TIMEOUT
+    ) -> httpx.Response:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        return httpx.post(f"{self.base_url}/payments", json=body, headers=headers, timeout=timeout)
+
+    def arm(self, mode: str, count: int = 1, **extra: int) -> None:
+        response = httpx.post(
+            f"{self.base_url}/_sim/faults",
+            json={"mode": mode, "count": count, **extra},
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+
+    def clear_faults(self) -> None:
+        assert httpx.delete(f"{self.base_url}/_sim/faults", timeout=CALL_TIMEOUT).json() == {
+            "armed": []
+        }
+
+    def counts(self, key: str | None = None) -> dict[str, int]:
+        params = {} if key is None else {"key": key}
+        response = httpx.get(f"{self.base_url}/_sim/payments", params=params, timeout=CALL_TIMEOUT)
+        assert response.status_code == 200, response.text
+        counts: dict[str, int] = response.json()
+        return counts
+
+
+def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
+    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``."""
+    body: dict[str, Any] = {
+        "operation_id": str(uuid.uuid4()),
+        "binding_generation": 1,
+        "request_fingerprint": uuid.uuid4().hex * 2,
+        "beneficiary": "ACME Ltd",
+        "amount": 1250,
+        "currency": "EUR",
+        **overrides,
+    }
+    return body, f"{body['operation_id']}:{body['binding_generation']}"
+
+
+def signed_evidence(response: httpx.Response) -> SignedEvidence:
+    """What the settlement server does with an answer: pick evidence and signature, decode."""
+    data = response.json()
+    picked = {"evidence": data["evidence"], "signature": data["signature"]}
+    return msgspec.json.decode(msgspec.json.encode(picked), type=SignedEvidence)
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[ProviderProcess]:
+    with (
+        tempfile.TemporaryDirectory(prefix="provider-sim-") as tmp,
+        ProviderProcess(Path(tmp) / "provider.sqlite3") as proc,
+    ):
+        yield proc
+
+
+@pytest.fixture(autouse=True)
+def _no_faults_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "provider" in request.fixturenames:
+        request.getfixturevalue("provider").clear_faults()
+
+
+def test_same_sink_key_replays_the_same_signed_answer(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+
+    first = provider.pay(body, key)
+    second = provider.pay(body, key)
+
+    assert first.status_code == second.status_code == 201
+    assert first.content == second.content  # same reference, evidence and signature
+    assert first.headers["Idempotent-Replayed"] == "false"
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+    signed = signed_evidence(first)
+    reference = first.json()["reference"]
+    assert reference.startswith("pay_") and len(reference) == 4 + 24
+    assert verify(signed, SECRET)
+    ev = signed.evidence
+    assert (str(ev.operation_id), ev.binding_generation) == (body["operation_id"], 1)
+    assert ev.request_fingerprint == body["request_fingerprint"]
+    assert ev.outcome == "completed"
+    assert ev.result.status == 201
+    assert ev.result.body == {
+        "id": body["operation_id"],
+        "provider_reference": reference,
+        "amount": body["amount"],
+        "currency": body["currency"],
+        "beneficiary": body["beneficiary"],
+    }
+
+
+def test_tampered_evidence_does_not_verify(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    signed = signed_evidence(provider.pay(body, key))
+    ev = signed.evidence
+    more = msgspec.structs.replace(
+        ev.result, body={**ev.result.body, "amount": ev.result.body["amount"] + 1}
+    )
+
+    assert verify(signed, SECRET)
+    more_amount = msgspec.structs.replace(ev, result=more)
+    assert not verify(msgspec.structs.replace(signed, evidence=more_amount), SECRET)
+    other_digest = msgspec.structs.replace(ev, result_digest="0" * 64)
+    assert not verify(msgspec.structs.replace(signed, evidence=other_digest), SECRET)
+    assert not verify(signed, "another secret")
+
+
+def test_different_sink_keys_make_different_payments(provider: ProviderProcess) -> None:
+    first_body, first_key = make_payment()
+    second_body, second_key = make_payment()
+
+    first = provider.pay(first_body, first_key)
+    second = provider.pay(second_body, second_key)
+
+    assert first.status_code == second.status_code == 201
+    assert first.json()["reference"] != second.json()["reference"]
+    assert provider.counts(first_key) == provider.counts(second_key) == {"count": 1, "declines": 0}
+
+
+def test_sink_key_reused_with_a_different_amount_is_refused(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    original = provider.pay(body, key)
+
+    reused = provider.pay({**body, "amount": body["amount"] + 1}, key)
+
+    assert reused.status_code == 422
+    assert reused.json() == {"error": "sink key reused with a different request"}
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+    assert provider.pay(body, key).content == original.content
+
+
+def test_concurrent_identical_calls_make_one_payment(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    start = threading.Barrier(CONCURRENT_CALLS)
+
+    with httpx.Client(base_url=provider.base_url, timeout=CALL_TIMEOUT) as client:
+
+        def call(_: int) -> httpx.Response:
+            start.wait()
+            return client.post("/payments", json=body, headers={"Idempotency-Key": key})
+
+        with ThreadPoolExecutor(CONCURRENT_CALLS) as pool:
+            responses = list(pool.map(call, range(CONCURRENT_CALLS)))
+
+    assert {r.status_code for r in responses} == {201}
+    assert len({r.json()["reference"] for r in responses}) == 1
+    assert len({r.content for r in responses}) == 1
+    assert [r.headers["Idempotent-Replayed"] for r in responses].count("false") == 1
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+
+def test_error_5xx_commits_nothing_and_the_next_call_pays(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    provider.arm("error_5xx")
+
+    failed = provider.pay(body, key)
+    assert failed.status_code == 503
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+
+    retried = provider.pay(body, key)
+    assert retried.status_code == 201
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+
+def test_a_replay_neither_takes_nor_feels_an_armed_fault(provider: ProviderProcess) -> None:
+    paid_body, paid_key = make_payment()
+    paid = provider.pay(paid_body, paid_key)
+    provider.arm("error_5xx")
+
+    replay = provider.pay(paid_body, paid_key)
+    new_body, new_key = make_payment()
+    new = provider.pay(new_body, new_key)
+
+    assert replay.status_code == 201 and replay.content == paid.content
+    assert new.status_code == 503
+
+
+def test_decline_is_recorded_and_replayed(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    provider.arm("decline")
+
+    declined = provider.pay(body, key)
+    again = provider.pay(body, key)
+
+    assert declined.status_code == again.status_code == 402
+    assert declined.content == again.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert provider.counts(key) == {"count": 0, "declines": 1}
+    signed = signed_evidence(declined)
+    assert verify(signed, SECRET)
+    assert signed.evidence.outcome == "failed"
+    assert signed.evidence.result.status == 402
+    assert signed.evidence.result.body == {
+        "type": "/problems/payout-declined",
+        "title": "Payout declined",
+        "status": 402,
+        "detail": "the provider declined the payout",
+        "operation_id": body["operation_id"],
+        "state": "failed",
+    }
+
+
+def test_delayed_payment_commits_after_the_caller_gave_up(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    provider.arm("delay", delay_ms=DELAY_MS)
+
+    with pytest.raises(httpx.TimeoutException):
+        provider.pay(body, key, timeout=CLIENT_TIMEOUT)
+    assert provider.counts(key)["count"] == 0  # still sleeping: nothing committed yet
+
+    deadline = time.monotonic() + COMMIT_DEADLINE
+    while provider.counts(key)["count"] == 0:
+        assert time.monotonic() < deadline, "the delayed payment was never committed"
+        time.sleep(0.05)
+    retried = provider.pay(body, key)
+    assert retried.status_code == 201
+    assert retried.headers["Idempotent-Replayed"] == "true"
+    assert verify(signed_evidence(retried), SECRET)
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+
+def test_dropped_response_still_commits_the_payment(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    provider.arm("drop_response")
+
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        provider.pay(body, key)
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+    retried = provider.pay(body, key)
+    assert retried.status_code == 201
+    assert retried.headers["Idempotent-Replayed"] == "true"
+    assert verify(signed_evidence(retried), SECRET)
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+
+def test_payments_survive_a_restart(tmp_path: Path) -> None:
+    db_path = tmp_path / "provider.sqlite3"
+    body, key = make_payment()
+    with ProviderProcess(db_path) as first:
+        before = first.pay(body, key)
+        assert before.status_code == 201
+        # uvicorn shuts down, then re-raises the SIGTERM it caught: death by SIGTERM is normal
+        assert first.stop() in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in first.output()
+
+    with ProviderProcess(db_path) as second:
+        after = second.pay(body, key)
+        assert after.status_code == 201
+        assert after.content == before.content
+        assert second.counts(key) == {"count": 1, "declines": 0}
+
+
+def test_shutdown_waits_for_a_delayed_commit(tmp_path: Path) -> None:
+    db_path = tmp_path / "provider.sqlite3"
+    body, key = make_payment()
+    with ProviderProcess(db_path) as first:
+        first.arm("delay", delay_ms=DELAY_MS)
+        with pytest.raises(httpx.TimeoutException):
+            first.pay(body, key, timeout=CLIENT_TIMEOUT)
+        assert first.counts(key)["count"] == 0
+        first.stop()
+
+    with ProviderProcess(db_path) as second:
+        assert second.counts(key) == {"count": 1, "declines": 0}
+        assert second.pay(body, key).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"operation_id": "not-a-uuid"},
+        {"binding_generation": 0},
+        {"binding_generation": "1"},
+        {"request_fingerprint": "ab" * 31},
+        {"request_fingerprint": "zz" * 32},
+        {"beneficiary": ""},
+        {"beneficiary": "x" * 129},
+        {"amount": 0},
+        {"amount": -5},
+        {"amount": 12.5},
+        {"amount": "1250"},
+        {"currency": "eur"},
+        {"currency": "EURO"},
+        {"unexpected": True},
+    ],
+    ids=lambda o: "-".join(f"{k}={v!r}"[:30] for k, v in o.items()),
+)
+def test_invalid_body_is_refused_and_commits_nothing(
+    provider: ProviderProcess, overrides: dict[str, Any]
+) -> None:
+    body, key = make_payment(**overrides)
+
+    response = provider.pay(body, key)
+
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"not json", b"[]", b'{"amount": 1}'],
+    ids=["empty", "not-json", "array", "missing-fields"],
+)
+def test_undecodable_body_is_refused_and_commits_nothing(
+    provider: ProviderProcess, content: bytes
+) -> None:
+    key = f"{uuid.uuid4()}:1"
+
+    response = httpx.post(
+        f"{provider.base_url}/payments",
+        content=content,
+        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+        timeout=CALL_TIMEOUT,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+
+
+def test_missing_sink_key_is_refused_and_commits_nothing(provider: ProviderProcess) -> None:
+    body, _ = make_payment()
+    before = provider.counts()
+
+    response = provider.pay(body, None)
+
+    assert response.status_code == 400
+    assert "Idempotency-Key" in response.json()["error"]
+    assert provider.counts() == before
+
+
+def test_fault_control_validates_its_input(provider: ProviderProcess) -> None:
+    url = f"{provider.base_url}/_sim/faults"
+    for bad in (
+        {"mode": "explode", "count": 1},
+        {"mode": "decline", "count": 0},
+        {"mode": "delay", "count": 1},
+        {"mode": "decline", "count": 1, "delay_ms": 10},
+        {"mode": "delay", "count": 1, "delay_ms": -1},
+    ):
+        assert httpx.post(url, json=bad, timeout=CALL_TIMEOUT).status_code == 400, bad
+
+    armed = httpx.post(url, json={"mode": "delay", "count": 2, "delay_ms": 5}, timeout=CALL_TIMEOUT)
+    assert armed.json() == {"armed": [{"mode": "delay", "count": 2, "delay_ms": 5}]}
