@@ -40,9 +40,19 @@ from service.core.settle import (
     Strengthen,
     settle,
 )
+from service.core.supersede import (
+    Archived,
+    Refuse,
+    RefuseReason,
+    Supersede,
+    SupersedeDecision,
+    SupersedeRequest,
+    decide_supersede,
+)
 
 __all__ = [
     "Apply",
+    "Archived",
     "Binding",
     "BindingMismatch",
     "Claim",
@@ -63,13 +73,19 @@ __all__ = [
     "Quarantine",
     "Reason",
     "Record",
+    "Refuse",
+    "RefuseReason",
     "Replay",
     "ReservationTuple",
     "Result",
     "Source",
     "Stage",
     "Strengthen",
+    "Supersede",
+    "SupersedeDecision",
+    "SupersedeRequest",
     "TerminalPolicy",
     "decide_claim",
+    "decide_supersede",
     "settle",
 ]

@@ -93,7 +93,11 @@ def _known_currency(code: str) -> None:
 
 
 async def create_account(
-    conn: AsyncConnection, tenant: str, operation_id: uuid.UUID, request: AccountRequest
+    conn: AsyncConnection,
+    tenant: str,
+    operation_id: uuid.UUID,
+    binding_generation: int,
+    request: AccountRequest,
 ) -> Account:
     account_id = uuid.uuid4()
     await conn.execute(
@@ -103,6 +107,7 @@ async def create_account(
             currency=request.currency,
             balance=request.opening_balance,
             operation_id=operation_id,
+            binding_generation=binding_generation,
         )
     )
     return Account(id=account_id, currency=request.currency, balance=request.opening_balance)
@@ -120,7 +125,11 @@ async def get_account(conn: AsyncConnection, tenant: str, account_id: uuid.UUID)
 
 
 async def transfer(
-    conn: AsyncConnection, tenant: str, operation_id: uuid.UUID, request: TransferRequest
+    conn: AsyncConnection,
+    tenant: str,
+    operation_id: uuid.UUID,
+    binding_generation: int,
+    request: TransferRequest,
 ) -> Transfer:
     """Move ``amount`` from source to destination; raises BusinessFailure for 402/404/422."""
     ordered = sorted((request.source, request.destination))
@@ -167,6 +176,7 @@ async def transfer(
             id=transfer_id,
             tenant=tenant,
             operation_id=operation_id,
+            binding_generation=binding_generation,
             source_id=request.source,
             destination_id=request.destination,
             amount=request.amount,

@@ -20,8 +20,19 @@ from service.http.health import health, metrics
 from service.http.idempotency import Idempotency
 from service.http.late import LateAnswers
 from service.http.problems import exception_handlers
-from service.http.routes.admin import create_principal
-from service.http.routes.ledger import get_account, post_account, post_transfer
+from service.http.routes.admin import (
+    create_principal,
+    list_work,
+    rotate_principal,
+    supersede_operation,
+)
+from service.http.routes.ledger import (
+    ACCOUNTS,
+    TRANSFERS,
+    get_account,
+    post_account,
+    post_transfer,
+)
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
 from service.http.routes.payouts import payouts_route, post_payout
@@ -71,6 +82,7 @@ class Runtime:
                 timeout=max(settings.late_response_window, settings.provider_timeout),
             )
         self.payouts = payouts_route(self)
+        self.routes = {spec.route: spec for spec in (ACCOUNTS, TRANSFERS, self.payouts)}
         self.late = LateAnswers(self.store, self.metrics)
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
@@ -124,6 +136,9 @@ def create_app(settings: Settings) -> Litestar:
             get_operation,
             get_operation_by_key,
             create_principal,
+            rotate_principal,
+            supersede_operation,
+            list_work,
             post_payout,
             post_observation,
         ],

@@ -95,6 +95,7 @@ _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,6})(?:$|[;,\s])", re.IG
 class ExecutionContext:
     principal: Principal
     operation_id: uuid.UUID
+    binding_generation: int
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -238,7 +239,11 @@ class Idempotency:
             reservation=record.tuple,
             fencing_token=record.fencing_token,
         )
-        context = ExecutionContext(principal=principal, operation_id=operation_id)
+        context = ExecutionContext(
+            principal=principal,
+            operation_id=operation_id,
+            binding_generation=record.tuple.binding_generation,
+        )
         failpoints = self._rt.failpoints
 
         execute = spec.execute
@@ -324,7 +329,11 @@ class Idempotency:
             reservation=record.tuple,
             fencing_token=record.fencing_token,
         )
-        context = ExecutionContext(principal=principal, operation_id=operation_id)
+        context = ExecutionContext(
+            principal=principal,
+            operation_id=operation_id,
+            binding_generation=record.tuple.binding_generation,
+        )
         settings = self._rt.settings
         failpoints = self._rt.failpoints
         call = asyncio.create_task(

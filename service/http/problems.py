@@ -63,6 +63,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "invalid-evidence": (422, "Evidence signature does not verify"),
     "service-unavailable": (503, "Service unavailable"),
     "principal-exists": (409, "Principal exists"),
+    "supersede-needs-force": (409, "Superseding a completed operation needs force"),
     "internal-error": (500, "Internal server error"),
 }
 

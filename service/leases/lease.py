@@ -138,6 +138,13 @@ class LeaseManager:
             released = await self._release(keys=[lease.key], args=[lease.token])
         return bool(released == 1)
 
+    async def revoke(self, name: str) -> bool:
+        """Delete the lease whoever holds it (an admin fenced its attempt out in PostgreSQL).
+        The holder's next heartbeat finds it gone and stops its work."""
+        key = self._prefix + name
+        with _unavailable("revoke", key):
+            return bool(await self._redis.delete(key))
+
     async def holder(self, name: str) -> str | None:
         """The token currently holding ``name``, or None when nobody does."""
         key = self._prefix + name

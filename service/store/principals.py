@@ -138,6 +138,30 @@ class PrincipalStore:
         )
         return principal, key
 
+    async def get(self, principal_id: uuid.UUID) -> Principal | None:
+        async with self._engine.connect() as conn:
+            row = (
+                await conn.execute(select(principals).where(principals.c.id == principal_id))
+            ).first()
+        return None if row is None else _principal(row)
+
+    async def rotate(self, principal_id: uuid.UUID) -> tuple[Principal, str] | None:
+        """A new key and ``credential_generation + 1``; the old key stops working at once."""
+        key = new_key()
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    update(principals)
+                    .where(principals.c.id == principal_id, principals.c.revoked_at.is_(None))
+                    .values(
+                        key_hash=hash_key(key),
+                        credential_generation=principals.c.credential_generation + 1,
+                    )
+                    .returning(*principals.c)
+                )
+            ).first()
+        return None if row is None else (_principal(row), key)
+
     async def ensure_bootstrap_admin(self, key: str) -> Principal:
         """Guarantee an all-tenant admin whose key is ``key`` (idempotent across restarts)."""
         async with self._engine.begin() as conn:

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core import (
     Apply,
+    Binding,
     Claim,
     ClaimDecision,
     ClaimKind,
@@ -30,11 +31,16 @@ from service.core import (
     Decision,
     Observation,
     ObservationKind,
+    OperationState,
     Record,
+    Refuse,
     ReservationTuple,
     Source,
+    SupersedeDecision,
+    SupersedeRequest,
     TerminalPolicy,
     decide_claim,
+    decide_supersede,
     settle,
 )
 from service.store.rows import Scope, at, record_from_row
@@ -222,6 +228,75 @@ class SettlementStore:
                     self._hooks.on_settled(Source.SWEEPER.value, decision.disposition.value)
                 await uow.commit()
         return demoted
+
+    async def supersede(
+        self,
+        operation_id: uuid.UUID,
+        *,
+        reason: str,
+        admin_id: uuid.UUID,
+        request_fingerprint: str | None,
+        rebind: bool,
+        force: bool,
+        is_live: Callable[[Scope], Awaitable[bool]],
+    ) -> SupersedeDecision:
+        """Start a new reservation epoch in one transaction under the row lock, with the CAS;
+        the closed epoch is archived in ``operation_epochs`` (tuple, final state, digest,
+        reason, who, when). ``is_live`` tells whether an attempt still holds the lease."""
+        with self._lock_timeouts():
+            for _ in range(self._max_retries):
+                async with self.unit_of_work() as uow:
+                    found = await uow.get_for_update_with_scope(operation_id)
+                    if found is None:
+                        raise OperationNotFound(str(operation_id))
+                    scope, record = found
+                    now = self._clock()
+                    if record.state is OperationState.IN_PROGRESS:
+                        # the lease lives in Redis; the row's column is only the claim-time view
+                        live = await is_live(scope)
+                        record = msgspec.structs.replace(
+                            record, lease_expires_at=now + 1.0 if live else None
+                        )
+                    binding = None
+                    if rebind:
+                        generation = await uow.credential_generation(scope.principal_id)
+                        binding = Binding(str(scope.principal_id), generation)
+                    decision = decide_supersede(
+                        record,
+                        SupersedeRequest(
+                            request_fingerprint=request_fingerprint, binding=binding, force=force
+                        ),
+                        now,
+                    )
+                    if isinstance(decision, Refuse):
+                        return decision
+                    try:
+                        await uow.cas_write(
+                            decision.record,
+                            decision.expected_revision,
+                            at(now),
+                            expected_tuple=decision.archived.tuple,
+                            expires_at=None,
+                            current_attempt_id=None,
+                        )
+                    except StaleRevision:
+                        continue
+                    await uow.archive_epoch(
+                        operation_id, decision.archived, reason, admin_id, at(now)
+                    )
+                    await uow.commit()
+                log.warning(
+                    "operation superseded",
+                    extra={
+                        "operation_id": str(operation_id),
+                        "binding_generation": decision.record.tuple.binding_generation,
+                        "reran_completed": decision.reran_completed,
+                        "fenced_live_attempt": decision.fenced_live_attempt,
+                        "reason": reason,
+                    },
+                )
+                return decision
+        raise SettlementContention(f"operation {operation_id}: revision kept moving")
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
         """The replay path's one indexed read (no lock)."""

@@ -15,9 +15,15 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
-from service.core import Decision, Observation, Record
+from service.core import Archived, Decision, Observation, Record, ReservationTuple
 from service.store.rows import Scope, record_from_row, record_values, to_ts
-from service.store.tables import attempts, observations, operations
+from service.store.tables import (
+    attempts,
+    observations,
+    operation_epochs,
+    operations,
+    principals,
+)
 
 __all__ = ["TERMINAL_CHANNEL", "StaleRevision", "UnitOfWork", "scope_predicate"]
 
@@ -93,6 +99,52 @@ class UnitOfWork:
         )
         return None if row is None else record_from_row(row)
 
+    async def get_for_update_with_scope(
+        self, operation_id: uuid.UUID
+    ) -> tuple[Scope, Record] | None:
+        """Lock the operation row and return it with its scope."""
+        row = (
+            (
+                await self.connection.execute(
+                    select(operations).where(operations.c.id == operation_id).with_for_update()
+                )
+            )
+            .mappings()
+            .first()
+        )
+        return None if row is None else (_scope_of(row), record_from_row(row))
+
+    async def credential_generation(self, principal_id: uuid.UUID) -> int:
+        generation: int = (
+            await self.connection.execute(
+                select(principals.c.credential_generation).where(principals.c.id == principal_id)
+            )
+        ).scalar_one()
+        return generation
+
+    async def archive_epoch(
+        self,
+        operation_id: uuid.UUID,
+        archived: Archived,
+        reason: str,
+        admin_id: uuid.UUID,
+        now: datetime,
+    ) -> None:
+        await self.connection.execute(
+            insert(operation_epochs).values(
+                operation_id=operation_id,
+                binding_generation=archived.tuple.binding_generation,
+                request_fingerprint=archived.tuple.request_fingerprint,
+                bound_principal_id=uuid.UUID(archived.binding.principal_id),
+                bound_credential_generation=archived.binding.credential_generation,
+                final_state=archived.final_state.value,
+                result_digest=archived.result_digest,
+                reason=reason,
+                superseded_by=admin_id,
+                superseded_at=now,
+            )
+        )
+
     async def expired_in_progress(self, now: datetime, limit: int) -> list[tuple[Scope, Record]]:
         """Lock up to ``limit`` in_progress rows whose lease ended, skipping locked ones."""
         rows = (
@@ -108,18 +160,7 @@ class UnitOfWork:
             .mappings()
             .all()
         )
-        return [
-            (
-                Scope(
-                    tenant=row["tenant"],
-                    principal_id=row["principal_id"],
-                    route=row["route"],
-                    idempotency_key=row["idempotency_key"],
-                ),
-                record_from_row(row),
-            )
-            for row in rows
-        ]
+        return [(_scope_of(row), record_from_row(row)) for row in rows]
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -146,10 +187,17 @@ class UnitOfWork:
         return (await self.connection.execute(stmt)).first() is not None
 
     async def cas_write(
-        self, record: Record, expected_revision: int, now: datetime, **extra: Any
+        self,
+        record: Record,
+        expected_revision: int,
+        now: datetime,
+        *,
+        expected_tuple: ReservationTuple | None = None,
+        **extra: Any,
     ) -> None:
-        """Write ``record`` only if the row still has its tuple and ``expected_revision``."""
-        reservation = record.tuple
+        """Write ``record`` only if the row still has ``expected_tuple`` (default: the
+        record's own) and ``expected_revision``."""
+        reservation = expected_tuple or record.tuple
         stmt = (
             update(operations)
             .where(
@@ -253,6 +301,15 @@ class UnitOfWork:
             revision_after=revision_after.revision if revision_after else revision_before,
             **kwargs,
         )
+
+
+def _scope_of(row: Any) -> Scope:
+    return Scope(
+        tenant=row["tenant"],
+        principal_id=row["principal_id"],
+        route=row["route"],
+        idempotency_key=row["idempotency_key"],
+    )
 
 
 def scope_predicate(scope: Scope) -> tuple[Any, ...]:

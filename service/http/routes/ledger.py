@@ -23,14 +23,18 @@ __all__ = ["ACCOUNTS", "TRANSFERS", "get_account", "post_account", "post_transfe
 async def _create_account(
     conn: AsyncConnection, ctx: ExecutionContext, body: ledger.AccountRequest
 ) -> Outcome:
-    account = await ledger.create_account(conn, ctx.principal.tenant, ctx.operation_id, body)
+    account = await ledger.create_account(
+        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
     return Outcome(status=201, body=msgspec.json.encode(account))
 
 
 async def _transfer(
     conn: AsyncConnection, ctx: ExecutionContext, body: ledger.TransferRequest
 ) -> Outcome:
-    made = await ledger.transfer(conn, ctx.principal.tenant, ctx.operation_id, body)
+    made = await ledger.transfer(
+        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
     return Outcome(status=201, body=msgspec.json.encode(made))
 
 

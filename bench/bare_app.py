@@ -1,0 +1,140 @@
+"""The server's own app with two baseline routes, served exactly as ``settlement serve`` does.
+
+* ``GET /bench/bare``: a plain JSON answer, no I/O: what the HTTP stack (uvicorn, Litestar,
+  msgspec) costs on its own.
+* ``POST /bench/plain-transfer``: the ledger transaction of ``POST /v1/transfers`` without the
+  idempotency layer: authenticate, decode the same body, then one transaction that inserts a
+  minimal operation row (``transfers.operation_id`` is a NOT NULL foreign key to
+  ``operations``) and runs ``service.domain.ledger.transfer``. No key, fingerprint, scope read,
+  lease, claim, attempt or observation. The extra operation-row INSERT is the only statement
+  a schema without idempotency would not need, so ``new / plain-transfer`` slightly understates
+  the idempotency layer's cost.
+
+Every other route of the server is there too (``/health`` is the readiness probe).
+``BENCH_LOG_LEVEL`` (default INFO, as the server) sets the root log level of this app, to see
+what the per-request INFO lines cost.
+
+Run: ``python -m bench.bare_app --port P --workers N`` (uvicorn with the options of
+``service.cli``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import uuid
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get, post
+from litestar.datastructures import State
+from sqlalchemy import insert
+
+from service.config import Settings
+from service.domain import ledger
+from service.http.app import create_app
+from service.http.auth import AuthError, authenticate, require_role
+from service.http.idempotency import BUSINESS_STATUS, BUSINESS_TITLE
+from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_response
+from service.store.principals import Role
+from service.store.tables import operations
+
+__all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
+
+PLAIN_ROUTE = "POST /bench/plain-transfer"
+# Stands in for a request fingerprint in the minimal operation row (never compared).
+_NO_FINGERPRINT = "0" * 64
+
+
+@get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
+async def bare() -> dict[str, bool]:
+    return {"ok": True}
+
+
+@post("/bench/plain-transfer", status_code=201, summary="Baseline: the ledger transaction only")
+async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    try:
+        principal = await authenticate(request)
+        require_role(principal, Role.CLIENT, Role.ADMIN)
+    except AuthError as exc:
+        return problem_response(exc.slug, exc.detail)
+    try:
+        body = msgspec.json.decode(await request.body(), type=ledger.TransferRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return problem_response("validation-error", str(exc))
+    operation_id = uuid.uuid4()
+    try:
+        async with state.runtime.engine.begin() as conn:
+            await conn.execute(
+                insert(operations).values(
+                    id=operation_id,
+                    tenant=principal.tenant,
+                    principal_id=principal.id,
+                    route=PLAIN_ROUTE,
+                    idempotency_key=str(operation_id),
+                    binding_generation=1,
+                    request_fingerprint=_NO_FINGERPRINT,
+                    bound_principal_id=principal.id,
+                    bound_credential_generation=principal.credential_generation,
+                    state="unknown",
+                    revision=1,
+                    fencing_token=1,
+                )
+            )
+            made = await ledger.transfer(conn, principal.tenant, operation_id, body)
+    except ledger.BusinessFailure as failure:  # stored nowhere: the transaction rolled back
+        status = BUSINESS_STATUS[failure.slug]
+        problem = Problem(
+            type=f"/problems/{failure.slug}",
+            title=BUSINESS_TITLE[failure.slug],
+            status=status,
+            detail=failure.detail,
+        )
+        return Response(
+            content=msgspec.json.encode(problem),
+            status_code=status,
+            media_type=PROBLEM_CONTENT_TYPE,
+        )
+    return Response(
+        content=msgspec.json.encode(made), status_code=201, media_type="application/json"
+    )
+
+
+def app_factory() -> Litestar:
+    """ASGI factory: the server's app (settings from the environment) plus the baselines."""
+    from service.logs import configure_logging
+
+    settings = Settings.from_env()
+    level = logging.getLevelName(os.environ.get("BENCH_LOG_LEVEL", "INFO").upper())
+    configure_logging(settings, level=level if isinstance(level, int) else logging.INFO)
+    app = create_app(settings)
+    app.register(bare)
+    app.register(plain_transfer)
+    return app
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    from service.cli import GRACEFUL_SHUTDOWN
+
+    parser = argparse.ArgumentParser(prog="python -m bench.bare_app")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args(argv)
+    uvicorn.run(
+        "bench.bare_app:app_factory",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""The system under test: embedded PostgreSQL and Redis in a temporary directory, server
+processes started the way production starts them, fixtures, and an RSS sampler.
+
+Every wait here is bounded; every process started here is stopped by its own id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+
+# A server whose workers have not all logged "server ready" by then has failed to start.
+START_TIMEOUT = 60.0
+# uvicorn drains for up to 10 s (service.cli.GRACEFUL_SHUTDOWN); then it is killed.
+STOP_TIMEOUT = 20.0
+# Between RSS samples of the workers (psutil reads /proc: cheap, but not free).
+RSS_INTERVAL = 0.1
+# What each worker logs once its lifespan has started (service.http.app).
+READY_LINE = b'"msg": "server ready"'
+
+MIB = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def plain_url(url: str) -> str:
+    """``postgresql+asyncpg://...`` -> ``postgresql://...`` (asyncpg, libpq and the server)."""
+    scheme, rest = url.split("://", 1)
+    return "postgresql://" + rest if scheme.startswith("postgresql") else url
+
+
+class ServerProcess:
+    """One uvicorn server (a supervisor and ``workers`` worker processes) on a free port."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        port: int,
+        workers: int,
+        env: dict[str, str],
+        log_path: Path,
+    ) -> None:
+        self.name = name
+        self.port = port
+        self.workers = workers
+        self.base_url = f"http://{HOST}:{port}"
+        self.log_path = log_path
+        self._argv = list(argv)
+        self._env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Self:
+        from service.embedded import die_with_parent
+
+        with self.log_path.open("ab") as log_file:
+            self._offset = log_file.tell()
+            self._proc = subprocess.Popen(
+                self._argv,
+                cwd=ROOT,
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a terminal Ctrl-C reaches the bench, which stops it
+                preexec_fn=die_with_parent(),
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} exited during start ({self._proc.returncode}); see "
+                    f"{self.log_path}\n{self._log_tail()}"
+                )
+            if self._ready_workers() >= self.workers and self._healthy():
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{self.name} not ready within {START_TIMEOUT:g}s\n{self._log_tail()}"
+                )
+            time.sleep(0.1)
+
+    def _ready_workers(self) -> int:
+        with self.log_path.open("rb") as f:
+            f.seek(self._offset)
+            return f.read().count(READY_LINE)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as response:
+                return bool(response.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _log_tail(self, size: int = 3000) -> str:
+        data = self.log_path.read_bytes()[-size:]
+        return data.decode("utf-8", "replace")
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def worker_processes(self) -> list[psutil.Process]:
+        """The processes that serve requests: uvicorn's spawned workers (or the one process)."""
+        main = psutil.Process(self.pid)
+        if self.workers == 1:
+            return [main]
+        found = []
+        for child in main.children():
+            with contextlib.suppress(psutil.Error):
+                cmdline = " ".join(child.cmdline())
+                if "spawn_main" in cmdline and "resource_tracker" not in cmdline:
+                    found.append(child)
+        return found
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: the group is its id
+            proc.wait(5)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class RssPeaks:
+    """Peak resident set size of each worker (MiB), sampled while a scenario runs."""
+
+    peaks: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def values(self) -> list[float]:
+        return [round(self.peaks[pid], 1) for pid in sorted(self.peaks)]
+
+
+@contextlib.contextmanager
+def sample_rss(processes: Sequence[psutil.Process]) -> Iterator[RssPeaks]:
+    result = RssPeaks({p.pid: 0.0 for p in processes})
+    stop = threading.Event()
+
+    def loop() -> None:
+        while True:
+            for p in processes:
+                with contextlib.suppress(psutil.Error):
+                    rss = p.memory_info().rss / MIB
+                    result.peaks[p.pid] = max(result.peaks[p.pid], rss)
+            if stop.wait(RSS_INTERVAL):
+                return
+
+    thread = threading.Thread(target=loop, name="rss-sampler", daemon=True)
+    thread.start()
+    try:
+        yield result
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+class Stack:
+    """Embedded PostgreSQL and Redis (not durable) under a temporary directory.
+
+    ``server(...)`` makes server processes against them; ``log_dir`` keeps every log.
+    """
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._tmp: Path | None = None
+        self._exit = contextlib.ExitStack()
+        self.database_url = ""
+        self.redis_url = ""
+        self.pg_port = 0
+
+    def __enter__(self) -> Self:
+        from service.embedded import EmbeddedServices
+        from service.store.migrate import upgrade
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._tmp = Path(tempfile.mkdtemp(prefix="settlement-bench-"))
+        self._exit.callback(shutil.rmtree, self._tmp, ignore_errors=True)
+        try:
+            services = self._exit.enter_context(EmbeddedServices(self._tmp, durable=False))
+            assert services.postgres is not None
+            self.pg_port = services.postgres.port
+            self.database_url = plain_url(services.database_url)
+            self.redis_url = services.redis_url
+            upgrade(self.database_url)
+        except BaseException:
+            self._exit.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.keep_database_log()
+        self._exit.close()
+
+    @property
+    def tmp(self) -> Path:
+        assert self._tmp is not None
+        return self._tmp
+
+    def keep_database_log(self) -> None:
+        if self._tmp is not None and (self._tmp / "postgres.log").exists():
+            shutil.copyfile(self._tmp / "postgres.log", self.log_dir / "postgres.log")
+
+    def server_env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
+        env.update(
+            SETTLEMENT_DATABASE_URL=self.database_url,
+            SETTLEMENT_REDIS_URL=self.redis_url,
+            SETTLEMENT_LOG_FORMAT="json",
+            SETTLEMENT_DATA_DIR=str(self.tmp),
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(extra)
+        return env
+
+    def production_server(self, workers: int) -> ServerProcess:
+        """``python -m service.cli serve``: the production entry point."""
+        port = free_port()
+        argv = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+        return ServerProcess(
+            "settlement serve",
+            [*argv, "--workers", str(workers)],
+            port=port,
+            workers=workers,
+            env=self.server_env(),
+            log_path=self.log_dir / "server.log",
+        )
+
+    def baseline_server(self, workers: int, *, log_level: str = "INFO") -> ServerProcess:
+        """``python -m bench.bare_app``: the same app and uvicorn options, plus baselines."""
+        port = free_port()
+        argv = [sys.executable, "-m", "bench.bare_app", "--port", str(port)]
+        return ServerProcess(
+            f"bench.bare_app (log level {log_level})",
+            [*argv, "--workers", str(workers)],
+            port=port,
+            workers=workers,
+            env=self.server_env(BENCH_LOG_LEVEL=log_level),
+            log_path=self.log_dir / f"baseline-server-{log_level.lower()}.log",
+        )

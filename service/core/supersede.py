@@ -1,0 +1,113 @@
+"""Supersede: start a new reservation epoch of an operation (admin only).
+
+Rules, first match wins:
+
+    row completed, without force             -> Refuse COMPLETED_NEEDS_FORCE (the effect
+                                                could run again: that must be asked for)
+    row in_progress with a live lease,
+      without force                          -> Refuse LIVE_ATTEMPT
+    otherwise                                -> Supersede: archive the epoch as it stands
+                                                (tuple, final state, result digest), then
+                                                binding_generation + 1, the new fingerprint
+                                                (if the request was edited), the new binding,
+                                                fencing token + 1 (a running attempt is fenced
+                                                out), state unknown, result/conflict/lease
+                                                cleared, revision + 1.
+
+Anything the old epoch still reports (a late answer, evidence, a stale worker's commit)
+names the old tuple or token and is quarantined or ignored by ``settle``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from service.core.model import Binding, OperationState, Record, ReservationTuple
+
+__all__ = [
+    "Archived",
+    "Refuse",
+    "RefuseReason",
+    "Supersede",
+    "SupersedeDecision",
+    "SupersedeRequest",
+    "decide_supersede",
+]
+
+
+class SupersedeRequest(msgspec.Struct, frozen=True):
+    """``request_fingerprint`` None keeps the fingerprint; ``binding`` None keeps the binding."""
+
+    request_fingerprint: str | None = None
+    binding: Binding | None = None
+    force: bool = False
+
+
+class RefuseReason(enum.StrEnum):
+    COMPLETED_NEEDS_FORCE = "completed-needs-force"
+    LIVE_ATTEMPT = "live-attempt"
+
+
+class Archived(msgspec.Struct, frozen=True):
+    """The epoch being closed, as it is archived."""
+
+    tuple: ReservationTuple
+    binding: Binding
+    final_state: OperationState
+    result_digest: str | None
+
+
+class Supersede(msgspec.Struct, frozen=True, tag="supersede"):
+    record: Record
+    expected_revision: int
+    archived: Archived
+    reran_completed: bool
+    fenced_live_attempt: bool
+
+
+class Refuse(msgspec.Struct, frozen=True, tag="refuse"):
+    reason: RefuseReason
+
+
+SupersedeDecision = Supersede | Refuse
+
+
+def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> SupersedeDecision:
+    """Decide a supersede of ``record``. Pure."""
+    completed = record.state is OperationState.COMPLETED
+    live = record.lease_valid(now)
+    if completed and not request.force:
+        return Refuse(reason=RefuseReason.COMPLETED_NEEDS_FORCE)
+    if live and not request.force:
+        return Refuse(reason=RefuseReason.LIVE_ATTEMPT)
+    archived = Archived(
+        tuple=record.tuple,
+        binding=record.binding,
+        final_state=record.state,
+        result_digest=record.result.digest if record.result is not None else None,
+    )
+    reservation = ReservationTuple(
+        operation_id=record.tuple.operation_id,
+        request_fingerprint=request.request_fingerprint or record.tuple.request_fingerprint,
+        binding_generation=record.tuple.binding_generation + 1,
+    )
+    fresh = msgspec.structs.replace(
+        record,
+        tuple=reservation,
+        binding=request.binding or record.binding,
+        state=OperationState.UNKNOWN,
+        revision=record.revision + 1,
+        fencing_token=record.fencing_token + 1,
+        lease_expires_at=None,
+        result=None,
+        conflict=None,
+    )
+    return Supersede(
+        record=fresh,
+        expected_revision=record.revision,
+        archived=archived,
+        reran_completed=completed,
+        fenced_live_attempt=live,
+    )

@@ -1,0 +1,92 @@
+"""decide_supersede: every branch, and what the new epoch looks like."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core import (
+    Binding,
+    OperationState,
+    Refuse,
+    RefuseReason,
+    Supersede,
+    SupersedeRequest,
+    decide_supersede,
+)
+
+from .factories import NOW, make_record, make_result
+
+
+@pytest.mark.parametrize(
+    ("state", "lease", "force", "expected"),
+    [
+        ("completed", None, False, RefuseReason.COMPLETED_NEEDS_FORCE),
+        ("in_progress", "valid", False, RefuseReason.LIVE_ATTEMPT),
+    ],
+)
+def test_supersede_is_refused_without_force(
+    state: str, lease: str | None, force: bool, expected: RefuseReason
+) -> None:
+    kwargs = {"result": make_result()} if state == "completed" else {}
+    record = make_record(state=state, lease=lease, **kwargs)
+    assert decide_supersede(record, SupersedeRequest(force=force), NOW) == Refuse(reason=expected)
+
+
+@pytest.mark.parametrize(
+    ("state", "lease", "force"),
+    [
+        ("unknown", None, False),
+        ("in_progress", "expired", False),
+        ("failed", None, False),
+        ("conflict", None, False),
+        ("completed", None, True),
+        ("in_progress", "valid", True),
+    ],
+)
+def test_supersede_starts_a_new_epoch(state: str, lease: str | None, force: bool) -> None:
+    kwargs = {}
+    if state in ("completed", "failed", "conflict"):
+        kwargs["result"] = make_result()
+    record = make_record(state=state, lease=lease, **kwargs)
+    if state == "conflict":
+        from service.core import ConflictInfo, ObservationKind
+
+        record = make_record(
+            state=state,
+            result=make_result(),
+            conflict=ConflictInfo(
+                digests=("d1", "d2"),
+                kinds=(ObservationKind.COMPLETED, ObservationKind.COMPLETED),
+            ),
+        )
+    decision = decide_supersede(record, SupersedeRequest(force=force), NOW)
+
+    assert isinstance(decision, Supersede)
+    new = decision.record
+    assert new.tuple.binding_generation == record.tuple.binding_generation + 1
+    assert new.tuple.operation_id == record.tuple.operation_id
+    assert new.tuple.request_fingerprint == record.tuple.request_fingerprint
+    assert new.binding == record.binding
+    assert new.state is OperationState.UNKNOWN
+    assert new.fencing_token == record.fencing_token + 1
+    assert new.revision == record.revision + 1
+    assert decision.expected_revision == record.revision
+    assert (new.result, new.conflict, new.lease_expires_at) == (None, None, None)
+    assert decision.archived.tuple == record.tuple
+    assert decision.archived.final_state is record.state
+    expected_digest = record.result.digest if record.result else None
+    assert decision.archived.result_digest == expected_digest
+    assert decision.reran_completed is (state == "completed")
+    assert decision.fenced_live_attempt is (state == "in_progress" and lease == "valid")
+
+
+def test_supersede_with_an_edited_request_and_a_rebind() -> None:
+    record = make_record(state="unknown")
+    rebound = Binding(principal_id=record.binding.principal_id, credential_generation=7)
+    decision = decide_supersede(
+        record, SupersedeRequest(request_fingerprint="e" * 64, binding=rebound), NOW
+    )
+    assert isinstance(decision, Supersede)
+    assert decision.record.tuple.request_fingerprint == "e" * 64
+    assert decision.record.binding == rebound
+    assert decision.archived.binding == record.binding
