@@ -21,6 +21,7 @@ Run: ``python -m bench.bare_app --port P --workers N`` (uvicorn with the options
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import os
 import uuid
@@ -45,6 +46,13 @@ __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
 PLAIN_ROUTE = "POST /bench/plain-transfer"
 # Stands in for a request fingerprint in the minimal operation row (never compared).
 _NO_FINGERPRINT = "0" * 64
+# ledger.transfer takes the reservation epoch once effects are kept per epoch; the minimal
+# operation row is epoch 1.
+_EPOCH = (
+    {"binding_generation": 1}
+    if "binding_generation" in inspect.signature(ledger.transfer).parameters
+    else {}
+)
 
 
 @get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
@@ -82,7 +90,9 @@ async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Respo
                     fencing_token=1,
                 )
             )
-            made = await ledger.transfer(conn, principal.tenant, operation_id, body)
+            made = await ledger.transfer(
+                conn, tenant=principal.tenant, operation_id=operation_id, request=body, **_EPOCH
+            )
     except ledger.BusinessFailure as failure:  # stored nowhere: the transaction rolled back
         status = BUSINESS_STATUS[failure.slug]
         problem = Problem(

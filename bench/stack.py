@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -33,7 +33,7 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
 # uvicorn drains for up to 10 s (service.cli.GRACEFUL_SHUTDOWN); then it is killed.
 STOP_TIMEOUT = 20.0
-# Between RSS samples of the workers (psutil reads /proc: cheap, but not free).
+# Between samples of RSS and CPU time (psutil reads /proc: cheap, but not free).
 RSS_INTERVAL = 0.1
 # What each worker logs once its lifespan has started (service.http.app).
 READY_LINE = b'"msg": "server ready"'
@@ -174,37 +174,76 @@ class ServerProcess:
 
 
 @dataclass
-class RssPeaks:
-    """Peak resident set size of each worker (MiB), sampled while a scenario runs."""
+class Usage:
+    """What the processes of a scenario used: peak RSS of each worker, CPU of each group."""
 
-    peaks: dict[int, float] = field(default_factory=dict)
+    peak_rss_mib: dict[int, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
 
     @property
-    def values(self) -> list[float]:
-        return [round(self.peaks[pid], 1) for pid in sorted(self.peaks)]
+    def rss_values(self) -> list[float]:
+        return [round(self.peak_rss_mib[pid], 1) for pid in sorted(self.peak_rss_mib)]
+
+    def cores(self, group: str) -> float:
+        if self.wall_seconds <= 0:
+            return 0.0
+        return self.cpu_seconds.get(group, 0.0) / self.wall_seconds
+
+
+ProcessGroup = Callable[[], list[psutil.Process]]
 
 
 @contextlib.contextmanager
-def sample_rss(processes: Sequence[psutil.Process]) -> Iterator[RssPeaks]:
-    result = RssPeaks({p.pid: 0.0 for p in processes})
+def sample(workers: Sequence[psutil.Process], **groups: ProcessGroup) -> Iterator[Usage]:
+    """Sample the workers' RSS, and the CPU time of the workers and of each other group
+    (e.g. PostgreSQL: its postmaster and backends), every RSS_INTERVAL while the block runs.
+
+    CPU is counted from the first sample for processes alive then, from zero for processes
+    that start later (a backend of a new connection); a process that ends between two
+    samples loses at most one interval.
+    """
+    usage = Usage({p.pid: 0.0 for p in workers})
     stop = threading.Event()
+    everything: dict[str, ProcessGroup] = {"workers": lambda: list(workers), **groups}
+    first: dict[tuple[str, int], float] = {}
+    last: dict[tuple[str, int], float] = {}
+
+    def take(initial: bool) -> None:
+        for name, members in everything.items():
+            try:
+                procs = members()
+            except psutil.Error:
+                continue
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    cpu = times.user + times.system
+                    key = (name, p.pid)
+                    first.setdefault(key, cpu if initial else 0.0)
+                    last[key] = cpu
+                    if name == "workers":
+                        rss = p.memory_info().rss / MIB
+                        usage.peak_rss_mib[p.pid] = max(usage.peak_rss_mib[p.pid], rss)
 
     def loop() -> None:
-        while True:
-            for p in processes:
-                with contextlib.suppress(psutil.Error):
-                    rss = p.memory_info().rss / MIB
-                    result.peaks[p.pid] = max(result.peaks[p.pid], rss)
-            if stop.wait(RSS_INTERVAL):
-                return
+        while not stop.wait(RSS_INTERVAL):
+            take(initial=False)
 
-    thread = threading.Thread(target=loop, name="rss-sampler", daemon=True)
+    take(initial=True)
+    began = time.monotonic()
+    thread = threading.Thread(target=loop, name="usage-sampler", daemon=True)
     thread.start()
     try:
-        yield result
+        yield usage
     finally:
         stop.set()
         thread.join(5)
+        take(initial=False)
+        usage.wall_seconds = time.monotonic() - began
+        usage.cpu_seconds = dict.fromkeys(everything, 0.0)
+        for key, cpu in last.items():
+            usage.cpu_seconds[key[0]] += cpu - first[key]
 
 
 class Stack:
@@ -220,6 +259,8 @@ class Stack:
         self.database_url = ""
         self.redis_url = ""
         self.pg_port = 0
+        self.pg_pid = 0
+        self.redis_pid = 0
 
     def __enter__(self) -> Self:
         from service.embedded import EmbeddedServices
@@ -231,7 +272,10 @@ class Stack:
         try:
             services = self._exit.enter_context(EmbeddedServices(self._tmp, durable=False))
             assert services.postgres is not None
+            assert services.redis is not None
             self.pg_port = services.postgres.port
+            self.pg_pid = services.postgres.pid
+            self.redis_pid = services.redis.pid
             self.database_url = plain_url(services.database_url)
             self.redis_url = services.redis_url
             upgrade(self.database_url)
@@ -257,6 +301,14 @@ class Stack:
     def keep_database_log(self) -> None:
         if self._tmp is not None and (self._tmp / "postgres.log").exists():
             shutil.copyfile(self._tmp / "postgres.log", self.log_dir / "postgres.log")
+
+    def postgres_processes(self) -> list[psutil.Process]:
+        """The postmaster and every backend (one per open connection)."""
+        postmaster = psutil.Process(self.pg_pid)
+        return [postmaster, *postmaster.children()]
+
+    def redis_processes(self) -> list[psutil.Process]:
+        return [psutil.Process(self.redis_pid)]
 
     def server_env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}

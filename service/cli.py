@@ -270,9 +270,9 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
             store = SettlementStore(engine, hooks=metrics, policy=settings.terminal_policy)
             leases = LeaseManager(redis, ttl=settings.lease_ttl)
             sweeper = Sweeper(store, leases, metrics, interval=settings.sweep_interval)
-            total = 0
-            while (n := await sweeper.run_once()) > 0:
-                total += n
+            total = await sweeper.run_once()
+            while sweeper.more:
+                total += await sweeper.run_once()
             return total
         finally:
             await redis.aclose()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -33,19 +33,29 @@ __all__ = [
 ]
 
 
+Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
 class EvidenceResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    status: int
+    status: Annotated[int, msgspec.Meta(ge=100, le=599)]
     body: dict[str, Any]
 
 
 class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     operation_id: uuid.UUID
-    binding_generation: int
-    request_fingerprint: str
+    binding_generation: Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+    request_fingerprint: Hex64
     outcome: Literal["completed", "failed"]
     result: EvidenceResult
-    result_digest: str
-    issued_at: str
+    result_digest: Hex64
+    issued_at: Annotated[str, msgspec.Meta(max_length=64)]
+
+    def __post_init__(self) -> None:
+        status = self.result.status
+        if self.outcome == "completed" and not 200 <= status < 300:
+            raise ValueError("a completed outcome carries a 2xx status")
+        if self.outcome == "failed" and not 400 <= status < 500:
+            raise ValueError("a failed outcome carries a 4xx status")
 
 
 class SignedEvidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

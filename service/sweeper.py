@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 
 from service.leases import LeaseManager
 from service.store.rows import Scope
-from service.store.settlement import SettlementStore
+from service.store.settlement import SettlementStore, SweepCursor
 from service.telemetry import Metrics
 
 __all__ = ["SWEEP_BATCH", "Sweeper"]
@@ -40,13 +39,22 @@ class Sweeper:
         self._metrics = metrics
         self._interval = interval
         self._batch = batch
+        self._cursor: SweepCursor | None = None
 
-    async def _is_live(self, operation_id: uuid.UUID, scope: Scope) -> bool:
-        return await self._leases.holder(scope.lease_name()) is not None
+    async def _live(self, scopes: list[Scope]) -> list[bool]:
+        holders = await self._leases.holders([scope.lease_name() for scope in scopes])
+        return [holder is not None for holder in holders]
+
+    @property
+    def more(self) -> bool:
+        """Whether the last batch was full, so the next one continues after it."""
+        return self._cursor is not None
 
     async def run_once(self) -> int:
-        """One bounded batch; the number of operations demoted."""
-        demoted = await self._store.sweep(self._batch, self._is_live)
+        """One bounded batch (continuing after the previous one); the number demoted."""
+        page = await self._store.sweep(self._batch, self._live, self._cursor)
+        self._cursor = page.next
+        demoted = page.demoted
         for operation_id in demoted:
             log.warning(
                 "demoted an in_progress operation whose lease expired",
@@ -60,8 +68,9 @@ class Sweeper:
         """Sweep every ``interval`` seconds until cancelled; errors are logged, not fatal."""
         while True:
             try:
-                while await self.run_once() >= self._batch:
-                    pass  # a full batch: there may be more right away
+                await self.run_once()
+                while self.more:  # a full batch: go on after it right away
+                    await self.run_once()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

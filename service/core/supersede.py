@@ -4,6 +4,10 @@ Rules, first match wins:
 
     row completed, without force             -> Refuse COMPLETED_NEEDS_FORCE (the effect
                                                 could run again: that must be asked for)
+    external effect whose outcome is not known
+      (row unknown or in_progress), no force -> Refuse OUTCOME_UNKNOWN_NEEDS_FORCE (the old
+                                                epoch may have taken effect downstream under
+                                                its own sink key; a new epoch sends a new one)
     row in_progress with a live lease,
       without force                          -> Refuse LIVE_ATTEMPT
     otherwise                                -> Supersede: archive the epoch as it stands
@@ -43,10 +47,12 @@ class SupersedeRequest(msgspec.Struct, frozen=True):
     request_fingerprint: str | None = None
     binding: Binding | None = None
     force: bool = False
+    external: bool = False
 
 
 class RefuseReason(enum.StrEnum):
     COMPLETED_NEEDS_FORCE = "completed-needs-force"
+    OUTCOME_UNKNOWN_NEEDS_FORCE = "outcome-unknown-needs-force"
     LIVE_ATTEMPT = "live-attempt"
 
 
@@ -80,6 +86,9 @@ def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> S
     live = record.lease_valid(now)
     if completed and not request.force:
         return Refuse(reason=RefuseReason.COMPLETED_NEEDS_FORCE)
+    undecided = record.state in (OperationState.UNKNOWN, OperationState.IN_PROGRESS)
+    if request.external and undecided and not request.force:
+        return Refuse(reason=RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE)
     if live and not request.force:
         return Refuse(reason=RefuseReason.LIVE_ATTEMPT)
     archived = Archived(

@@ -79,10 +79,11 @@ class Runtime:
             self.provider = ProviderClient(
                 settings.provider_url,
                 settings.provider_secret,
-                timeout=max(settings.late_response_window, settings.provider_timeout),
+                timeout=settings.provider_timeout + settings.late_response_window,
             )
         self.payouts = payouts_route(self)
         self.routes = {spec.route: spec for spec in (ACCOUNTS, TRANSFERS, self.payouts)}
+        self.external_routes = frozenset(r for r, s in self.routes.items() if s.external)
         self.late = LateAnswers(self.store, self.metrics)
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval

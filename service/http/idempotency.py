@@ -336,9 +336,11 @@ class Idempotency:
         )
         settings = self._rt.settings
         failpoints = self._rt.failpoints
+        # the call may still answer for late_response_window after the attempt gives up
         call = asyncio.create_task(
             _bounded(
-                spec.external(context, attempt.reservation, body), settings.late_response_window
+                spec.external(context, attempt.reservation, body),
+                settings.provider_timeout + settings.late_response_window,
             )
         )
         heartbeat = self._rt.leases.heartbeat(
@@ -352,6 +354,10 @@ class Idempotency:
                     timeout=settings.provider_timeout,
                     return_when=asyncio.FIRST_COMPLETED,
                 )
+        except BaseException:
+            # the request itself is being cancelled: the call may still answer, keep it
+            self._rt.late.adopt(call, operation_id)
+            raise
         finally:
             lost.cancel()
         op = str(operation_id)
@@ -366,11 +372,24 @@ class Idempotency:
             log.exception("external call failed", extra={"operation_id": op})
             return await self._outcome_unknown(operation_id, attempt, repr(exc))
         await failpoints.hit("effect.before_commit")
-        settled = await self._rt.store.settle(
-            operation_id,
-            observation_of(signed.evidence, Source.ATTEMPT),
-            attempt_id=attempt.attempt_id,
-        )
+        observation = observation_of(signed.evidence, Source.ATTEMPT)
+        try:
+            settled = await self._rt.store.settle(
+                operation_id, observation, attempt_id=attempt.attempt_id
+            )
+        except Exception:
+            # a definitive answer is never dropped: settle it again in the background
+            log.exception("settling a provider answer failed", extra={"operation_id": op})
+            self._rt.late.settle_later(operation_id, observation)
+            return _fresh(
+                problem_response(
+                    "service-unavailable",
+                    "the provider answered but the outcome could not be recorded yet; retry",
+                    headers={"Retry-After": "1"},
+                    operation_id=op,
+                ),
+                op,
+            )
         await failpoints.hit("effect.after_commit")
         await failpoints.hit("settle.after")
         return self._settled_response(settled, op)

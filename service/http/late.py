@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
-from service.core import Source
+from service.core import Observation, Source
 from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
 from service.store.settlement import SettlementStore
@@ -23,21 +25,53 @@ __all__ = ["LateAnswers"]
 
 log = logging.getLogger("settlement.late")
 
+# Re-settling a definitive answer: 0.5 s, 1 s, 2 s, 4 s, 8 s; a retry by the client with the
+# same key recovers the outcome through the sink key after that anyway.
+RETRY_FIRST_DELAY = 0.5
+RETRY_ATTEMPTS = 5
+
 
 class LateAnswers:
     def __init__(self, store: SettlementStore, metrics: Metrics) -> None:
         self._store = store
         self._metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     @property
     def pending(self) -> int:
         return len(self._tasks)
 
     def adopt(self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID) -> None:
-        task = asyncio.create_task(self._settle_when_answered(call, operation_id))
+        if self._closed:
+            call.cancel()
+            return
+        self._track(self._settle_when_answered(call, operation_id))
+
+    def settle_later(self, operation_id: uuid.UUID, observation: Observation) -> None:
+        """Retry settling a definitive answer whose first settlement failed."""
+        if not self._closed:
+            self._track(self._retry(operation_id, observation))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _retry(self, operation_id: uuid.UUID, observation: Observation) -> None:
+        delay = RETRY_FIRST_DELAY
+        for attempt in range(1, RETRY_ATTEMPTS + 1):
+            await asyncio.sleep(delay)
+            try:
+                await self._store.settle(operation_id, observation)
+                return
+            except Exception as exc:
+                log.warning(
+                    "settling an answer failed again",
+                    extra={"operation_id": str(operation_id), "try": attempt, "error": repr(exc)},
+                )
+            delay *= 2
+        log.error("gave up settling an answer", extra={"operation_id": str(operation_id)})
 
     async def _settle_when_answered(
         self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID
@@ -70,6 +104,7 @@ class LateAnswers:
         )
 
     async def close(self) -> None:
+        self._closed = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -138,6 +138,17 @@ class LeaseManager:
             released = await self._release(keys=[lease.key], args=[lease.token])
         return bool(released == 1)
 
+    async def holders(self, names: list[str]) -> list[str | None]:
+        """The current token of each named lease (None where free), in one round trip."""
+        if not names:
+            return []
+        keys = [self._prefix + name for name in names]
+        with _unavailable("read", keys[0]):
+            values = await self._redis.mget(keys)
+        return [
+            None if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in values
+        ]
+
     async def revoke(self, name: str) -> bool:
         """Delete the lease whoever holds it (an admin fenced its attempt out in PostgreSQL).
         The holder's next heartbeat finds it gone and stops its work."""

@@ -57,6 +57,8 @@ __all__ = [
     "SettlementContention",
     "SettlementHooks",
     "SettlementStore",
+    "SweepCursor",
+    "SweepPage",
 ]
 
 log = logging.getLogger("settlement.store")
@@ -94,6 +96,16 @@ class Settled(msgspec.Struct, frozen=True):
     observation_id: int
 
 
+SweepCursor = tuple[datetime, uuid.UUID]
+
+
+class SweepPage(msgspec.Struct, frozen=True):
+    """What one sweep demoted, and where the next page starts (None: start over)."""
+
+    demoted: list[uuid.UUID]
+    next: SweepCursor | None
+
+
 class AttemptRef(msgspec.Struct, frozen=True):
     """What an attempt knows about itself: its row, its reservation and its fencing token."""
 
@@ -115,8 +127,13 @@ class SettlementHooks(Protocol):
 
     def on_claimed(self, kind: str) -> None: ...
 
+    def on_stale_epoch_outcome(self) -> None: ...
+
 
 class _NoHooks:
+    def on_stale_epoch_outcome(self) -> None:
+        return None
+
     def on_settled(self, source: str, disposition: str) -> None:
         return None
 
@@ -167,14 +184,17 @@ class SettlementStore:
             )
         return None if row is None else record_from_row(row)
 
-    async def tenant_of(self, operation_id: uuid.UUID) -> str | None:
+    async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
+        """(tenant, route) of an operation, or None."""
         async with self._engine.connect() as conn:
-            tenant: str | None = (
+            row = (
                 await conn.execute(
-                    select(operations.c.tenant).where(operations.c.id == operation_id)
+                    select(operations.c.tenant, operations.c.route).where(
+                        operations.c.id == operation_id
+                    )
                 )
-            ).scalar_one_or_none()
-        return tenant
+            ).first()
+        return None if row is None else (row.tenant, row.route)
 
     async def record_refused(
         self,
@@ -199,24 +219,30 @@ class SettlementStore:
         self._hooks.on_settled(observation.source.value, "quarantined")
 
     async def sweep(
-        self, batch: int, is_live: Callable[[uuid.UUID, Scope], Awaitable[bool]]
-    ) -> list[uuid.UUID]:
+        self,
+        batch: int,
+        live: Callable[[list[Scope]], Awaitable[list[bool]]],
+        after: SweepCursor | None = None,
+    ) -> SweepPage:
         """Demote up to ``batch`` in_progress rows whose lease has expired to ``unknown``.
 
-        Rows are taken with ``FOR UPDATE SKIP LOCKED`` so several sweepers share the work.
-        ``is_live`` asks the lease store whether an attempt still holds the scope's lease
-        (a heartbeat keeps Redis, not this row, up to date); a live one is left alone.
-        Each demotion goes through the core and the CAS and is recorded (source sweeper).
+        Rows are taken with ``FOR UPDATE SKIP LOCKED`` so several sweepers share the work,
+        in (lease_expires_at, id) order after ``after``, so rows that are still live never
+        hide the dead ones behind them. ``live`` asks the lease store, in one round trip,
+        which scopes an attempt still holds (a heartbeat keeps Redis, not this row, up to
+        date); those are left alone. Each demotion goes through the core and the CAS and is
+        recorded (source sweeper).
         """
         now = self._clock()
         demoted: list[uuid.UUID] = []
         with self._lock_timeouts():
             async with self.unit_of_work() as uow:
-                rows = await uow.expired_in_progress(at(now), batch)
-                for scope, record in rows:
-                    operation_id = uuid.UUID(record.tuple.operation_id)
-                    if await is_live(operation_id, scope):
+                rows = await uow.expired_in_progress(at(now), batch, after)
+                alive = await live([scope for scope, _, _ in rows])
+                for (_, record, _), is_live in zip(rows, alive, strict=True):
+                    if is_live:
                         continue
+                    operation_id = uuid.UUID(record.tuple.operation_id)
                     observation = Observation(
                         tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
                     )
@@ -225,9 +251,11 @@ class SettlementStore:
                         await uow.cas_write(decision.record, decision.expected_revision, at(now))
                         demoted.append(operation_id)
                     await uow.record_decision(operation_id, observation, decision, record.revision)
-                    self._hooks.on_settled(Source.SWEEPER.value, decision.disposition.value)
                 await uow.commit()
-        return demoted
+        for _ in demoted:
+            self._hooks.on_settled(Source.SWEEPER.value, "applied")
+        last = rows[-1][2] if len(rows) == batch else None
+        return SweepPage(demoted=demoted, next=last)
 
     async def supersede(
         self,
@@ -238,6 +266,7 @@ class SettlementStore:
         request_fingerprint: str | None,
         rebind: bool,
         force: bool,
+        external: bool = False,
         is_live: Callable[[Scope], Awaitable[bool]],
     ) -> SupersedeDecision:
         """Start a new reservation epoch in one transaction under the row lock, with the CAS;
@@ -264,7 +293,10 @@ class SettlementStore:
                     decision = decide_supersede(
                         record,
                         SupersedeRequest(
-                            request_fingerprint=request_fingerprint, binding=binding, force=force
+                            request_fingerprint=request_fingerprint,
+                            binding=binding,
+                            force=force,
+                            external=external,
                         ),
                         now,
                     )
@@ -454,6 +486,18 @@ class SettlementStore:
                 await uow.commit()
             _log_decision(operation_id, observation, decision)
             self._hooks.on_settled(observation.source.value, decision.disposition.value)
+            if _stale_epoch_outcome(record, observation):
+                self._hooks.on_stale_epoch_outcome()
+                log.error(
+                    "a verified outcome of a superseded epoch arrived: the effect may have "
+                    "happened in both epochs",
+                    extra={
+                        "operation_id": str(operation_id),
+                        "observed_generation": observation.tuple.binding_generation,
+                        "current_generation": record.tuple.binding_generation,
+                        "kind": observation.kind.value,
+                    },
+                )
             return Settled(
                 decision=decision,
                 record=after,
@@ -534,6 +578,16 @@ class SettlementStore:
         if after.state.terminal and not before.state.terminal:
             return {"expires_at": at(now) + timedelta(seconds=self._retention)}
         return {}
+
+
+def _stale_epoch_outcome(record: Record, observation: Observation) -> bool:
+    return (
+        observation.verified
+        and observation.kind.terminal
+        and observation.fencing_token is None
+        and observation.tuple.operation_id == record.tuple.operation_id
+        and observation.tuple.binding_generation < record.tuple.binding_generation
+    )
 
 
 def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: Decision) -> None:

@@ -11,7 +11,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import insert, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -145,14 +145,22 @@ class UnitOfWork:
             )
         )
 
-    async def expired_in_progress(self, now: datetime, limit: int) -> list[tuple[Scope, Record]]:
-        """Lock up to ``limit`` in_progress rows whose lease ended, skipping locked ones."""
+    async def expired_in_progress(
+        self, now: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None = None
+    ) -> list[tuple[Scope, Record, tuple[datetime, uuid.UUID]]]:
+        """Lock up to ``limit`` in_progress rows whose lease ended, in (lease end, id) order
+        after ``after``, skipping rows another transaction holds."""
+        stmt = select(operations).where(
+            operations.c.state == "in_progress", operations.c.lease_expires_at < now
+        )
+        if after is not None:
+            stmt = stmt.where(
+                tuple_(operations.c.lease_expires_at, operations.c.id) > tuple_(*after)
+            )
         rows = (
             (
                 await self.connection.execute(
-                    select(operations)
-                    .where(operations.c.state == "in_progress", operations.c.lease_expires_at < now)
-                    .order_by(operations.c.lease_expires_at)
+                    stmt.order_by(operations.c.lease_expires_at, operations.c.id)
                     .limit(limit)
                     .with_for_update(skip_locked=True)
                 )
@@ -160,7 +168,10 @@ class UnitOfWork:
             .mappings()
             .all()
         )
-        return [(_scope_of(row), record_from_row(row)) for row in rows]
+        return [
+            (_scope_of(row), record_from_row(row), (row["lease_expires_at"], row["id"]))
+            for row in rows
+        ]
 
     # -- writes -----------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ _HELP = {
     "settlement_claims_total": "Claims of operations for a new attempt, by kind.",
     "settlement_sweeper_demotions_total": "In-progress operations demoted by the sweeper.",
     "settlement_late_responses_total": "Provider answers settled after their attempt gave up.",
+    "settlement_stale_epoch_outcomes_total": (
+        "Verified terminal outcomes of a superseded epoch (possible duplicate effect)."
+    ),
 }
 
 
@@ -43,6 +46,9 @@ class Metrics:
         self.inc("settlement_observations_total", source=source, disposition=disposition)
         if disposition == "conflict":
             self.inc("settlement_conflicts_total")
+
+    def on_stale_epoch_outcome(self) -> None:
+        self.inc("settlement_stale_epoch_outcomes_total")
 
     def on_claimed(self, kind: str) -> None:
         self.inc("settlement_claims_total", kind=kind)

@@ -60,6 +60,14 @@ class ProviderProcess:
         response = httpx.post(f"{self.base_url}/_sim/faults", json=fault)
         assert response.status_code == 200, response.text
 
+    def clear(self) -> None:
+        assert httpx.delete(f"{self.base_url}/_sim/faults").status_code == 200
+
+    def total(self) -> int:
+        response = httpx.get(f"{self.base_url}/_sim/payments")
+        assert response.status_code == 200, response.text
+        return int(response.json()["count"])
+
     def counts(self, sink_key: str) -> dict[str, int]:
         response = httpx.get(f"{self.base_url}/_sim/payments", params={"key": sink_key})
         assert response.status_code == 200, response.text

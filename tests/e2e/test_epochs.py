@@ -193,10 +193,13 @@ def test_late_success_of_the_old_epoch_is_quarantined(
     assert timed_out.status_code == 504
     operation_id = timed_out.headers["operation-id"]
 
-    superseded = admin(
-        base, f"/admin/v1/operations/{operation_id}/supersede", {"reason": "new epoch"}
-    )
+    path = f"/admin/v1/operations/{operation_id}/supersede"
+    refused = admin(base, path, {"reason": "new epoch"})
+    assert refused.status_code == 409  # the first epoch may pay: that must be accepted
+    assert refused.json()["type"] == "/problems/supersede-needs-force"
+    superseded = admin(base, path, {"reason": "new epoch", "force": True})
     assert superseded.status_code == 200, superseded.text
+    assert superseded.json()["effect_may_run_again"] is True
     time.sleep(PROVIDER_TIMEOUT * 3 + 0.7)  # the first epoch's payment answers late
 
     view = status(base, key, operation_id)
@@ -209,6 +212,8 @@ def test_late_success_of_the_old_epoch_is_quarantined(
         op=operation_id,
     )
     assert late == "quarantined"
+    stale = httpx.get(f"{base}/metrics").text
+    assert "settlement_stale_epoch_outcomes_total 1" in stale.splitlines()
 
     paid = httpx.post(f"{base}/v1/payouts", json=body, headers=headers, timeout=30)
     assert paid.status_code == 201, paid.text

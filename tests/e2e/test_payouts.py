@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -28,7 +28,7 @@ from service.evidence import (
     sign,
 )
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, new_principal
+from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar
 from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.server import ServerProcess
 
@@ -56,6 +56,15 @@ def _env(provider: ProviderProcess, **extra: str) -> dict[str, str]:
 def provider() -> Iterator[ProviderProcess]:
     with ProviderProcess() as proc:
         yield proc
+
+
+@pytest.fixture(autouse=True)
+def paid(provider: ProviderProcess) -> Iterator[Callable[[], int]]:
+    """Payments made during this test, over every sink key; no armed fault leaks out."""
+    provider.clear()
+    before = provider.total()
+    yield lambda: provider.total() - before
+    provider.clear()
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +151,10 @@ def observe(base_url: str, key: str, signed: dict[str, Any]) -> httpx.Response:
 
 
 def test_payout_succeeds_once_and_replays(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
 ) -> None:
     first = payout(payout_server.base_url, client_key, "p-ok")
     again = payout(payout_server.base_url, client_key, "p-ok")
@@ -152,10 +164,14 @@ def test_payout_succeeds_once_and_replays(
     assert again.content == first.content
     view = status(payout_server.base_url, client_key, first.headers["operation-id"])
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+    assert paid() == 1
 
 
 def test_lost_response_is_unknown_then_retry_gets_the_same_payment(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
 ) -> None:
     provider.arm("drop_response")
     lost = payout(payout_server.base_url, client_key, "p-drop")
@@ -171,11 +187,16 @@ def test_lost_response_is_unknown_then_retry_gets_the_same_payment(
     assert view["state"] == "completed"
     assert [a["outcome"] for a in view["attempts"]] == ["unknown", "completed"]
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+    assert paid() == 1
 
 
 def test_late_answer_upgrades_unknown_without_a_retry(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
 ) -> None:
+    late_before = metric(payout_server.base_url, "settlement_late_responses_total")
     provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 3))
     timed_out = payout(payout_server.base_url, client_key, "p-late")
     assert timed_out.status_code == 504
@@ -187,11 +208,16 @@ def test_late_answer_upgrades_unknown_without_a_retry(
     assert replay.headers["idempotent-replayed"] == "true"
     view = status(payout_server.base_url, client_key, operation_id)
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
-    assert metric(payout_server.base_url, "settlement_late_responses_total") >= 1
+    assert paid() == 1
+    assert metric(payout_server.base_url, "settlement_late_responses_total") == late_before + 1
 
 
 def test_success_first_then_the_late_answer_keeps_completed(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    app_database: str,
 ) -> None:
     provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 3))
     timed_out = payout(payout_server.base_url, client_key, "p-race")
@@ -204,24 +230,39 @@ def test_success_first_then_the_late_answer_keeps_completed(
     view = status(payout_server.base_url, client_key, operation_id)
     assert view["state"] == "completed"
     assert view["result"]["body"] == retry.json()
+    late = scalar(
+        app_database,
+        "SELECT disposition FROM observations WHERE operation_id = :op"
+        " AND source = 'late_response'",
+        op=operation_id,
+    )
+    assert late == "strengthened"
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+    assert paid() == 1
 
 
 def test_provider_5xx_is_unknown_then_retry_pays_once(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
 ) -> None:
     provider.arm("error_5xx")
     failed = payout(payout_server.base_url, client_key, "p-5xx")
     assert failed.status_code == 504
     view = status(payout_server.base_url, client_key, failed.headers["operation-id"])
     assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    assert paid() == 0
     retry = payout(payout_server.base_url, client_key, "p-5xx")
     assert retry.status_code == 201
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
 
 
 def test_decline_is_a_stored_402_and_recorded_once(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
 ) -> None:
     provider.arm("decline")
     declined = payout(payout_server.base_url, client_key, "p-decline")
@@ -234,16 +275,22 @@ def test_decline_is_a_stored_402_and_recorded_once(
     view = status(payout_server.base_url, client_key, declined.headers["operation-id"])
     assert view["state"] == "failed"
     assert provider.counts(sink(view)) == {"count": 0, "declines": 1}
+    assert paid() == 0
 
 
 def test_conflicting_evidence_is_surfaced_never_overwritten(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str, observer_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    observer_key: str,
 ) -> None:
     provider.arm("error_5xx")
     unknown = payout(payout_server.base_url, client_key, "p-conflict")
     operation_id = unknown.headers["operation-id"]
     view = status(payout_server.base_url, client_key, operation_id)
     other_observer = new_principal(payout_server.base_url, role="observer")["api_key"]
+    conflicts_before = metric(payout_server.base_url, "settlement_conflicts_total")
 
     one = observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_a"))
     two = observe(payout_server.base_url, other_observer, evidence_for(view, reference="pay_b"))
@@ -257,7 +304,8 @@ def test_conflicting_evidence_is_surfaced_never_overwritten(
     assert retry.status_code == 409
     assert retry.json()["type"] == "/problems/operation-conflict"
     assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
-    assert metric(payout_server.base_url, "settlement_conflicts_total") >= 1
+    assert paid() == 0
+    assert metric(payout_server.base_url, "settlement_conflicts_total") == conflicts_before + 1
 
 
 @pytest.mark.parametrize(
@@ -266,6 +314,7 @@ def test_conflicting_evidence_is_surfaced_never_overwritten(
     ids=["other-epoch", "other-fingerprint"],
 )
 def test_mismatched_evidence_is_quarantined_then_exact_match_applies(
+    paid: Callable[[], int],
     payout_server: ServerProcess,
     provider: ProviderProcess,
     client_key: str,
@@ -292,10 +341,15 @@ def test_mismatched_evidence_is_quarantined_then_exact_match_applies(
     assert exact.json()["disposition"] == "applied"
     assert status(payout_server.base_url, client_key, operation_id)["state"] == "completed"
     assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    assert paid() == 0
 
 
 def test_forged_or_altered_evidence_is_422_and_changes_nothing(
-    payout_server: ServerProcess, provider: ProviderProcess, client_key: str, observer_key: str
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    observer_key: str,
 ) -> None:
     provider.arm("error_5xx")
     unknown = payout(payout_server.base_url, client_key, "p-forged")
@@ -314,6 +368,40 @@ def test_forged_or_altered_evidence_is_422_and_changes_nothing(
     assert after["state"] == "unknown"
     assert after["revision"] == view["revision"]
     assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    assert paid() == 0
+
+
+def test_evidence_about_a_local_effect_or_another_tenant_is_404(
+    payout_server: ServerProcess, observer_key: str, client_key: str
+) -> None:
+    from tests.e2e.client import new_account
+
+    source = new_account(payout_server.base_url, client_key, 10)
+    dest = new_account(payout_server.base_url, client_key, 0)
+    done = httpx.post(
+        f"{payout_server.base_url}/v1/transfers",
+        json={"source": source, "destination": dest, "amount": 20, "currency": "EUR"},
+        headers={**auth(client_key), "Idempotency-Key": "local-effect"},
+    )
+    assert done.status_code == 402
+    view = status(payout_server.base_url, client_key, done.headers["operation-id"])
+    local = observe(payout_server.base_url, observer_key, evidence_for(view, reference="p"))
+    assert local.status_code == 404
+    assert status(payout_server.base_url, client_key, view["id"]) == view
+
+    elsewhere = new_principal(payout_server.base_url, tenant="elsewhere", role="observer")
+    payout_view = status(
+        payout_server.base_url,
+        client_key,
+        payout(payout_server.base_url, client_key, "p-tenant").headers["operation-id"],
+    )
+    foreign = observe(
+        payout_server.base_url,
+        elsewhere["api_key"],
+        evidence_for(payout_view, reference="p_other"),
+    )
+    assert foreign.status_code == 404
+    assert status(payout_server.base_url, client_key, payout_view["id"]) == payout_view
 
 
 def test_evidence_for_an_unknown_operation_is_404(
@@ -336,7 +424,7 @@ def test_clients_may_not_deliver_evidence(payout_server: ServerProcess, client_k
 
 
 def test_killed_in_flight_payout_is_swept_and_retried_once(
-    services: Services, app_database: str, provider: ProviderProcess
+    paid: Callable[[], int], services: Services, app_database: str, provider: ProviderProcess
 ) -> None:
     with ServerProcess(app_database, services.redis_url, env=_env(provider)) as setup:
         key = str(new_principal(setup.base_url)["api_key"])
@@ -377,6 +465,7 @@ def test_killed_in_flight_payout_is_swept_and_retried_once(
         retry = payout(restarted.base_url, key, "p-killed")
         assert retry.status_code == 201, retry.text
         assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+        assert paid() == 1
 
 
 def _swallow(call: Any) -> None:

@@ -90,3 +90,18 @@ def test_supersede_with_an_edited_request_and_a_rebind() -> None:
     assert decision.record.tuple.request_fingerprint == "e" * 64
     assert decision.record.binding == rebound
     assert decision.archived.binding == record.binding
+
+
+@pytest.mark.parametrize("state", ["unknown", "in_progress"])
+def test_external_effect_with_unknown_outcome_needs_force(state: str) -> None:
+    record = make_record(state=state, lease="expired" if state == "in_progress" else None)
+    refused = decide_supersede(record, SupersedeRequest(external=True), NOW)
+    assert refused == Refuse(reason=RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE)
+    forced = decide_supersede(record, SupersedeRequest(external=True, force=True), NOW)
+    assert isinstance(forced, Supersede)
+
+
+@pytest.mark.parametrize("state", ["failed", "conflict"])
+def test_external_effect_with_a_known_outcome_needs_no_force(state: str) -> None:
+    record = make_record(state=state)
+    assert isinstance(decide_supersede(record, SupersedeRequest(external=True), NOW), Supersede)

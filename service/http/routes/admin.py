@@ -111,7 +111,7 @@ class SupersedeBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class Superseded(msgspec.Struct):
     operation: OperationView
-    effect_may_run_again: bool
+    effect_may_run_again: bool  # completed before, or an external outcome unknown
     fenced_live_attempt: bool
 
 
@@ -154,9 +154,19 @@ async def supersede_operation(
         request_fingerprint=fingerprint_,
         rebind=body.rebind,
         force=body.force,
+        external=view.route in runtime.external_routes,
         is_live=is_live,
     )
     if isinstance(decision, Refuse):
+        if decision.reason is RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE:
+            return problem_response(
+                "supersede-needs-force",
+                "the previous epoch's external effect may have happened (its outcome is "
+                "unknown) and a new epoch uses a new sink key: pass force: true to accept "
+                "that it may happen twice",
+                operation_id=str(operation_id),
+                state=view.state,
+            )
         if decision.reason is RefuseReason.LIVE_ATTEMPT:
             return problem_response(
                 "operation-in-progress",
@@ -178,7 +188,8 @@ async def supersede_operation(
     assert after is not None
     result = Superseded(
         operation=after,
-        effect_may_run_again=decision.reran_completed,
+        effect_may_run_again=decision.reran_completed
+        or (view.route in runtime.external_routes and view.state in ("unknown", "in_progress")),
         fenced_live_attempt=decision.fenced_live_attempt,
     )
     return Response(content=msgspec.json.encode(result), media_type="application/json")

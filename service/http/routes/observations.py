@@ -42,7 +42,7 @@ class Accepted(msgspec.Struct):
 async def post_observation(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     runtime = state.runtime
     principal = await authenticate(request)
-    require_role(principal, Role.OBSERVER, Role.ADMIN)
+    require_role(principal, Role.OBSERVER)
     try:
         signed = msgspec.json.decode(await request.body(), type=SignedEvidence)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -50,24 +50,25 @@ async def post_observation(request: Request[Any, Any, Any], state: State) -> Res
     secret = runtime.settings.provider_secret
     verified = bool(secret) and verify(signed, secret)
     operation_id = signed.evidence.operation_id
-    owner = await runtime.store.tenant_of(operation_id)
     observation = observation_of(signed.evidence, Source.EVIDENCE, verified=verified)
     detail = {"principal_id": str(principal.id)}
-    if owner is None or not principal.may_act_in(owner):
+    if not verified:  # recorded without touching (or locking) the operation row
+        await runtime.store.record_refused(operation_id, observation, "unverified-evidence", detail)
+        return problem_response(
+            "invalid-evidence", "the evidence signature does not verify; recorded as quarantined"
+        )
+    owner = await runtime.store.owner_of(operation_id)
+    if (
+        owner is None
+        or not principal.may_act_in(owner[0])
+        or owner[1] not in runtime.external_routes  # evidence speaks only of external effects
+    ):
         await runtime.store.record_refused(operation_id, observation, "unknown-operation", detail)
-        if not verified:
-            return problem_response("invalid-evidence", "the evidence signature does not verify")
-        return problem_response("not-found", f"no operation {operation_id}")
+        return problem_response("not-found", f"no operation {operation_id} with external evidence")
     try:
         settled = await runtime.store.settle(operation_id, observation, detail=detail)
     except OperationNotFound:
         return problem_response("not-found", f"no operation {operation_id}")
-    if not verified:
-        return problem_response(
-            "invalid-evidence",
-            "the evidence signature does not verify; recorded as quarantined",
-            operation_id=str(operation_id),
-        )
     record = settled.record
     accepted = Accepted(
         disposition=settled.decision.disposition.value,

@@ -11,6 +11,7 @@ from service.core import ReservationTuple
 from service.domain.payouts import PayoutRequest, ProviderUnavailable
 from service.evidence import SignedEvidence
 from service.http.idempotency import ExecutionContext, IdempotentRoute
+from service.http.problems import problem_response
 
 __all__ = ["post_payout"]
 
@@ -30,5 +31,11 @@ def payouts_route(runtime: Any) -> IdempotentRoute:
 @post("/v1/payouts", status_code=201, summary="Pay out through the provider (idempotent)")
 async def post_payout(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     runtime = state.runtime
+    if runtime.provider is None:
+        return problem_response(
+            "service-unavailable",
+            "no payout provider is configured "
+            "(SETTLEMENT_PROVIDER_URL, SETTLEMENT_PROVIDER_SECRET)",
+        )
     response: Response[bytes] = await runtime.idempotency.handle(request, runtime.payouts)
     return response

@@ -1,0 +1,576 @@
+"""``make bench``: throughput, latency and memory of the settlement server, with baselines.
+
+Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, then
+
+* the production server (``python -m service.cli serve --workers N``) for the scenarios
+  ``replay``, ``new``, ``status`` and ``contention``;
+* the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
+  for ``bare`` and ``plain-transfer`` (and, as a diagnostic, ``new`` with logging at WARNING);
+* pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``.
+
+One scenario at a time, each on a quiet machine otherwise. Prints one table and the ratios
+and writes them to ``bench/results/<date>.json``; logs go to ``bench/results/<date>-logs/``.
+
+Environment: BENCH_WORKERS (2), BENCH_DURATION (10 s per scenario), BENCH_CONNECTIONS (32),
+BENCH_WARMUP (2 s before each wrk scenario), BENCH_CONTENTION_CLIENTS (200), BENCH_SEED
+(1000 completed transfers for replay and status), BENCH_LOG_COST (1: also run the
+WARNING-level diagnostic; 0: skip it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import platform
+import resource
+import secrets
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from bench import fixtures
+from bench.loadgen import (
+    ContentionRound,
+    LoadResult,
+    contention,
+    ensure_wrk,
+    raw_request,
+    run_pgbench,
+    run_wrk,
+    send_all,
+    write_requests,
+)
+from bench.stack import ServerProcess, Stack, Usage, sample
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TRANSFERS = "/v1/transfers"
+ROUTE = "POST /v1/transfers"
+# Connections of the seeding client (setup, not measured).
+SEED_CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class Config:
+    workers: int
+    duration: float
+    connections: int
+    warmup: float
+    contention_clients: int
+    seed: int
+    log_cost: bool
+
+    @classmethod
+    def from_env(cls) -> Config:
+        def number(name: str, default: float, minimum: float) -> float:
+            raw = os.environ.get(name, "")
+            try:
+                value = float(raw) if raw.strip() else default
+            except ValueError:
+                raise SystemExit(f"{name} must be a number, got {raw!r}") from None
+            if value < minimum:
+                raise SystemExit(f"{name} must be >= {minimum:g}, got {raw!r}")
+            return value
+
+        return cls(
+            workers=int(number("BENCH_WORKERS", 2, 1)),
+            duration=number("BENCH_DURATION", 10, 1),
+            connections=int(number("BENCH_CONNECTIONS", 32, 1)),
+            warmup=number("BENCH_WARMUP", 2, 0),
+            contention_clients=int(number("BENCH_CONTENTION_CLIENTS", 200, 2)),
+            seed=int(number("BENCH_SEED", 1000, 1)),
+            log_cost=os.environ.get("BENCH_LOG_COST", "1").strip() not in ("0", "false", "no"),
+        )
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    name: str
+    target: str
+    result: LoadResult
+    usage: Usage | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": self.target, **self.result.as_dict()}
+        if self.usage is not None:
+            out["peak_rss_mib_per_worker"] = self.usage.rss_values
+            out["cpu_cores"] = {
+                group: round(self.usage.cores(group), 2) for group in self.usage.cpu_seconds
+            }
+        out["notes"] = self.notes
+        out.update(self.extra)
+        return out
+
+
+@dataclass
+class Fixture:
+    principal_id: str
+    api_key: str
+    key_hash: str
+    seed_requests: list[bytes] = field(default_factory=list)
+    operation_ids: list[str] = field(default_factory=list)
+
+
+class Bench:
+    def __init__(self, config: Config, stamp: str) -> None:
+        self.config = config
+        self.stamp = stamp
+        self.log_dir = RESULTS / f"{stamp}-logs"
+        self.rows: list[Row] = []
+        self.run_token = secrets.token_hex(3)
+        self.server_log_counts: dict[str, dict[str, int]] = {}
+        self._rounds: list[ContentionRound] = []
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def say(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    def measure(
+        self,
+        stack: Stack,
+        server: ServerProcess | None,
+        run: Callable[[], LoadResult],
+    ) -> tuple[LoadResult, Usage]:
+        workers = server.worker_processes() if server is not None else []
+        with sample(
+            workers, postgres=stack.postgres_processes, redis=stack.redis_processes
+        ) as usage:
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            result = run()
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # the load generator's own CPU (wrk / pgbench are reaped children of this process)
+        usage.cpu_seconds["loadgen"] = (after.ru_utime + after.ru_stime) - (
+            before.ru_utime + before.ru_stime
+        )
+        return result, usage
+
+    def wrk(
+        self,
+        stack: Stack,
+        server: ServerProcess,
+        script: str,
+        args: list[str],
+    ) -> tuple[LoadResult, Usage]:
+        cfg = self.config
+        url = server.base_url + "/"
+        log = self.log_dir / "wrk.log"
+        if cfg.warmup > 0:
+            run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
+        return self.measure(
+            stack,
+            server,
+            lambda: run_wrk(
+                url, script, args, duration=cfg.duration, connections=cfg.connections, log_path=log
+            ),
+        )
+
+    def fresh_args(self, fixture: Fixture, path: str, tag: str) -> list[str]:
+        return [
+            path,
+            fixture.api_key,
+            str(fixtures.PAIRS),
+            fixtures.ACCOUNT_PREFIX,
+            f"{tag}-{self.run_token}",
+        ]
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        r = row.result
+        rss = "/".join(f"{v:.0f}" for v in row.usage.rss_values) if row.usage else "-"
+        self.say(
+            f"  {row.name}: {r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
+            f"non-2xx {r.non_2xx}, peak RSS/worker {rss} MiB"
+        )
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def transfer_request(self, fixture: Fixture, port: int, key: str, pair: int) -> bytes:
+        source, destination = fixtures.pair(pair)
+        body = json.dumps(
+            {
+                "source": str(source),
+                "destination": str(destination),
+                "amount": 1,
+                "currency": fixtures.CURRENCY,
+            },
+            separators=(",", ":"),
+        ).encode()
+        headers = {"Authorization": f"Bearer {fixture.api_key}", "Idempotency-Key": key}
+        return raw_request("POST", TRANSFERS, port, headers, body)
+
+    def seed(self, fixture: Fixture, server: ServerProcess) -> None:
+        """BENCH_SEED completed transfers with keys replay-1..N (pairs in turn)."""
+        n = self.config.seed
+        fixture.seed_requests = [
+            self.transfer_request(fixture, server.port, f"replay-{i}", (i - 1) % fixtures.PAIRS + 1)
+            for i in range(1, n + 1)
+        ]
+        began = time.monotonic()
+        answers = asyncio.run(
+            send_all(server.port, fixture.seed_requests, concurrency=SEED_CONCURRENCY)
+        )
+        bad = [status for status, _, _ in answers if status != 201]
+        if bad or len(answers) != n:
+            raise RuntimeError(f"seeding failed: {len(answers)} answers, statuses {set(bad)}")
+        fixture.operation_ids = [headers["operation-id"] for _, headers, _ in answers]
+        self.say(f"seeded {n} completed transfers in {time.monotonic() - began:.1f}s")
+
+    # -- scenarios -------------------------------------------------------------------------
+
+    def production_scenarios(self, stack: Stack, fixture: Fixture) -> None:
+        cfg = self.config
+        with stack.production_server(cfg.workers) as server:
+            self.say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
+            self.seed(fixture, server)
+
+            self.say("replay: retries of completed transfers (hot keys)")
+            requests = write_requests(self.log_dir / "replay.requests", fixture.seed_requests)
+            result, usage = self.wrk(stack, server, "cycle.lua", [str(requests)])
+            self.add(
+                Row(
+                    "replay",
+                    f"{ROUTE}, {cfg.seed} completed keys",
+                    result,
+                    usage,
+                    [f"wrk cycles through the {cfg.seed} seeded keys; every answer a replay"],
+                )
+            )
+
+            self.say("new: fresh transfers with unique keys")
+            log_before = server.log_path.stat().st_size
+            args = self.fresh_args(fixture, TRANSFERS, "new")
+            result, usage = self.wrk(stack, server, "fresh.lua", args)
+            log_bytes = server.log_path.stat().st_size - log_before
+            self.add(
+                Row(
+                    "new",
+                    f"{ROUTE}, unique keys",
+                    result,
+                    usage,
+                    ["claim -> lease -> effect -> settle; unique keys from Lua"],
+                    {"server_log_bytes_per_request": self._per_request(log_bytes, result)},
+                )
+            )
+
+            self.say("status: GET /v1/operations/{id}")
+            auth = {"Authorization": f"Bearer {fixture.api_key}"}
+            reads = [
+                raw_request("GET", f"/v1/operations/{op}", server.port, auth)
+                for op in fixture.operation_ids
+            ]
+            requests = write_requests(self.log_dir / "status.requests", reads)
+            result, usage = self.wrk(stack, server, "cycle.lua", [str(requests)])
+            self.add(Row("status", "GET /v1/operations/{id}", result, usage))
+
+            self.contention(stack, server, fixture)
+            self.server_errors(server, "production server")
+
+    def contention(self, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
+        cfg = self.config
+        clients = cfg.contention_clients
+        self.say(f"contention: {clients} clients retry one key until it is terminal")
+
+        async def run() -> tuple[list[ContentionRound], LoadResult]:
+            conn = await asyncpg.connect(stack.database_url)
+
+            async def count_effects(key: str) -> tuple[int, int]:
+                row = await conn.fetchrow(
+                    "SELECT (SELECT count(*) FROM transfers t WHERE t.operation_id = o.id) AS tr,"
+                    " (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id) AS att"
+                    " FROM operations o WHERE o.tenant = $1 AND o.principal_id = $2::uuid"
+                    " AND o.route = $3 AND o.idempotency_key = $4",
+                    fixtures.TENANT,
+                    fixture.principal_id,
+                    ROUTE,
+                    key,
+                )
+                return (0, 0) if row is None else (int(row["tr"]), int(row["att"]))
+
+            try:
+                pair = iter(range(10**9))
+                return await contention(
+                    server.port,
+                    lambda key: self.transfer_request(
+                        fixture, server.port, key, next(pair) % fixtures.PAIRS + 1
+                    ),
+                    clients=clients,
+                    duration=cfg.duration,
+                    count_effects=count_effects,
+                )
+            finally:
+                await conn.close()
+
+        result, usage = self.measure(stack, server, lambda: self._contention(run))
+        rounds = self._rounds
+        executions = sorted({r.executions for r in rounds})
+        attempts = sorted({r.attempts for r in rounds})
+        finals: dict[str, int] = {}
+        for r in rounds:
+            for status, n in r.finals.items():
+                finals[str(status)] = finals.get(str(status), 0) + n
+        exactly_once = executions == [1] and attempts == [1]
+        identical = all(r.distinct_final_bodies == 1 for r in rounds)
+        in_progress = sum(r.in_progress for r in rounds)
+        notes = [
+            "method: asyncio HTTP/1.1 keep-alive client in this process (not wrk), "
+            f"{clients} connections; each round a new key sent by all at once, each client "
+            "retries at once on every 409 until another answer; latency client-side",
+            "p50/p99 are of the 409 answers only; req/s counts every answer",
+            f"{len(rounds)} rounds, {in_progress} x 409, final answers {finals}",
+            f"transfers per key {executions}, attempts per key {attempts}: "
+            + ("exactly one execution per key" if exactly_once else "NOT exactly one execution"),
+            "final bodies identical within each round"
+            if identical
+            else "final bodies DIFFER within a round",
+        ]
+        self.add(
+            Row(
+                "contention",
+                f"{ROUTE}, {clients} clients on one key",
+                result,
+                usage,
+                notes,
+                {
+                    "rounds": len(rounds),
+                    "answers_409": in_progress,
+                    "final_answers": finals,
+                    "transfers_per_key": executions,
+                    "attempts_per_key": attempts,
+                    "exactly_one_execution": exactly_once,
+                    "final_bodies_identical": identical,
+                },
+            )
+        )
+
+    def _contention(
+        self, run: Callable[[], Coroutine[Any, Any, tuple[list[ContentionRound], LoadResult]]]
+    ) -> LoadResult:
+        self._rounds, result = asyncio.run(run())
+        return result
+
+    def baseline_scenarios(self, stack: Stack, fixture: Fixture) -> None:
+        cfg = self.config
+        with stack.baseline_server(cfg.workers) as server:
+            self.say(f"baseline server up: {server.base_url}")
+            self.say("bare: GET /bench/bare, no I/O")
+            requests = write_requests(
+                self.log_dir / "bare.requests", [raw_request("GET", "/bench/bare", server.port)]
+            )
+            result, usage = self.wrk(stack, server, "cycle.lua", [str(requests)])
+            self.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
+
+            self.say("plain-transfer: the ledger transaction without idempotency")
+            args = self.fresh_args(fixture, "/bench/plain-transfer", "plain")
+            result, usage = self.wrk(stack, server, "fresh.lua", args)
+            self.add(
+                Row(
+                    "plain-transfer",
+                    "POST /bench/plain-transfer",
+                    result,
+                    usage,
+                    [
+                        "authenticate + one transaction: minimal operation row (FK parent) + "
+                        "ledger.transfer; no key, scope read, lease, claim, attempt, observation"
+                    ],
+                )
+            )
+            self.server_errors(server, "baseline server")
+
+        if cfg.log_cost:
+            with stack.baseline_server(cfg.workers, log_level="WARNING") as server:
+                self.say("new, logs at WARNING (diagnostic: what the per-request INFO lines cost)")
+                args = self.fresh_args(fixture, TRANSFERS, "quiet")
+                result, usage = self.wrk(stack, server, "fresh.lua", args)
+                self.add(
+                    Row(
+                        "new@WARNING",
+                        f"{ROUTE}, unique keys, root log level WARNING",
+                        result,
+                        usage,
+                        ["diagnostic: bench.bare_app with BENCH_LOG_LEVEL=WARNING"],
+                    )
+                )
+                self.server_errors(server, "baseline server (WARNING)")
+
+    def pgbench_scenarios(self, stack: Stack, fixture: Fixture) -> None:
+        cfg = self.config
+        variables = {
+            "key_hash": fixture.key_hash,
+            "tenant": fixtures.TENANT,
+            "principal": fixture.principal_id,
+            "pairs": str(fixtures.PAIRS),
+            "seeded": str(cfg.seed),
+        }
+        work = self.log_dir
+        log = self.log_dir / "pgbench.log"
+        for name, script, what in (
+            ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
+            ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),
+        ):
+            self.say(f"{name}: {what}")
+            result, usage = self.measure(
+                stack,
+                None,
+                functools.partial(
+                    run_pgbench,
+                    script,
+                    port=stack.pg_port,
+                    variables=variables,
+                    duration=cfg.duration,
+                    clients=cfg.connections,
+                    work_dir=work,
+                    log_path=log,
+                ),
+            )
+            self.add(
+                Row(
+                    name,
+                    f"bench/sql/{script}",
+                    result,
+                    usage,
+                    [
+                        f"pgbench -M prepared -c {cfg.connections}: {what}; "
+                        "latency per transaction from its -l log"
+                    ],
+                )
+            )
+
+    def server_errors(self, server: ServerProcess, what: str) -> None:
+        text = server.log_path.read_text(errors="replace")
+        errors = text.count('"level": "error"')
+        warnings = text.count('"level": "warning"')
+        self.server_log_counts[what] = {"error_lines": errors, "warning_lines": warnings}
+        if errors:
+            self.say(f"  {what}: {errors} error line(s) in {server.log_path}")
+
+    @staticmethod
+    def _per_request(log_bytes: int, result: LoadResult) -> float:
+        # the log also covers the warm-up run, so this slightly overstates it
+        return round(log_bytes / result.requests, 1) if result.requests else 0.0
+
+    # -- the whole run ---------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        began = time.monotonic()
+        ensure_wrk()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.say(f"logs: {self.log_dir}")
+        with Stack(self.log_dir) as stack:
+            self.say(f"PostgreSQL and Redis up in {time.monotonic() - began:.1f}s")
+            principal_id, api_key = asyncio.run(fixtures.create_client(stack.database_url))
+            asyncio.run(fixtures.create_accounts(stack.database_url))
+            from service.store.principals import hash_key
+
+            fixture = Fixture(str(principal_id), api_key, hash_key(api_key).hex())
+            self.production_scenarios(stack, fixture)
+            self.baseline_scenarios(stack, fixture)
+            self.pgbench_scenarios(stack, fixture)
+        return self.report(time.monotonic() - began)
+
+    # -- output ----------------------------------------------------------------------------
+
+    def report(self, seconds: float) -> dict[str, Any]:
+        by_name = {row.name: row for row in self.rows}
+
+        def ratio(a: str, b: str) -> float | None:
+            if a not in by_name or b not in by_name or not by_name[b].result.rps:
+                return None
+            return round(by_name[a].result.rps / by_name[b].result.rps, 3)
+
+        ratios = {
+            "replay / bare": ratio("replay", "bare"),
+            "new / plain-transfer": ratio("new", "plain-transfer"),
+            "new / pgbench-new": ratio("new", "pgbench-new"),
+            "replay / pgbench-read": ratio("replay", "pgbench-read"),
+        }
+        if "new@WARNING" in by_name:
+            ratios["new / new@WARNING"] = ratio("new", "new@WARNING")
+        print()
+        print(self.table())
+        print()
+        print("throughput ratios:")
+        for name, value in ratios.items():
+            print(f"  {name:<24} {'-' if value is None else f'{value:.3f}'}")
+        print()
+        print("notes:")
+        for row in self.rows:
+            for note in row.notes:
+                print(f"  {row.name}: {note}")
+        for what, counts in self.server_log_counts.items():
+            print(f"  {what} log: {counts['error_lines']} error, {counts['warning_lines']} warning")
+        cfg = self.config
+        print(
+            f"  {os.cpu_count()} CPUs shared by server, PostgreSQL, Redis and the load "
+            f"generator; wrk -t2 -c{cfg.connections}, {cfg.duration:g}s per scenario after "
+            f"{cfg.warmup:g}s warm-up; cpu = cores used (app workers / PostgreSQL / loadgen)"
+        )
+        document = {
+            "date": self.stamp,
+            "config": cfg.__dict__,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": sys.version.split()[0],
+                "platform": platform.platform(),
+            },
+            "scenarios": {row.name: row.as_dict() for row in self.rows},
+            "ratios": ratios,
+            "server_logs": self.server_log_counts,
+            "total_seconds": round(seconds, 1),
+        }
+        path = RESULTS / f"{self.stamp}.json"
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"\nsaved {path.relative_to(RESULTS.parents[1])}; total {seconds:.0f}s")
+        return document
+
+    def table(self) -> str:
+        header = (
+            f"{'scenario':<15} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
+            f"{'5xx':>5} {'peak RSS/worker MiB':>20} {'cpu app/pg/load':>16}  target"
+        )
+        lines = [header, "-" * len(header)]
+        for row in self.rows:
+            r = row.result
+            rss = "/".join(f"{v:.0f}" for v in row.usage.rss_values) if row.usage else "-"
+            rss = rss or "-"
+            cpu = "-"
+            if row.usage is not None:
+                cpu = "/".join(
+                    f"{row.usage.cores(g):.2f}" for g in ("workers", "postgres", "loadgen")
+                )
+            non_2xx = str(r.non_2xx)
+            if row.name == "contention":
+                non_2xx = f"{r.non_2xx}*"
+            lines.append(
+                f"{row.name:<15} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+                f"{non_2xx:>8} {r.server_errors:>5} {rss:>20} {cpu:>16}  {row.target}"
+            )
+        lines.append("* contention: the 409s are the expected answers; p50/p99 are theirs")
+        return "\n".join(lines)
+
+
+def main() -> int:
+    config = Config.from_env()
+    stamp = datetime.now().strftime("%Y-%m-%dT%H-%M")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    try:
+        Bench(config, stamp).run()
+    except KeyboardInterrupt:
+        print("interrupted; servers stopped", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
