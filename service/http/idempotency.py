@@ -20,13 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlencode
 
 import msgspec
 from litestar import Request, Response
@@ -35,17 +33,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core import (
     Binding,
-    BindingMismatch,
     Claim,
-    ClaimDecision,
     ClaimRequest,
-    FingerprintMismatch,
     InProgress,
     Observation,
     ObservationKind,
     OperationConflict,
     Record,
-    Replay,
     ReservationTuple,
     Result,
     Source,
@@ -54,9 +48,18 @@ from service.core import (
 from service.domain.ledger import BusinessFailure
 from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
+from service.http.answers import (
+    Outcome,
+    answer,
+    business_outcome,
+    busy,
+    fresh,
+    prefer_wait,
+    result_response,
+)
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.fingerprint import KeyError_, fingerprint, parse_idempotency_key, result_digest
-from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_response
+from service.http.problems import problem_response
 from service.leases import Lease, LeaseUnavailable
 from service.store.principals import Principal, Role
 from service.store.rows import Scope
@@ -72,38 +75,12 @@ __all__ = ["ExecutionContext", "Idempotency", "IdempotentRoute", "Outcome"]
 
 log = logging.getLogger("settlement.idempotency")
 
-JSON = "application/json"
-# Business failures a route may store as terminal outcomes, with their status.
-BUSINESS_STATUS = {
-    "insufficient-funds": 402,
-    "account-not-found": 404,
-    "currency-mismatch": 422,
-    "balance-limit": 422,
-    "payout-declined": 402,
-}
-BUSINESS_TITLE = {
-    "insufficient-funds": "Insufficient funds",
-    "account-not-found": "Account not found",
-    "currency-mismatch": "Currency mismatch",
-    "balance-limit": "Balance limit exceeded",
-    "payout-declined": "Payout declined",
-}
-_PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,6})(?:$|[;,\s])", re.IGNORECASE)
-
 
 @dataclass(frozen=True, slots=True)
 class ExecutionContext:
     principal: Principal
     operation_id: uuid.UUID
     binding_generation: int
-
-
-class Outcome(msgspec.Struct, frozen=True):
-    """What a handler produced: the response to store and replay."""
-
-    status: int
-    body: bytes
-    content_type: str = JSON
 
 
 LocalHandler = Callable[[AsyncConnection, ExecutionContext, Any], Awaitable[Outcome]]
@@ -145,17 +122,17 @@ class Idempotency:
             require_role(principal, *spec.roles)
             key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
         except (AuthError, KeyError_) as exc:
-            return _fresh(problem_response(exc.slug, exc.detail))
+            return fresh(problem_response(exc.slug, exc.detail))
         try:
             raw = await request.body()
         except ClientException as exc:
             if exc.status_code != 413:
                 raise
-            return _fresh(problem_response("payload-too-large", str(exc.detail)))
+            return fresh(problem_response("payload-too-large", str(exc.detail)))
         try:
             body = msgspec.json.decode(raw, type=spec.body_type)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            return _fresh(problem_response("validation-error", str(exc)))
+            return fresh(problem_response("validation-error", str(exc)))
         scope = Scope(
             tenant=principal.tenant,
             principal_id=principal.id,
@@ -171,9 +148,9 @@ class Idempotency:
         try:
             return await self._run(request, spec, principal, scope, claim, body)
         except RowLocked:
-            return _busy(scope)
+            return busy(scope)
         except SettlementContention as exc:
-            return _fresh(
+            return fresh(
                 problem_response("service-unavailable", str(exc), headers={"Retry-After": "1"})
             )
 
@@ -193,12 +170,12 @@ class Idempotency:
         if record is not None:
             early = decide_claim(record, claim, time.time())
             if not isinstance(early, Claim | InProgress):
-                return self._answer(early)
+                return answer(early)
         try:
             lease = await self._rt.leases.acquire(scope.lease_name())
         except LeaseUnavailable:
             op = None if record is None else record.tuple.operation_id
-            return _fresh(
+            return fresh(
                 problem_response(
                     "lease-unavailable",
                     "the lease store is unreachable; no new execution without a lease",
@@ -214,7 +191,7 @@ class Idempotency:
                 scope, claim, lease_token=lease.token, lease_held=True
             )
             if not isinstance(outcome.decision, Claim):
-                return self._answer(outcome.decision)
+                return answer(outcome.decision)
             await self._rt.failpoints.hit("claim.after")
             if spec.external is not None:
                 return await self._execute_external(spec, principal, body, outcome, lease)
@@ -231,19 +208,7 @@ class Idempotency:
         claimed: ClaimOutcome,
         lease: Lease,
     ) -> Response[bytes]:
-        record = claimed.record
-        assert record is not None and claimed.attempt_id is not None
-        operation_id = uuid.UUID(record.tuple.operation_id)
-        attempt = AttemptRef(
-            attempt_id=claimed.attempt_id,
-            reservation=record.tuple,
-            fencing_token=record.fencing_token,
-        )
-        context = ExecutionContext(
-            principal=principal,
-            operation_id=operation_id,
-            binding_generation=record.tuple.binding_generation,
-        )
+        operation_id, attempt, context = _attempt_of(claimed, principal)
         failpoints = self._rt.failpoints
 
         execute = spec.execute
@@ -254,7 +219,7 @@ class Idempotency:
                 produced = await execute(conn, context, body)
                 kind = ObservationKind.COMPLETED
             except BusinessFailure as failure:
-                produced = _business_outcome(failure, operation_id)
+                produced = business_outcome(failure, operation_id)
                 kind = ObservationKind.FAILED
             return Observation(
                 tuple=attempt.reservation,
@@ -293,7 +258,7 @@ class Idempotency:
         except Exception:
             log.exception("attempt failed", extra={"operation_id": str(operation_id)})
             await self._give_up(operation_id, attempt)
-            return _fresh(
+            return fresh(
                 problem_response(
                     "internal-error",
                     "the attempt failed before its outcome was known; safe to retry",
@@ -321,19 +286,8 @@ class Idempotency:
         ``unknown`` (504) and hands the call to the late-answer keeper, which settles the
         answer if it still arrives.
         """
-        record = claimed.record
-        assert record is not None and claimed.attempt_id is not None and spec.external
-        operation_id = uuid.UUID(record.tuple.operation_id)
-        attempt = AttemptRef(
-            attempt_id=claimed.attempt_id,
-            reservation=record.tuple,
-            fencing_token=record.fencing_token,
-        )
-        context = ExecutionContext(
-            principal=principal,
-            operation_id=operation_id,
-            binding_generation=record.tuple.binding_generation,
-        )
+        assert spec.external is not None
+        operation_id, attempt, context = _attempt_of(claimed, principal)
         settings = self._rt.settings
         failpoints = self._rt.failpoints
         # the call may still answer for late_response_window after the attempt gives up
@@ -381,7 +335,7 @@ class Idempotency:
             # a definitive answer is never dropped: settle it again in the background
             log.exception("settling a provider answer failed", extra={"operation_id": op})
             self._rt.late.settle_later(operation_id, observation)
-            return _fresh(
+            return fresh(
                 problem_response(
                     "service-unavailable",
                     "the provider answered but the outcome could not be recorded yet; retry",
@@ -413,7 +367,7 @@ class Idempotency:
         )
         if settled.record.state.terminal:  # a definitive answer was settled meanwhile
             return self._settled_response(settled, str(operation_id))
-        return _fresh(
+        return fresh(
             problem_response(
                 "operation-outcome-unknown",
                 f"the provider gave no definitive answer ({why}); "
@@ -437,11 +391,11 @@ class Idempotency:
             record = await self._rt.store.get(operation_id)
         if record is not None and record.state.terminal and record.result is not None:
             if record.state.value == "conflict":
-                return self._answer(OperationConflict(operation_id=op))
+                return answer(OperationConflict(operation_id=op))
             ours = record.fencing_token == attempt.fencing_token
-            return _result_response(record.result, op, replayed=not ours)
+            return result_response(record.result, op, replayed=not ours)
         await self._give_up(operation_id, attempt)  # ignored if another attempt took over
-        return _fresh(
+        return fresh(
             problem_response(
                 "lease-unavailable",
                 "this attempt lost its lease before its outcome committed; retry",
@@ -469,10 +423,10 @@ class Idempotency:
         record = settled.record
         ours = settled.decision.disposition.value == "applied" and record.state.terminal
         if record.result is not None and record.state.terminal and record.state.value != "conflict":
-            return _result_response(record.result, operation_id, replayed=not ours)
+            return result_response(record.result, operation_id, replayed=not ours)
         if record.state.value == "conflict":
-            return self._answer(OperationConflict(operation_id=operation_id))
-        return self._answer(
+            return answer(OperationConflict(operation_id=operation_id))
+        return answer(
             InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at or 0)
         )
 
@@ -489,9 +443,9 @@ class Idempotency:
         if record is None:
             record = await store.get_by_scope(scope)
         if record is None:
-            return _busy(scope)  # the winner has not inserted its row yet
+            return busy(scope)  # the winner has not inserted its row yet
         operation_id = record.tuple.operation_id
-        wait = _prefer_wait(request.headers.get("prefer"), self._rt.settings.max_wait)
+        wait = prefer_wait(request.headers.get("prefer"), self._rt.settings.max_wait)
         if wait > 0:
             async with self._rt.waiter.wait_for(operation_id) as settled:
                 current = await store.get_by_scope(scope)
@@ -500,101 +454,33 @@ class Idempotency:
                         await asyncio.wait_for(settled, wait)
                     current = await store.get_by_scope(scope)
             if current is not None and current.state.terminal:
-                response = self._answer(decide_claim(current, claim, time.time()))
+                response = answer(decide_claim(current, claim, time.time()))
                 response.headers["Preference-Applied"] = f"wait={wait:g}"
                 return response
         lease_left = record.lease_expires_at or 0.0
-        return self._answer(InProgress(operation_id=operation_id, lease_expires_at=lease_left))
+        return answer(InProgress(operation_id=operation_id, lease_expires_at=lease_left))
 
     # -- decisions to HTTP -----------------------------------------------------------------
 
-    def _answer(self, decision: ClaimDecision) -> Response[bytes]:
-        match decision:
-            case Replay(result=result, operation_id=op):
-                return _result_response(result, op, replayed=True)
-            case FingerprintMismatch(operation_id=op):
-                return _fresh(
-                    problem_response(
-                        "fingerprint-mismatch",
-                        "this key was used with a different request",
-                        operation_id=op,
-                    ),
-                    op,
-                )
-            case BindingMismatch(operation_id=op):
-                return _fresh(
-                    problem_response(
-                        "binding-mismatch",
-                        "the operation is bound to another credential generation; "
-                        "an admin supersede is needed",
-                        operation_id=op,
-                    ),
-                    op,
-                )
-            case OperationConflict(operation_id=op):
-                return _fresh(
-                    problem_response(
-                        "operation-conflict",
-                        "incompatible outcomes were observed; see the status resource",
-                        operation_id=op,
-                        state="conflict",
-                    ),
-                    op,
-                )
-            case InProgress(operation_id=op):
-                headers = {"Retry-After": "1"}
-                if op:
-                    headers["Location"] = f"/v1/operations/{op}"
-                return _fresh(
-                    problem_response(
-                        "operation-in-progress",
-                        "another attempt holds this operation's lease",
-                        headers=headers,
-                        operation_id=op or None,
-                        state="in_progress",
-                    ),
-                    op or None,
-                )
-            case Claim():  # pragma: no cover - claims are executed, never answered
-                raise AssertionError("a claim is executed, not answered")
 
-
-def _result_response(
-    result: Result, operation_id: str | None, *, replayed: bool
-) -> Response[bytes]:
-    return _fresh(
-        Response(
-            content=result.body,
-            status_code=result.status,
-            media_type=result.content_type,
-        ),
-        operation_id,
-        replayed=replayed,
+def _attempt_of(
+    claimed: ClaimOutcome, principal: Principal
+) -> tuple[uuid.UUID, AttemptRef, ExecutionContext]:
+    """What a freshly claimed attempt knows about itself."""
+    record = claimed.record
+    assert record is not None and claimed.attempt_id is not None
+    operation_id = uuid.UUID(record.tuple.operation_id)
+    attempt = AttemptRef(
+        attempt_id=claimed.attempt_id,
+        reservation=record.tuple,
+        fencing_token=record.fencing_token,
     )
-
-
-def _fresh(
-    response: Response[bytes], operation_id: str | None = None, *, replayed: bool = False
-) -> Response[bytes]:
-    response.headers["Idempotent-Replayed"] = "true" if replayed else "false"
-    if operation_id:
-        response.headers["Operation-Id"] = operation_id
-    return response
-
-
-def _business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outcome:
-    status = BUSINESS_STATUS[failure.slug]
-    problem = Problem(
-        type=f"/problems/{failure.slug}",
-        title=BUSINESS_TITLE[failure.slug],
-        status=status,
-        detail=failure.detail,
-        operation_id=str(operation_id),
-        state="failed",
+    context = ExecutionContext(
+        principal=principal,
+        operation_id=operation_id,
+        binding_generation=record.tuple.binding_generation,
     )
-    return Outcome(
-        status=status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
-    )
+    return operation_id, attempt, context
 
 
 async def _bounded(call: Awaitable[SignedEvidence], limit: float) -> SignedEvidence:
@@ -604,23 +490,3 @@ async def _bounded(call: Awaitable[SignedEvidence], limit: float) -> SignedEvide
             return await call
     except TimeoutError as exc:
         raise ProviderUnavailable(f"no answer within {limit:g}s") from exc
-
-
-def _busy(scope: Scope) -> Response[bytes]:
-    """409 for a scope whose operation id is not known here: point at the key lookup."""
-    location = "/v1/operations?" + urlencode({"key": scope.idempotency_key, "route": scope.route})
-    return _fresh(
-        problem_response(
-            "operation-in-progress",
-            "another attempt holds this operation",
-            headers={"Retry-After": "1", "Location": location},
-            state="in_progress",
-        )
-    )
-
-
-def _prefer_wait(header: str | None, cap: float) -> float:
-    if not header:
-        return 0.0
-    match = _PREFER_WAIT.search(header)
-    return 0.0 if match is None else min(float(match.group(1)), cap)
