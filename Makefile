@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -44,6 +44,9 @@ integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
 
 clean: ## remove the virtualenv and caches (keeps .data/)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
+
+bench: $(STAMP) ## load test with baselines (wrk, pgbench); table + bench/results/<date>.json
+	$(BIN)/python -m bench.run
 
 openapi: $(STAMP) ## regenerate openapi/openapi.json from the app
 	$(BIN)/python -m service.http.openapi

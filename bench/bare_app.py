@@ -36,8 +36,7 @@ from service.config import Settings
 from service.domain import ledger
 from service.http.app import create_app
 from service.http.auth import AuthError, authenticate, require_role
-from service.http.idempotency import BUSINESS_STATUS, BUSINESS_TITLE
-from service.http.problems import PROBLEM_CONTENT_TYPE, Problem, problem_response
+from service.http.problems import problem_response
 from service.store.principals import Role
 from service.store.tables import operations
 
@@ -93,18 +92,12 @@ async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Respo
             made = await ledger.transfer(
                 conn, tenant=principal.tenant, operation_id=operation_id, request=body, **_EPOCH
             )
-    except ledger.BusinessFailure as failure:  # stored nowhere: the transaction rolled back
-        status = BUSINESS_STATUS[failure.slug]
-        problem = Problem(
-            type=f"/problems/{failure.slug}",
-            title=BUSINESS_TITLE[failure.slug],
-            status=status,
-            detail=failure.detail,
-        )
+    except ledger.BusinessFailure as failure:  # not expected here: every account is funded
+        problem = {"type": f"/problems/{failure.slug}", "status": 422, "detail": failure.detail}
         return Response(
             content=msgspec.json.encode(problem),
-            status_code=status,
-            media_type=PROBLEM_CONTENT_TYPE,
+            status_code=422,
+            media_type="application/problem+json",
         )
     return Response(
         content=msgspec.json.encode(made), status_code=201, media_type="application/json"
@@ -118,6 +111,8 @@ def app_factory() -> Litestar:
     settings = Settings.from_env()
     level = logging.getLevelName(os.environ.get("BENCH_LOG_LEVEL", "INFO").upper())
     configure_logging(settings, level=level if isinstance(level, int) else logging.INFO)
+    # the start-up line ("server ready") is how the bench knows each worker is up
+    logging.getLogger("settlement.app").setLevel(logging.INFO)
     app = create_app(settings)
     app.register(bare)
     app.register(plain_transfer)

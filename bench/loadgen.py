@@ -56,7 +56,14 @@ class LoadResult:
 
     @property
     def non_2xx(self) -> int:
-        return sum(n for status, n in self.statuses.items() if not status.startswith("2"))
+        return sum(
+            n for status, n in self.statuses.items() if status.isdigit() and status[0] != "2"
+        )
+
+    @property
+    def failures(self) -> int:
+        """Non-2xx answers, transport errors, failed transactions."""
+        return self.non_2xx + sum(self.errors.values())
 
     @property
     def server_errors(self) -> int:
@@ -74,7 +81,7 @@ class LoadResult:
             "max_ms": None if self.max_ms is None else round(self.max_ms, 2),
             "statuses": dict(sorted(self.statuses.items())),
             "non_2xx": self.non_2xx,
-            "errors": self.errors,
+            "transport_or_transaction_errors": self.errors,
         }
 
 
@@ -229,7 +236,7 @@ def run_pgbench(
         p99_ms=p99,
         mean_ms=statistics.fmean(latencies) if latencies else 0.0,
         max_ms=max(latencies, default=0.0),
-        statuses={"committed": count},
+        statuses={},
         errors={"failed": int(failed.group(1))} if failed and int(failed.group(1)) else {},
     )
 

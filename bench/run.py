@@ -5,16 +5,18 @@ Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, the
 * the production server (``python -m service.cli serve --workers N``) for the scenarios
   ``replay``, ``new``, ``status`` and ``contention``;
 * the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
-  for ``bare`` and ``plain-transfer`` (and, as a diagnostic, ``new`` with logging at WARNING);
+  for ``bare`` and ``plain-transfer`` (and, with BENCH_LOG_COST=1, ``new`` at log levels INFO
+  and WARNING in turn, twice: what the per-request log lines cost);
 * pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``.
 
-One scenario at a time, each on a quiet machine otherwise. Prints one table and the ratios
-and writes them to ``bench/results/<date>.json``; logs go to ``bench/results/<date>-logs/``.
+One scenario at a time, nothing else of the bench running meanwhile. Prints one table and
+the ratios and writes them to ``bench/results/<date>.json``; logs go to
+``bench/results/<date>-logs/``.
 
 Environment: BENCH_WORKERS (2), BENCH_DURATION (10 s per scenario), BENCH_CONNECTIONS (32),
 BENCH_WARMUP (2 s before each wrk scenario), BENCH_CONTENTION_CLIENTS (200), BENCH_SEED
-(1000 completed transfers for replay and status), BENCH_LOG_COST (1: also run the
-WARNING-level diagnostic; 0: skip it).
+(1000 completed transfers for replay and status), BENCH_LOG_COST (0; 1 adds the log-level
+diagnostic, about a minute).
 """
 
 from __future__ import annotations
@@ -48,13 +50,22 @@ from bench.loadgen import (
     send_all,
     write_requests,
 )
-from bench.stack import ServerProcess, Stack, Usage, sample
+from bench.stack import ServerProcess, Stack, Usage, machine_busy_seconds, sample
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRANSFERS = "/v1/transfers"
 ROUTE = "POST /v1/transfers"
 # Connections of the seeding client (setup, not measured).
-SEED_CONCURRENCY = 16
+SEED_CONCURRENCY = 32
+# uvicorn's workers share one listening socket, and whichever worker wakes first may accept
+# every connection wrk opens at once. A run whose busiest worker held more than MAX_SKEW
+# times an even share of the connections is measured again, at most BALANCE_RETRIES times.
+MAX_SKEW = 1.5
+BALANCE_RETRIES = 2
+# Cores used by other programs during a scenario above which its numbers are called noisy.
+NOISE_CORES = 0.25
+# What the server logs (at error level, with a traceback) for a request whose client left.
+DISCONNECT = "client disconnected prematurely"
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,7 @@ class Config:
             warmup=number("BENCH_WARMUP", 2, 0),
             contention_clients=int(number("BENCH_CONTENTION_CLIENTS", 200, 2)),
             seed=int(number("BENCH_SEED", 1000, 1)),
-            log_cost=os.environ.get("BENCH_LOG_COST", "1").strip() not in ("0", "false", "no"),
+            log_cost=os.environ.get("BENCH_LOG_COST", "0").strip() in ("1", "true", "yes"),
         )
 
 
@@ -108,6 +119,18 @@ class Row:
             out["cpu_cores"] = {
                 group: round(self.usage.cores(group), 2) for group in self.usage.cpu_seconds
             }
+            out["cpu_cores"]["other"] = round(self.usage.other_cores, 2)
+            if self.result.requests:
+                out["cpu_ms_per_request"] = {
+                    group: round(1000 * seconds / self.result.requests, 3)
+                    for group, seconds in self.usage.cpu_seconds.items()
+                }
+            if self.usage.worker_cpu_seconds:
+                out["cpu_cores_per_worker"] = self.usage.worker_cores
+                out["client_connections_per_worker"] = [
+                    self.usage.worker_connections.get(pid, 0)
+                    for pid in sorted(self.usage.peak_rss_mib)
+                ]
         out["notes"] = self.notes
         out.update(self.extra)
         return out
@@ -130,6 +153,9 @@ class Bench:
         self.rows: list[Row] = []
         self.run_token = secrets.token_hex(3)
         self.server_log_counts: dict[str, dict[str, int]] = {}
+        self.busy_before = 0.0
+        self.last_log_bytes = 0
+        self._attempts: list[tuple[float, str]] = []
         self._rounds: list[ContentionRound] = []
 
     # -- helpers ---------------------------------------------------------------------------
@@ -145,15 +171,17 @@ class Bench:
     ) -> tuple[LoadResult, Usage]:
         workers = server.worker_processes() if server is not None else []
         with sample(
-            workers, postgres=stack.postgres_processes, redis=stack.redis_processes
+            workers,
+            server.client_connections if server is not None else None,
+            postgres=stack.postgres_processes,
+            redis=stack.redis_processes,
         ) as usage:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            before = _rusage()
             result = run()
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        # the load generator's own CPU (wrk / pgbench are reaped children of this process)
-        usage.cpu_seconds["loadgen"] = (after.ru_utime + after.ru_stime) - (
-            before.ru_utime + before.ru_stime
-        )
+            after = _rusage()
+        # the load generator's CPU: wrk / pgbench (reaped children of this process), and this
+        # process (the contention client, the sampler)
+        usage.cpu_seconds["loadgen"] = after - before
         return result, usage
 
     def wrk(
@@ -168,13 +196,32 @@ class Bench:
         log = self.log_dir / "wrk.log"
         if cfg.warmup > 0:
             run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
-        return self.measure(
-            stack,
-            server,
-            lambda: run_wrk(
-                url, script, args, duration=cfg.duration, connections=cfg.connections, log_path=log
-            ),
-        )
+        attempts: list[tuple[LoadResult, Usage, int]] = []
+        for attempt in range(1 + BALANCE_RETRIES):
+            log_before = server.log_path.stat().st_size
+            result, usage = self.measure(
+                stack,
+                server,
+                lambda: run_wrk(
+                    url,
+                    script,
+                    args,
+                    duration=cfg.duration,
+                    connections=cfg.connections,
+                    log_path=log,
+                ),
+            )
+            attempts.append((result, usage, server.log_path.stat().st_size - log_before))
+            if _skew(usage) <= MAX_SKEW:
+                break
+            if attempt < BALANCE_RETRIES:
+                self.say(
+                    f"  connections landed unevenly on the workers ({_split(usage)}, "
+                    f"{result.rps:.0f} req/s): measuring again"
+                )
+        result, usage, self.last_log_bytes = min(attempts, key=lambda a: _skew(a[1]))
+        self._attempts = [(r.rps, _split(u)) for r, u, _ in attempts]
+        return result, usage
 
     def fresh_args(self, fixture: Fixture, path: str, tag: str) -> list[str]:
         return [
@@ -186,13 +233,32 @@ class Bench:
         ]
 
     def add(self, row: Row) -> None:
+        attempts, self._attempts = self._attempts, []
+        if len(attempts) > 1:
+            row.notes.append(
+                "measured "
+                + str(len(attempts))
+                + " times as wrk's connections landed unevenly on the workers; kept the most "
+                "even: "
+                + ", ".join(f"{rps:.0f} req/s with connections {split}" for rps, split in attempts)
+            )
+            row.extra["attempts"] = [
+                {"rps": round(rps, 1), "connections": split} for rps, split in attempts
+            ]
         self.rows.append(row)
         r = row.result
-        rss = "/".join(f"{v:.0f}" for v in row.usage.rss_values) if row.usage else "-"
-        self.say(
+        line = (
             f"  {row.name}: {r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
-            f"non-2xx {r.non_2xx}, peak RSS/worker {rss} MiB"
+            f"non-2xx {r.non_2xx}"
         )
+        usage = row.usage
+        if usage is not None and usage.worker_cpu_seconds:
+            pids = sorted(usage.peak_rss_mib)
+            rss = "/".join(f"{v:.0f}" for v in usage.rss_values)
+            cores = "/".join(f"{c:.2f}" for c in usage.worker_cores)
+            conns = "/".join(str(usage.worker_connections.get(pid, 0)) for pid in pids)
+            line += f"; per worker: peak RSS {rss} MiB, cores {cores}, connections {conns}"
+        self.say(line)
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -249,18 +315,20 @@ class Bench:
             )
 
             self.say("new: fresh transfers with unique keys")
-            log_before = server.log_path.stat().st_size
             args = self.fresh_args(fixture, TRANSFERS, "new")
             result, usage = self.wrk(stack, server, "fresh.lua", args)
-            log_bytes = server.log_path.stat().st_size - log_before
+            per_request = self._per_request(self.last_log_bytes, result)
             self.add(
                 Row(
                     "new",
                     f"{ROUTE}, unique keys",
                     result,
                     usage,
-                    ["claim -> lease -> effect -> settle; unique keys from Lua"],
-                    {"server_log_bytes_per_request": self._per_request(log_bytes, result)},
+                    [
+                        "claim -> lease -> effect -> settle; unique keys from Lua",
+                        f"the server logged {per_request:g} bytes per request (INFO, json)",
+                    ],
+                    {"server_log_bytes_per_request": per_request},
                 )
             )
 
@@ -389,20 +457,28 @@ class Bench:
             self.server_errors(server, "baseline server")
 
         if cfg.log_cost:
-            with stack.baseline_server(cfg.workers, log_level="WARNING") as server:
-                self.say("new, logs at WARNING (diagnostic: what the per-request INFO lines cost)")
-                args = self.fresh_args(fixture, TRANSFERS, "quiet")
-                result, usage = self.wrk(stack, server, "fresh.lua", args)
-                self.add(
-                    Row(
-                        "new@WARNING",
-                        f"{ROUTE}, unique keys, root log level WARNING",
-                        result,
-                        usage,
-                        ["diagnostic: bench.bare_app with BENCH_LOG_LEVEL=WARNING"],
+            self.log_cost(stack, fixture)
+
+    def log_cost(self, stack: Stack, fixture: Fixture) -> None:
+        """``new`` on the bench app at log level INFO, then WARNING, twice in turn: one run
+        each is within run-to-run noise, alternating runs are not."""
+        cfg = self.config
+        for turn in (1, 2):
+            for level in ("INFO", "WARNING"):
+                with stack.baseline_server(cfg.workers, log_level=level) as server:
+                    self.say(f"new, log level {level} ({turn}/2; diagnostic: the log lines' cost)")
+                    args = self.fresh_args(fixture, TRANSFERS, f"log{turn}{level.lower()}")
+                    result, usage = self.wrk(stack, server, "fresh.lua", args)
+                    self.add(
+                        Row(
+                            f"new@{level}-{turn}",
+                            f"{ROUTE}, unique keys, bench app, root log level {level}",
+                            result,
+                            usage,
+                            [f"diagnostic: bench.bare_app with BENCH_LOG_LEVEL={level}"],
+                        )
                     )
-                )
-                self.server_errors(server, "baseline server (WARNING)")
+                    self.server_errors(server, f"baseline server ({level} {turn})")
 
     def pgbench_scenarios(self, stack: Stack, fixture: Fixture) -> None:
         cfg = self.config
@@ -448,16 +524,22 @@ class Bench:
             )
 
     def server_errors(self, server: ServerProcess, what: str) -> None:
-        text = server.log_path.read_text(errors="replace")
-        errors = text.count('"level": "error"')
-        warnings = text.count('"level": "warning"')
-        self.server_log_counts[what] = {"error_lines": errors, "warning_lines": warnings}
-        if errors:
-            self.say(f"  {what}: {errors} error line(s) in {server.log_path}")
+        """Count the server's error and warning lines; a request cut off by wrk's own stop
+        (it closes its connections with requests in flight) is counted apart."""
+        counts = {"error_lines": 0, "client_disconnects": 0, "warning_lines": 0}
+        with server.log_path.open(errors="replace") as log:
+            for line in log:
+                if '"level": "warning"' in line:
+                    counts["warning_lines"] += 1
+                elif '"level": "error"' in line:
+                    kind = "client_disconnects" if DISCONNECT in line else "error_lines"
+                    counts[kind] += 1
+        self.server_log_counts[what] = counts
+        if counts["error_lines"]:
+            self.say(f"  {what}: {counts['error_lines']} error line(s) in {server.log_path}")
 
     @staticmethod
     def _per_request(log_bytes: int, result: LoadResult) -> float:
-        # the log also covers the warm-up run, so this slightly overstates it
         return round(log_bytes / result.requests, 1) if result.requests else 0.0
 
     # -- the whole run ---------------------------------------------------------------------
@@ -467,6 +549,14 @@ class Bench:
         ensure_wrk()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.say(f"logs: {self.log_dir}")
+        idle_before = machine_busy_seconds()
+        time.sleep(1)
+        self.busy_before = machine_busy_seconds() - idle_before
+        if self.busy_before > NOISE_CORES:
+            self.say(
+                f"WARNING: the machine is busy before the run ({self.busy_before:.2f} cores in "
+                "use by other programs): expect low, noisy numbers"
+            )
         with Stack(self.log_dir) as stack:
             self.say(f"PostgreSQL and Redis up in {time.monotonic() - began:.1f}s")
             principal_id, api_key = asyncio.run(fixtures.create_client(stack.database_url))
@@ -495,8 +585,12 @@ class Bench:
             "new / pgbench-new": ratio("new", "pgbench-new"),
             "replay / pgbench-read": ratio("replay", "pgbench-read"),
         }
-        if "new@WARNING" in by_name:
-            ratios["new / new@WARNING"] = ratio("new", "new@WARNING")
+        info = [by_name[f"new@INFO-{t}"].result.rps for t in (1, 2) if f"new@INFO-{t}" in by_name]
+        warning = [
+            by_name[f"new@WARNING-{t}"].result.rps for t in (1, 2) if f"new@WARNING-{t}" in by_name
+        ]
+        if info and warning and sum(warning):
+            ratios["new@INFO / new@WARNING"] = round(sum(info) / sum(warning), 3)
         print()
         print(self.table())
         print()
@@ -508,8 +602,23 @@ class Bench:
         for row in self.rows:
             for note in row.notes:
                 print(f"  {row.name}: {note}")
+        noisy = [
+            f"{row.name} {row.usage.other_cores:.2f}"
+            for row in self.rows
+            if row.usage is not None and row.usage.other_cores > NOISE_CORES
+        ]
+        if noisy:
+            print(
+                "  WARNING: other work on the machine took CPU during "
+                + ", ".join(noisy)
+                + " (cores): those numbers are low and noisy; run again on a quiet machine"
+            )
         for what, counts in self.server_log_counts.items():
-            print(f"  {what} log: {counts['error_lines']} error, {counts['warning_lines']} warning")
+            print(
+                f"  {what} log: {counts['error_lines']} error lines, "
+                f"{counts['client_disconnects']} 'client disconnected prematurely' (requests "
+                f"in flight when wrk stopped), {counts['warning_lines']} warning lines"
+            )
         cfg = self.config
         print(
             f"  {os.cpu_count()} CPUs shared by server, PostgreSQL, Redis and the load "
@@ -527,6 +636,7 @@ class Bench:
             "scenarios": {row.name: row.as_dict() for row in self.rows},
             "ratios": ratios,
             "server_logs": self.server_log_counts,
+            "machine_busy_cores_before_run": round(self.busy_before, 2),
             "total_seconds": round(seconds, 1),
         }
         path = RESULTS / f"{self.stamp}.json"
@@ -536,8 +646,9 @@ class Bench:
 
     def table(self) -> str:
         header = (
-            f"{'scenario':<15} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'non-2xx':>8} "
-            f"{'5xx':>5} {'peak RSS/worker MiB':>20} {'cpu app/pg/load':>16}  target"
+            f"{'scenario':<15} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+            f"{'5xx':>5} {'peak RSS/worker MiB':>20} {'conns/worker':>12} "
+            f"{'cores app/pg/load/other':>24} {'CPU ms/req app/pg':>18}  target"
         )
         lines = [header, "-" * len(header)]
         for row in self.rows:
@@ -546,18 +657,53 @@ class Bench:
             rss = rss or "-"
             cpu = "-"
             if row.usage is not None:
-                cpu = "/".join(
-                    f"{row.usage.cores(g):.2f}" for g in ("workers", "postgres", "loadgen")
-                )
-            non_2xx = str(r.non_2xx)
+                groups = ("workers", "postgres", "loadgen")
+                cpu = "/".join(f"{row.usage.cores(g):.2f}" for g in groups)
+                cpu += f"/{row.usage.other_cores:.2f}"
+            errors = str(r.failures)
             if row.name == "contention":
-                non_2xx = f"{r.non_2xx}*"
+                errors = f"{r.failures - r.statuses.get('409', 0)}*"
+            conns = _split(row.usage) if row.usage and row.usage.worker_connections else "-"
+            per_request = "-"
+            if row.usage is not None and r.requests:
+                app, pg = (row.usage.cpu_seconds.get(g, 0.0) for g in ("workers", "postgres"))
+                per_request = f"{1000 * app / r.requests:.2f}/{1000 * pg / r.requests:.2f}"
             lines.append(
                 f"{row.name:<15} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
-                f"{non_2xx:>8} {r.server_errors:>5} {rss:>20} {cpu:>16}  {row.target}"
+                f"{errors:>7} {r.server_errors:>5} {rss:>20} {conns:>12} {cpu:>24} "
+                f"{per_request:>18}  {row.target}"
             )
-        lines.append("* contention: the 409s are the expected answers; p50/p99 are theirs")
+        lines.append(
+            "errors: non-2xx answers + transport errors (wrk) or failed transactions (pgbench); "
+            "* contention: without its 409s, which are the expected answers (p50/p99 are theirs)"
+        )
+        lines.append(
+            "conns/worker: most client connections each worker held at once; cores: CPU used "
+            "by the app workers / PostgreSQL / the load generator / anything else on the "
+            "machine, averaged over the scenario; CPU ms/req: CPU time of the app workers / "
+            "of PostgreSQL per request (less noisy than req/s on a shared machine)"
+        )
         return "\n".join(lines)
+
+
+def _skew(usage: Usage) -> float:
+    """How unevenly the client connections sat on the workers: the busiest worker's share
+    over an even share (1.0 is even; 2.0 with two workers is all on one)."""
+    counts = list(usage.worker_connections.values())
+    if len(counts) < 2 or not sum(counts):
+        return 1.0
+    return max(counts) * len(counts) / sum(counts)
+
+
+def _split(usage: Usage) -> str:
+    return "/".join(str(usage.worker_connections[pid]) for pid in sorted(usage.worker_connections))
+
+
+def _rusage() -> float:
+    """CPU seconds used by this process and its reaped children so far."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> int:

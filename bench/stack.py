@@ -35,6 +35,8 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 20.0
 # Between samples of RSS and CPU time (psutil reads /proc: cheap, but not free).
 RSS_INTERVAL = 0.1
+# Connections per worker are counted every this many samples (about once a second).
+CONNECTIONS_EVERY = 10
 # What each worker logs once its lifespan has started (service.http.app).
 READY_LINE = b'"msg": "server ready"'
 
@@ -149,6 +151,18 @@ class ServerProcess:
                     found.append(child)
         return found
 
+    def client_connections(self) -> dict[int, int]:
+        """Established connections to the server port, per worker pid."""
+        counts = {}
+        for worker in self.worker_processes():
+            with contextlib.suppress(psutil.Error):
+                counts[worker.pid] = sum(
+                    1
+                    for c in worker.net_connections(kind="tcp")
+                    if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == self.port
+                )
+        return counts
+
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is None or proc.poll() is not None:
@@ -180,6 +194,21 @@ class Usage:
     peak_rss_mib: dict[int, float] = field(default_factory=dict)
     cpu_seconds: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    # every CPU of the machine, busy (not idle, not waiting on I/O), whoever used it
+    machine_busy_seconds: float = 0.0
+    worker_cpu_seconds: dict[int, float] = field(default_factory=dict)
+    # most client connections each worker held at once (uvicorn's workers share one
+    # listening socket: the kernel decides which worker accepts a connection)
+    worker_connections: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def worker_cores(self) -> list[float]:
+        if self.wall_seconds <= 0:
+            return []
+        return [
+            round(self.worker_cpu_seconds.get(pid, 0.0) / self.wall_seconds, 2)
+            for pid in sorted(self.peak_rss_mib)
+        ]
 
     @property
     def rss_values(self) -> list[float]:
@@ -190,12 +219,34 @@ class Usage:
             return 0.0
         return self.cpu_seconds.get(group, 0.0) / self.wall_seconds
 
+    @property
+    def other_cores(self) -> float:
+        """CPU the machine spent on anything but the measured processes: other programs on a
+        shared machine (and the kernel's share that no process is charged for)."""
+        if self.wall_seconds <= 0:
+            return 0.0
+        ours = sum(self.cpu_seconds.values())
+        return max(0.0, self.machine_busy_seconds - ours) / self.wall_seconds
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy since boot (all CPUs, /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal guest guest_nice; guest is inside user
+    busy = sum(fields[:8]) - fields[3] - fields[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
 
 ProcessGroup = Callable[[], list[psutil.Process]]
 
 
 @contextlib.contextmanager
-def sample(workers: Sequence[psutil.Process], **groups: ProcessGroup) -> Iterator[Usage]:
+def sample(
+    workers: Sequence[psutil.Process],
+    connections: Callable[[], dict[int, int]] | None = None,
+    **groups: ProcessGroup,
+) -> Iterator[Usage]:
     """Sample the workers' RSS, and the CPU time of the workers and of each other group
     (e.g. PostgreSQL: its postmaster and backends), every RSS_INTERVAL while the block runs.
 
@@ -208,6 +259,8 @@ def sample(workers: Sequence[psutil.Process], **groups: ProcessGroup) -> Iterato
     everything: dict[str, ProcessGroup] = {"workers": lambda: list(workers), **groups}
     first: dict[tuple[str, int], float] = {}
     last: dict[tuple[str, int], float] = {}
+
+    machine_before = machine_busy_seconds()
 
     def take(initial: bool) -> None:
         for name, members in everything.items():
@@ -227,8 +280,15 @@ def sample(workers: Sequence[psutil.Process], **groups: ProcessGroup) -> Iterato
                         usage.peak_rss_mib[p.pid] = max(usage.peak_rss_mib[p.pid], rss)
 
     def loop() -> None:
+        rounds = 0
         while not stop.wait(RSS_INTERVAL):
             take(initial=False)
+            rounds += 1
+            if connections is not None and rounds % CONNECTIONS_EVERY == 0:
+                with contextlib.suppress(psutil.Error, OSError):
+                    for pid, n in connections().items():
+                        seen = usage.worker_connections.get(pid, 0)
+                        usage.worker_connections[pid] = max(seen, n)
 
     take(initial=True)
     began = time.monotonic()
@@ -244,6 +304,9 @@ def sample(workers: Sequence[psutil.Process], **groups: ProcessGroup) -> Iterato
         usage.cpu_seconds = dict.fromkeys(everything, 0.0)
         for key, cpu in last.items():
             usage.cpu_seconds[key[0]] += cpu - first[key]
+            if key[0] == "workers":
+                usage.worker_cpu_seconds[key[1]] = cpu - first[key]
+        usage.machine_busy_seconds = machine_busy_seconds() - machine_before
 
 
 class Stack:
