@@ -38,7 +38,7 @@ from service.http.routes.operations import get_operation, get_operation_by_key
 from service.http.routes.payouts import payouts_route, post_payout
 from service.leases import LeaseManager, make_redis
 from service.logs import configure_logging
-from service.store.db import make_engine
+from service.store.db import make_engine, reader
 from service.store.migrate import ensure_current
 from service.store.notify import TerminalWaiter
 from service.store.principals import PrincipalStore
@@ -59,6 +59,7 @@ class Runtime:
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
         self.redis = redis
         self.metrics = Metrics()
         self.store = SettlementStore(

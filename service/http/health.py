@@ -42,7 +42,7 @@ async def health(state: State) -> Response[Health]:
     runtime = state.runtime
     timeout = runtime.settings.health_timeout
     database, redis = await asyncio.gather(
-        _check("database", lambda: database_ping(runtime.engine), timeout),
+        _check("database", lambda: database_ping(runtime.reader), timeout),
         _check("redis", lambda: redis_ping(runtime.redis), timeout),
     )
     healthy = database == "ok" and redis == "ok"

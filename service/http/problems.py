@@ -32,6 +32,8 @@ __all__ = [
 log = logging.getLogger("settlement.http")
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
+# Litestar's detail when a request body could not be read because the client went away.
+CLIENT_GONE = "client disconnected prematurely"
 
 
 class Problem(msgspec.Struct, omit_defaults=True):
@@ -103,6 +105,8 @@ def problem_response(
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    if exc.detail == CLIENT_GONE:
+        return _layer_error(request, exc)
     if isinstance(exc, NotFoundException):
         return problem_response("not-found", f"no route or resource at {request.url.path}")
     if isinstance(exc, MethodNotAllowedException):
@@ -133,6 +137,10 @@ def _validation_detail(exc: ValidationException) -> str:
 def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     if isinstance(exc, ProblemError):
         return problem_response(exc.slug, exc.detail)
+    if isinstance(exc, HTTPException) and exc.detail == CLIENT_GONE:
+        # the client hung up while its body was read: nothing to answer, nothing broken
+        log.info("client disconnected", extra={"path": request.url.path})
+        return problem_response("validation-error", "the client disconnected")
     for kind, slug in ERROR_SLUGS.items():
         if isinstance(exc, kind):
             return problem_response(slug, str(exc))

@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 
-__all__ = ["async_url", "make_engine", "ping"]
+__all__ = ["async_url", "make_engine", "ping", "reader"]
 
 
 def async_url(url: str) -> str:
@@ -47,3 +47,9 @@ def _ms(seconds: float) -> str:
 async def ping(engine: AsyncEngine) -> None:
     async with engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
+
+
+def reader(engine: AsyncEngine) -> AsyncEngine:
+    """The same pool for single-statement reads: AUTOCOMMIT, so no BEGIN/ROLLBACK round trips
+    around one SELECT (each statement is its own snapshot; nothing is locked)."""
+    return engine.execution_options(isolation_level="AUTOCOMMIT")

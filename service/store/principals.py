@@ -15,8 +15,10 @@ import uuid
 
 import msgspec
 from sqlalchemy import insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.store.db import reader
 from service.store.tables import principals
 
 __all__ = [
@@ -80,11 +82,12 @@ def _principal(row: object) -> Principal:
 class PrincipalStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        self._reader = reader(engine)
 
     async def authenticate(self, key: str) -> Principal | None:
         """The live principal holding ``key``, or None."""
         digest = hash_key(key)
-        async with self._engine.connect() as conn:
+        async with self._reader.connect() as conn:
             row = (
                 await conn.execute(
                     select(principals).where(
@@ -182,7 +185,11 @@ class PrincipalStore:
                     .values(key_hash=hash_key(key), revoked_at=None)
                 )
                 return _principal(row)
-        principal, _ = await self.create(
-            BOOTSTRAP_TENANT, BOOTSTRAP_NAME, Role.ADMIN, key=key, all_tenants=True
-        )
+        try:
+            principal, _ = await self.create(
+                BOOTSTRAP_TENANT, BOOTSTRAP_NAME, Role.ADMIN, key=key, all_tenants=True
+            )
+        except (PrincipalExists, IntegrityError):
+            # another worker of the same server created it first: take the update path
+            return await self.ensure_bootstrap_admin(key)
         return principal

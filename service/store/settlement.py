@@ -43,6 +43,7 @@ from service.core import (
     decide_supersede,
     settle,
 )
+from service.store.db import reader
 from service.store.rows import Scope, at, record_from_row
 from service.store.tables import attempts, operations
 from service.store.unit_of_work import StaleRevision, UnitOfWork, scope_predicate
@@ -153,6 +154,7 @@ class SettlementStore:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._engine = engine
+        self._reader = reader(engine)
         self._policy = policy
         self._retention = retention
         self._max_retries = max_retries
@@ -176,7 +178,7 @@ class SettlementStore:
     # -- reads --------------------------------------------------------------------------------
 
     async def get(self, operation_id: uuid.UUID) -> Record | None:
-        async with self._engine.connect() as conn:
+        async with self._reader.connect() as conn:
             row = (
                 (await conn.execute(select(operations).where(operations.c.id == operation_id)))
                 .mappings()
@@ -186,7 +188,7 @@ class SettlementStore:
 
     async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
         """(tenant, route) of an operation, or None."""
-        async with self._engine.connect() as conn:
+        async with self._reader.connect() as conn:
             row = (
                 await conn.execute(
                     select(operations.c.tenant, operations.c.route).where(
@@ -332,7 +334,7 @@ class SettlementStore:
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
         """The replay path's one indexed read (no lock)."""
-        async with self._engine.connect() as conn:
+        async with self._reader.connect() as conn:
             row = (
                 (await conn.execute(select(operations).where(*scope_predicate(scope))))
                 .mappings()

@@ -130,7 +130,7 @@ async def supersede_operation(
         body = msgspec.json.decode(await request.body(), type=SupersedeBody)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return problem_response("validation-error", str(exc))
-    view = await operation_view(runtime.engine, operation_id)
+    view = await operation_view(runtime.reader, operation_id)
     if view is None or not admin.may_act_in(view.tenant):
         return problem_response("not-found", f"no operation {operation_id}")
     fingerprint_ = None
@@ -184,7 +184,7 @@ async def supersede_operation(
     if decision.fenced_live_attempt:
         scope = Scope(view.tenant, view.principal_id, view.route, view.key)
         await runtime.leases.revoke(scope.lease_name())
-    after = await operation_view(runtime.engine, operation_id)
+    after = await operation_view(runtime.reader, operation_id)
     assert after is not None
     result = Superseded(
         operation=after,
@@ -221,7 +221,7 @@ async def list_work(
         _admin_of(admin, tenant)
     try:
         page = await list_operations(
-            state.runtime.engine, state=op_state, tenant=tenant, limit=limit, after=after
+            state.runtime.reader, state=op_state, tenant=tenant, limit=limit, after=after
         )
     except BadCursor as exc:
         return problem_response("validation-error", str(exc))

@@ -64,7 +64,7 @@ async def get_account(
 ) -> Response[bytes]:
     principal = await authenticate(request)
     require_role(principal, Role.CLIENT, Role.ADMIN)
-    async with state.runtime.engine.connect() as conn:
+    async with state.runtime.reader.connect() as conn:
         account = await ledger.get_account(conn, principal.tenant, account_id)
     if account is None:
         return problem_response("not-found", f"no account {account_id}")

@@ -35,7 +35,7 @@ async def get_operation(
     request: Request[Any, Any, Any], state: State, operation_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
     principal = await authenticate(request)
-    view = await operation_view(state.runtime.engine, operation_id)
+    view = await operation_view(state.runtime.reader, operation_id)
     return _respond(principal, view, str(operation_id))
 
 
@@ -51,5 +51,5 @@ async def get_operation_by_key(
         return problem_response("validation-error", "key must be 1-255 characters, no NUL")
     if route is not None and len(route) > 256:
         return problem_response("validation-error", "route must be at most 256 characters")
-    view = await find_by_key(state.runtime.engine, principal.tenant, principal.id, key, route)
+    view = await find_by_key(state.runtime.reader, principal.tenant, principal.id, key, route)
     return _respond(principal, view, f"with key {key!r}")
