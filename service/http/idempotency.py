@@ -188,7 +188,11 @@ class Idempotency:
             return await self._in_progress(request, scope, claim, record)
         try:
             outcome: ClaimOutcome = await store.claim(
-                scope, claim, lease_token=lease.token, lease_held=True
+                scope,
+                claim,
+                lease_token=lease.token,
+                lease_held=True,
+                assume_absent=record is None,
             )
             if not isinstance(outcome.decision, Claim):
                 return answer(outcome.decision)

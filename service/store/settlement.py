@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import msgspec
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -45,8 +45,8 @@ from service.core import (
 )
 from service.store.db import reader
 from service.store.rows import Scope, at, record_from_row
-from service.store.tables import attempts, operations
-from service.store.unit_of_work import StaleRevision, UnitOfWork, scope_predicate
+from service.store.tables import operations
+from service.store.unit_of_work import AttemptEnd, StaleRevision, UnitOfWork, scope_predicate
 
 __all__ = [
     "AttemptRef",
@@ -401,13 +401,6 @@ class SettlementStore:
             before_commit=before_commit,
         )
 
-    async def finish_attempt(
-        self, attempt_id: uuid.UUID, outcome: str, status: int | None, error: str | None = None
-    ) -> None:
-        """Close the per-attempt row (an observation record, never authority)."""
-        async with self._engine.begin() as conn:
-            await _finish_attempt(conn, attempt_id, outcome, status, error, at(self._clock()))
-
     async def _settle(self, *args: Any, **kwargs: Any) -> Settled:
         with self._lock_timeouts():
             return await self._settle_locked(*args, **kwargs)
@@ -463,6 +456,15 @@ class SettlementStore:
                         continue
                 elif nested is not None:
                     await nested.rollback()  # the core refused the outcome: undo its effect
+                finish = None
+                if attempt_id is not None and observation.source is Source.ATTEMPT:
+                    finish = AttemptEnd(
+                        attempt_id=attempt_id,
+                        outcome=observation.kind.value,
+                        status=observation.result.status if observation.result else None,
+                        error=None if isinstance(decision, Apply) else decision.reason.value,
+                        at=at(now),
+                    )
                 observation_id = await uow.record_decision(
                     operation_id,
                     observation,
@@ -470,19 +472,9 @@ class SettlementStore:
                     record.revision,
                     attempt_id=attempt_id,
                     detail=detail,
+                    finish_attempt=finish,
+                    notify_terminal=isinstance(decision, Apply) and after.state.terminal,
                 )
-                if attempt_id is not None and observation.source is Source.ATTEMPT:
-                    status = observation.result.status if observation.result else None
-                    await _finish_attempt(
-                        uow.connection,
-                        attempt_id,
-                        observation.kind.value,
-                        status,
-                        None if isinstance(decision, Apply) else decision.reason.value,
-                        at(now),
-                    )
-                if isinstance(decision, Apply) and after.state.terminal:
-                    await uow.notify_terminal(operation_id)
                 if before_commit is not None:
                     await before_commit()
                 await uow.commit()
@@ -513,6 +505,7 @@ class SettlementStore:
 
         ``lease_held``: the caller holds the scope's lease, so no other attempt is live
         whatever the row's own lease column says; a row still in_progress is stale.
+        ``assume_absent``: the caller just read no row for the scope; skip the locked read.
         Raises :class:`RowLocked` when the row stays locked past the lock timeout.
         """
         with self._lock_timeouts():
@@ -525,10 +518,16 @@ class SettlementStore:
         *,
         lease_token: str | None = None,
         lease_held: bool = False,
+        assume_absent: bool = False,
     ) -> ClaimOutcome:
-        for _ in range(self._max_retries):
+        for round_ in range(self._max_retries):
             async with self.unit_of_work() as uow:
-                record = await uow.get_for_update_by_scope(scope)
+                if assume_absent and round_ == 0:
+                    # the caller's read found no row: try the insert straight away; if another
+                    # claimer inserted meanwhile it does nothing and the next round locks
+                    record = None
+                else:
+                    record = await uow.get_for_update_by_scope(scope)
                 if record is not None and lease_held:
                     record = msgspec.structs.replace(record, lease_expires_at=None)
                 now = self._clock()
@@ -605,19 +604,4 @@ def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: D
             "disposition": decision.disposition.value,
             "reason": decision.reason.value,
         },
-    )
-
-
-async def _finish_attempt(
-    conn: AsyncConnection,
-    attempt_id: uuid.UUID,
-    outcome: str,
-    status: int | None,
-    error: str | None,
-    now: datetime,
-) -> None:
-    await conn.execute(
-        update(attempts)
-        .where(attempts.c.id == attempt_id)
-        .values(finished_at=now, outcome=outcome, response_status=status, error=error)
     )

@@ -11,7 +11,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import insert, select, text, tuple_, update
+import msgspec
+from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -25,10 +26,20 @@ from service.store.tables import (
     principals,
 )
 
-__all__ = ["TERMINAL_CHANNEL", "StaleRevision", "UnitOfWork", "scope_predicate"]
+__all__ = ["TERMINAL_CHANNEL", "AttemptEnd", "StaleRevision", "UnitOfWork", "scope_predicate"]
 
 # LISTEN/NOTIFY channel that carries the id of each operation that became terminal.
 TERMINAL_CHANNEL = "settlement_terminal"
+
+
+class AttemptEnd(msgspec.Struct, frozen=True):
+    """How an attempt ended, for its row."""
+
+    attempt_id: uuid.UUID
+    outcome: str
+    status: int | None
+    error: str | None
+    at: datetime
 
 
 class StaleRevision(Exception):
@@ -258,10 +269,16 @@ class UnitOfWork:
         revision_after: int | None,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
+        finish_attempt: AttemptEnd | None = None,
+        notify_terminal: bool = False,
     ) -> int:
-        """Insert the observation row with the stage and disposition that decided it."""
+        """Insert the observation row with the stage and disposition that decided it.
+
+        In the same statement (one round trip): close the attempt row (``finish_attempt``)
+        and wake ``Prefer: wait`` waiters on commit (``notify_terminal``).
+        """
         result = observation.result
-        stmt = (
+        inserted = (
             insert(observations)
             .values(
                 operation_id=operation_id,
@@ -283,15 +300,26 @@ class UnitOfWork:
                 detail=detail,
             )
             .returning(observations.c.id)
+            .cte("recorded")
         )
-        return int((await self.connection.execute(stmt)).scalar_one())
-
-    async def notify_terminal(self, operation_id: uuid.UUID) -> None:
-        """Wake waiters (``Prefer: wait``) when this transaction commits; dropped on rollback."""
-        await self.connection.execute(
-            text("SELECT pg_notify(:channel, :payload)"),
-            {"channel": TERMINAL_CHANNEL, "payload": str(operation_id)},
-        )
+        stmt = select(inserted.c.id)
+        if finish_attempt is not None:
+            closed = (
+                update(attempts)
+                .where(attempts.c.id == finish_attempt.attempt_id)
+                .values(
+                    finished_at=finish_attempt.at,
+                    outcome=finish_attempt.outcome,
+                    response_status=finish_attempt.status,
+                    error=finish_attempt.error,
+                )
+                .returning(attempts.c.id)
+                .cte("closed")
+            )
+            stmt = stmt.add_cte(closed)
+        if notify_terminal:
+            stmt = stmt.add_columns(func.pg_notify(TERMINAL_CHANNEL, str(operation_id)))
+        return int((await self.connection.execute(stmt)).first()[0])  # type: ignore[index]
 
     async def record_decision(
         self,
