@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean bench
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -47,6 +47,9 @@ clean: ## remove the virtualenv and caches (keeps .data/)
 
 bench: $(STAMP) ## load test with baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
+
+soak: $(STAMP) ## memory soak: steady load for SOAK_DURATION (600) s, RSS per worker; bench/results/<date>-soak.json
+	$(BIN)/python -m bench.soak
 
 openapi: $(STAMP) ## regenerate openapi/openapi.json from the app
 	$(BIN)/python -m service.http.openapi
