@@ -228,6 +228,10 @@ def _decode(body: bytes, type_: type[T]) -> T:
 async def post_payment(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
     sink_key = _sink_key(request.headers.getall("idempotency-key", []))
     payment = _decode(await request.body(), PaymentRequest)
+    expected = f"{payment.operation_id}:{payment.binding_generation}"
+    if sink_key != expected:
+        # evidence names a reservation tuple: a key for another reservation is refused
+        raise ClientError(422, f"the sink key must be {expected} for this reservation")
     return await _simulator(state).pay(sink_key, payment)
 
 

@@ -8,12 +8,21 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 
 import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, balance, new_account, new_principal, scalar, transfer
+from tests.e2e.client import (
+    ADMIN_KEY,
+    auth,
+    balance,
+    new_account,
+    new_principal,
+    scalar,
+    transfer,
+)
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -155,7 +164,14 @@ def test_slow_handler_keeps_its_lease_and_a_second_request_gets_409(
         thread.start()
         time.sleep(LEASE_TTL * 1.8)  # well past one TTL: only heartbeats keep the lease
         second = transfer(server.base_url, key, "slow", source, destination, 10)
+        asked_at = datetime.now(UTC)
+        live = httpx.get(f"{server.base_url}{second.headers['location']}", headers=auth(key))
         thread.join(30)
+        # past its claim-time expiry the status still shows the heartbeated lease from Redis
+        assert live.status_code == 200, live.text
+        assert live.json()["state"] == "in_progress"
+        shown = datetime.fromisoformat(live.json()["lease"]["expires_at"])
+        assert shown > asked_at  # the claim-time expiry passed 0.8 TTL before we asked
 
         assert second.status_code == 409
         assert second.json()["type"] == "/problems/operation-in-progress"

@@ -465,3 +465,11 @@ def test_fault_control_validates_its_input(provider: ProviderProcess) -> None:
 
     armed = httpx.post(url, json={"mode": "delay", "count": 2, "delay_ms": 5}, timeout=CALL_TIMEOUT)
     assert armed.json() == {"armed": [{"mode": "delay", "count": 2, "delay_ms": 5}]}
+
+
+def test_sink_key_of_another_reservation_is_refused(provider: ProviderProcess) -> None:
+    body, key = make_payment()
+    other = f"{uuid.uuid4()}:1"
+    response = provider.pay(body, other)
+    assert response.status_code == 422
+    assert provider.counts(other) == provider.counts(key) == {"count": 0, "declines": 0}
