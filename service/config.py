@@ -135,19 +135,6 @@ class Settings:
             if value is not None and "://" not in value:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be a URL (scheme://...)")
 
-    @property
-    def embedded_database(self) -> bool:
-        return self.database_url is None
-
-    @property
-    def embedded_redis(self) -> bool:
-        return self.redis_url is None
-
-    @staticmethod
-    def describe() -> dict[str, str]:
-        """Variable name -> its one-line reason (for docs and ``--help``)."""
-        return {PREFIX + f.name.upper(): f.metadata["why"] for f in fields(Settings)}
-
 
 def _parse_str(name: str, raw: str) -> str:
     return raw

@@ -38,10 +38,6 @@ class LateAnswers:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    @property
-    def pending(self) -> int:
-        return len(self._tasks)
-
     def adopt(self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID) -> None:
         if self._closed:
             call.cancel()

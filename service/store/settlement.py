@@ -401,11 +401,7 @@ class SettlementStore:
             before_commit=before_commit,
         )
 
-    async def _settle(self, *args: Any, **kwargs: Any) -> Settled:
-        with self._lock_timeouts():
-            return await self._settle_locked(*args, **kwargs)
-
-    async def _settle_locked(
+    async def _settle(
         self,
         operation_id: uuid.UUID,
         produce: Callable[[AsyncConnection, Record], Awaitable[Observation]],
@@ -416,88 +412,89 @@ class SettlementStore:
         savepoint: bool = False,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled:
-        for round_ in range(1, self._max_retries + 1):
-            async with self.unit_of_work() as uow:
-                record = await uow.get_for_update(operation_id)
-                if record is None:
-                    if missing is not None:
-                        await uow.record_observation(
-                            operation_id,
-                            missing,
-                            stage="A",
-                            disposition="quarantined",
-                            reason="unknown-operation",
-                            revision_before=None,
-                            revision_after=None,
+        with self._lock_timeouts():
+            for round_ in range(1, self._max_retries + 1):
+                async with self.unit_of_work() as uow:
+                    record = await uow.get_for_update(operation_id)
+                    if record is None:
+                        if missing is not None:
+                            await uow.record_observation(
+                                operation_id,
+                                missing,
+                                stage="A",
+                                disposition="quarantined",
+                                reason="unknown-operation",
+                                revision_before=None,
+                                revision_after=None,
+                                attempt_id=attempt_id,
+                                detail=detail,
+                            )
+                            await uow.commit()
+                        raise OperationNotFound(str(operation_id))
+                    nested = await uow.connection.begin_nested() if savepoint else None
+                    observation = await produce(uow.connection, record)
+                    now = self._clock()
+                    decision = settle(record, observation, now, self._policy)
+                    after = record
+                    if isinstance(decision, Apply):
+                        after = decision.record
+                        try:
+                            await uow.cas_write(
+                                after,
+                                decision.expected_revision,
+                                at(now),
+                                **self._terminal_extra(record, after, now),
+                            )
+                        except StaleRevision:
+                            log.warning(
+                                "settle CAS refused, rerunning all stages",
+                                extra={"operation_id": str(operation_id), "round": round_},
+                            )
+                            continue
+                    elif nested is not None:
+                        await nested.rollback()  # the core refused the outcome: undo its effect
+                    finish = None
+                    if attempt_id is not None and observation.source is Source.ATTEMPT:
+                        finish = AttemptEnd(
                             attempt_id=attempt_id,
-                            detail=detail,
+                            outcome=observation.kind.value,
+                            status=observation.result.status if observation.result else None,
+                            error=None if isinstance(decision, Apply) else decision.reason.value,
+                            at=at(now),
                         )
-                        await uow.commit()
-                    raise OperationNotFound(str(operation_id))
-                nested = await uow.connection.begin_nested() if savepoint else None
-                observation = await produce(uow.connection, record)
-                now = self._clock()
-                decision = settle(record, observation, now, self._policy)
-                after = record
-                if isinstance(decision, Apply):
-                    after = decision.record
-                    try:
-                        await uow.cas_write(
-                            after,
-                            decision.expected_revision,
-                            at(now),
-                            **self._terminal_extra(record, after, now),
-                        )
-                    except StaleRevision:
-                        log.warning(
-                            "settle CAS refused, rerunning all stages",
-                            extra={"operation_id": str(operation_id), "round": round_},
-                        )
-                        continue
-                elif nested is not None:
-                    await nested.rollback()  # the core refused the outcome: undo its effect
-                finish = None
-                if attempt_id is not None and observation.source is Source.ATTEMPT:
-                    finish = AttemptEnd(
+                    observation_id = await uow.record_decision(
+                        operation_id,
+                        observation,
+                        decision,
+                        record.revision,
                         attempt_id=attempt_id,
-                        outcome=observation.kind.value,
-                        status=observation.result.status if observation.result else None,
-                        error=None if isinstance(decision, Apply) else decision.reason.value,
-                        at=at(now),
+                        detail=detail,
+                        finish_attempt=finish,
+                        notify_terminal=isinstance(decision, Apply) and after.state.terminal,
                     )
-                observation_id = await uow.record_decision(
-                    operation_id,
-                    observation,
-                    decision,
-                    record.revision,
-                    attempt_id=attempt_id,
-                    detail=detail,
-                    finish_attempt=finish,
-                    notify_terminal=isinstance(decision, Apply) and after.state.terminal,
+                    if before_commit is not None:
+                        await before_commit()
+                    await uow.commit()
+                _log_decision(operation_id, observation, decision)
+                self._hooks.on_settled(observation.source.value, decision.disposition.value)
+                if _stale_epoch_outcome(record, observation):
+                    self._hooks.on_stale_epoch_outcome()
+                    log.error(
+                        "a verified outcome of a superseded epoch arrived: the effect may have "
+                        "happened in both epochs",
+                        extra={
+                            "operation_id": str(operation_id),
+                            "observed_generation": observation.tuple.binding_generation,
+                            "current_generation": record.tuple.binding_generation,
+                            "kind": observation.kind.value,
+                        },
+                    )
+                return Settled(
+                    decision=decision,
+                    record=after,
+                    observation=observation,
+                    observation_id=observation_id,
                 )
-                if before_commit is not None:
-                    await before_commit()
-                await uow.commit()
-            _log_decision(operation_id, observation, decision)
-            self._hooks.on_settled(observation.source.value, decision.disposition.value)
-            if _stale_epoch_outcome(record, observation):
-                self._hooks.on_stale_epoch_outcome()
-                log.error(
-                    "a verified outcome of a superseded epoch arrived: the effect may have "
-                    "happened in both epochs",
-                    extra={
-                        "operation_id": str(operation_id),
-                        "observed_generation": observation.tuple.binding_generation,
-                        "current_generation": record.tuple.binding_generation,
-                        "kind": observation.kind.value,
-                    },
-                )
-            return Settled(
-                decision=decision,
-                record=after,
-                observation=observation,
-                observation_id=observation_id,
-            )
         raise SettlementContention(f"operation {operation_id}: revision kept moving")
 
     async def claim(self, scope: Scope, request: ClaimRequest, **kwargs: Any) -> ClaimOutcome:
