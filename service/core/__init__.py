@@ -5,6 +5,7 @@ three-stage merge); ``decide_claim`` decides what a client request does with its
 """
 
 from service.core.claim import (
+    AttemptAnswer,
     BindingMismatch,
     Claim,
     ClaimDecision,
@@ -14,6 +15,8 @@ from service.core.claim import (
     InProgress,
     OperationConflict,
     Replay,
+    Unsettled,
+    attempt_answer,
     decide_claim,
 )
 from service.core.model import (
@@ -21,20 +24,22 @@ from service.core.model import (
     ConflictInfo,
     Disposition,
     InvalidObservation,
+    Observation,
     ObservationKind,
     OperationState,
     Record,
     ReservationTuple,
     Result,
+    Scope,
     Source,
     Stage,
     TerminalPolicy,
+    with_lease,
 )
 from service.core.settle import (
     Apply,
     Decision,
     Ignore,
-    Observation,
     Quarantine,
     Reason,
     Strengthen,
@@ -53,6 +58,7 @@ from service.core.supersede import (
 __all__ = [
     "Apply",
     "Archived",
+    "AttemptAnswer",
     "Binding",
     "BindingMismatch",
     "Claim",
@@ -78,6 +84,7 @@ __all__ = [
     "Replay",
     "ReservationTuple",
     "Result",
+    "Scope",
     "Source",
     "Stage",
     "Strengthen",
@@ -85,7 +92,10 @@ __all__ = [
     "SupersedeDecision",
     "SupersedeRequest",
     "TerminalPolicy",
+    "Unsettled",
+    "attempt_answer",
     "decide_claim",
     "decide_supersede",
     "settle",
+    "with_lease",
 ]

@@ -11,6 +11,13 @@ Rules (DESIGN §5 steps 2 and 4), first match wins:
     row in_progress whose lease is gone      -> Claim DEMOTE_STALE (demotion recorded, then claim)
     row unknown                              -> Claim FROM_UNKNOWN
 
+After an attempt, ``attempt_answer`` says what its client is told from the row as it stands:
+
+    row in conflict                          -> OperationConflict (409)
+    row completed or failed                  -> Replay; ``replayed`` False only when this
+                                                attempt's own settlement stored the outcome
+    row not terminal                         -> Unsettled (the caller says why: unknown, lost)
+
 A claim moves the row to in_progress under a new fencing token (previous + 1) with the
 claimer's lease, and bumps the revision; the shell writes it with the tuple + revision CAS.
 """
@@ -23,6 +30,7 @@ import msgspec
 
 from service.core.model import (
     Binding,
+    Observation,
     ObservationKind,
     OperationState,
     Record,
@@ -30,9 +38,9 @@ from service.core.model import (
     Result,
     Source,
 )
-from service.core.settle import Observation
 
 __all__ = [
+    "AttemptAnswer",
     "BindingMismatch",
     "Claim",
     "ClaimDecision",
@@ -42,6 +50,8 @@ __all__ = [
     "InProgress",
     "OperationConflict",
     "Replay",
+    "Unsettled",
+    "attempt_answer",
     "decide_claim",
 ]
 
@@ -78,9 +88,13 @@ class Claim(msgspec.Struct, frozen=True, tag="claim"):
 
 
 class Replay(msgspec.Struct, frozen=True, tag="replay"):
+    """Answer with the stored result. ``replayed`` is False only for the attempt whose own
+    settlement stored it."""
+
     result: Result
     state: OperationState
-    operation_id: str = ""
+    operation_id: str
+    replayed: bool = True
 
 
 class FingerprintMismatch(msgspec.Struct, frozen=True, tag="fingerprint_mismatch"):
@@ -100,9 +114,18 @@ class InProgress(msgspec.Struct, frozen=True, tag="in_progress"):
     lease_expires_at: float
 
 
+class Unsettled(msgspec.Struct, frozen=True, tag="unsettled"):
+    """The attempt ended and the row is still not terminal: no outcome to answer with."""
+
+    operation_id: str
+    state: OperationState
+    lease_expires_at: float | None
+
+
 ClaimDecision = (
     Claim | Replay | FingerprintMismatch | BindingMismatch | OperationConflict | InProgress
 )
+AttemptAnswer = Replay | OperationConflict | Unsettled
 
 
 def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> ClaimDecision:
@@ -151,3 +174,24 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
         lease_expires_at=request.lease_expires_at,
     )
     return Claim(kind=kind, record=claimed, expected_revision=record.revision, demotion=demotion)
+
+
+def attempt_answer(record: Record, *, stored_by_attempt: bool) -> AttemptAnswer:
+    """What an attempt answers from the row after it settled, gave up or lost its lease. Pure.
+
+    ``stored_by_attempt``: this attempt's own settlement applied the row's terminal outcome.
+    """
+    operation_id = record.tuple.operation_id
+    if record.state is OperationState.CONFLICT:
+        return OperationConflict(operation_id=operation_id)
+    if record.state.terminal:
+        assert record.result is not None  # a completed or failed row always has its result
+        return Replay(
+            result=record.result,
+            state=record.state,
+            operation_id=operation_id,
+            replayed=not stored_by_attempt,
+        )
+    return Unsettled(
+        operation_id=operation_id, state=record.state, lease_expires_at=record.lease_expires_at
+    )

@@ -6,6 +6,8 @@ Times are plain floats (seconds since the epoch) handed in by the shell: the cor
 from __future__ import annotations
 
 import enum
+import hashlib
+import uuid
 
 import msgspec
 
@@ -14,14 +16,17 @@ __all__ = [
     "ConflictInfo",
     "Disposition",
     "InvalidObservation",
+    "Observation",
     "ObservationKind",
     "OperationState",
     "Record",
     "ReservationTuple",
     "Result",
+    "Scope",
     "Source",
     "Stage",
     "TerminalPolicy",
+    "with_lease",
 ]
 
 
@@ -149,3 +154,57 @@ class Record(msgspec.Struct, frozen=True):
             and self.lease_expires_at is not None
             and self.lease_expires_at > now
         )
+
+
+def with_lease(record: Record, remaining: float | None, now: float) -> Record:
+    """The one way a lease's liveness reaches the core.
+
+    The lease lives in Redis (heartbeats extend it there, not in the row), so before the core
+    decides about an ``in_progress`` row the shell asks the lease store how long the scope's
+    lease has left: ``remaining`` seconds, or None when nobody holds it. A caller that holds
+    the scope's lease itself passes None: the row's attempt cannot be holding it.
+    """
+    if record.state is not OperationState.IN_PROGRESS:
+        return record
+    expires = None if remaining is None else now + remaining
+    return msgspec.structs.replace(record, lease_expires_at=expires)
+
+
+class Scope(msgspec.Struct, frozen=True):
+    """What an idempotency key is unique within: (tenant, principal, route, key)."""
+
+    tenant: str
+    principal_id: uuid.UUID
+    route: str
+    idempotency_key: str
+
+    def lease_name(self) -> str:
+        """The scope's lease key in Redis: a digest, so any key fits and none collide."""
+        raw = f"{self.tenant}\x00{self.principal_id}\x00{self.route}\x00{self.idempotency_key}"
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+
+class Observation(msgspec.Struct, frozen=True):
+    """One report about an operation's outcome.
+
+    ``fencing_token`` is set when an attempt reports about itself (its effect is only valid
+    while it is the current attempt); None for reports that stand on their own (a provider's
+    answer, signed evidence, a feed event, the sweeper).
+    ``verified`` is False for evidence whose signature did not verify: always quarantined.
+    """
+
+    tuple: ReservationTuple
+    kind: ObservationKind
+    source: Source
+    result: Result | None = None
+    lease_expires_at: float | None = None
+    fencing_token: int | None = None
+    verified: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind.terminal and self.result is None:
+            raise InvalidObservation(f"a {self.kind} observation needs a result")
+        if not self.kind.terminal and self.result is not None:
+            raise InvalidObservation(f"a {self.kind} observation carries no result")
+        if self.kind is ObservationKind.IN_PROGRESS and self.lease_expires_at is None:
+            raise InvalidObservation("an in_progress observation needs lease_expires_at")

@@ -40,13 +40,11 @@ import msgspec
 from service.core.model import (
     ConflictInfo,
     Disposition,
-    InvalidObservation,
+    Observation,
     ObservationKind,
     OperationState,
     Record,
-    ReservationTuple,
     Result,
-    Source,
     Stage,
     TerminalPolicy,
 )
@@ -55,7 +53,6 @@ __all__ = [
     "Apply",
     "Decision",
     "Ignore",
-    "Observation",
     "Quarantine",
     "Reason",
     "Strengthen",
@@ -80,32 +77,6 @@ class Reason(enum.StrEnum):
     COMPLETED_VS_FAILED = "completed-vs-failed"
     COMPLETED_WINS = "completed-wins"
     FAILED_AFTER_COMPLETED = "failed-after-completed"
-
-
-class Observation(msgspec.Struct, frozen=True):
-    """One report about an operation's outcome.
-
-    ``fencing_token`` is set when an attempt reports about itself (its effect is only valid
-    while it is the current attempt); None for reports that stand on their own (a provider's
-    answer, signed evidence, a feed event, the sweeper).
-    ``verified`` is False for evidence whose signature did not verify: always quarantined.
-    """
-
-    tuple: ReservationTuple
-    kind: ObservationKind
-    source: Source
-    result: Result | None = None
-    lease_expires_at: float | None = None
-    fencing_token: int | None = None
-    verified: bool = True
-
-    def __post_init__(self) -> None:
-        if self.kind.terminal and self.result is None:
-            raise InvalidObservation(f"a {self.kind} observation needs a result")
-        if not self.kind.terminal and self.result is not None:
-            raise InvalidObservation(f"a {self.kind} observation carries no result")
-        if self.kind is ObservationKind.IN_PROGRESS and self.lease_expires_at is None:
-            raise InvalidObservation("an in_progress observation needs lease_expires_at")
 
 
 class Apply(msgspec.Struct, frozen=True, tag="apply"):

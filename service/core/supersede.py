@@ -17,6 +17,8 @@ Rules, first match wins:
                                                 fencing token + 1 (a running attempt is fenced
                                                 out), state unknown, result/conflict/lease
                                                 cleared, revision + 1.
+                                                ``effect_may_run_again`` when the row was
+                                                completed, or an external outcome unknown.
 
 Anything the old epoch still reports (a late answer, evidence, a stale worker's commit)
 names the old tuple or token and is quarantined or ignored by ``settle``.
@@ -71,6 +73,9 @@ class Supersede(msgspec.Struct, frozen=True, tag="supersede"):
     archived: Archived
     reran_completed: bool
     fenced_live_attempt: bool
+    effect_may_run_again: bool
+    """completed before, or an external effect whose outcome was not known: the new epoch
+    may make the effect happen a second time"""
 
 
 class Refuse(msgspec.Struct, frozen=True, tag="refuse"):
@@ -119,4 +124,5 @@ def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> S
         archived=archived,
         reran_completed=completed,
         fenced_live_attempt=live,
+        effect_may_run_again=completed or (request.external and undecided),
     )
