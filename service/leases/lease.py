@@ -149,6 +149,17 @@ class LeaseManager:
             None if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in values
         ]
 
+    async def remaining_many(self, names: list[str]) -> list[float | None]:
+        """Seconds each named lease has left (None where free), in one round trip."""
+        if not names:
+            return []
+        with _unavailable("read", self._prefix + names[0]):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.pttl(self._prefix + name)
+                answers = await pipe.execute()
+        return [_seconds_left(int(pttl)) for pttl in answers]
+
     async def revoke(self, name: str) -> bool:
         """Delete the lease whoever holds it (an admin fenced its attempt out in PostgreSQL).
         The holder's next heartbeat finds it gone and stops its work."""
@@ -170,11 +181,7 @@ class LeaseManager:
         key = self._prefix + name
         with _unavailable("read", key):
             pttl = int(await self._redis.pttl(key))
-        if pttl == -2:  # no such key
-            return None
-        if pttl == -1:  # a key without expiry was not written by acquire; it never frees itself
-            return math.inf
-        return pttl / 1000
+        return _seconds_left(pttl)
 
     def heartbeat(
         self,
@@ -319,6 +326,14 @@ class Heartbeat:
                 self._on_lost()
             except Exception:
                 log.exception("on_lost callback failed", extra={"lease_key": self._lease.key})
+
+
+def _seconds_left(pttl: int) -> float | None:
+    if pttl == -2:  # no such key
+        return None
+    if pttl == -1:  # a key without expiry was not written by acquire; it never frees itself
+        return math.inf
+    return pttl / 1000
 
 
 def _ms(seconds: float) -> int:

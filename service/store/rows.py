@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
-
-import msgspec
 
 from service.core import (
     Binding,
@@ -20,21 +17,7 @@ from service.core import (
     Result,
 )
 
-__all__ = ["Scope", "at", "from_ts", "record_from_row", "record_values", "to_ts"]
-
-
-class Scope(msgspec.Struct, frozen=True):
-    """What an idempotency key is unique within."""
-
-    tenant: str
-    principal_id: uuid.UUID
-    route: str
-    idempotency_key: str
-
-    def lease_name(self) -> str:
-        """The scope's lease key in Redis: a digest, so any key fits and none collide."""
-        raw = f"{self.tenant}\x00{self.principal_id}\x00{self.route}\x00{self.idempotency_key}"
-        return hashlib.sha256(raw.encode()).hexdigest()
+__all__ = ["at", "from_ts", "record_from_row", "record_values", "to_ts"]
 
 
 def to_ts(seconds: float | None) -> datetime | None:

@@ -16,8 +16,8 @@ from sqlalchemy import func, insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
-from service.core import Archived, Decision, Observation, Record, ReservationTuple
-from service.store.rows import Scope, record_from_row, record_values, to_ts
+from service.core import Archived, Decision, Observation, Record, ReservationTuple, Scope
+from service.store.rows import record_from_row, record_values, to_ts
 from service.store.tables import (
     attempts,
     observations,

@@ -1,0 +1,91 @@
+"""What the store's phases return, and the hooks it reports through."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Protocol
+
+import msgspec
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.core import ClaimDecision, Decision, Observation, Record, ReservationTuple, Scope
+
+__all__ = [
+    "AttemptRef",
+    "ClaimOutcome",
+    "LeaseProbe",
+    "LocalEffect",
+    "NoHooks",
+    "OperationNotFound",
+    "Settled",
+    "SettlementHooks",
+    "SweepCursor",
+    "SweepPage",
+]
+
+# A local effect writes its rows on the settlement transaction's connection and reports its
+# outcome (completed or failed, with the result) as an observation of the current attempt.
+LocalEffect = Callable[[AsyncConnection, Record], Awaitable[Observation]]
+# How long each scope's lease has left in the lease store (None: nobody holds it), asked in
+# one round trip; the answer reaches the core only through ``with_lease``.
+LeaseProbe = Callable[[list[Scope]], Awaitable[list[float | None]]]
+
+
+class OperationNotFound(LookupError):
+    status_hint = 404
+
+
+class Settled(msgspec.Struct, frozen=True):
+    """The decision, the authoritative record after it, and the observation that was settled."""
+
+    decision: Decision
+    record: Record
+    observation: Observation
+    observation_id: int
+
+
+SweepCursor = tuple[datetime, uuid.UUID]
+
+
+class SweepPage(msgspec.Struct, frozen=True):
+    """What one sweep demoted, and where the next page starts (None: start over)."""
+
+    demoted: list[uuid.UUID]
+    next: SweepCursor | None
+
+
+class AttemptRef(msgspec.Struct, frozen=True):
+    """What an attempt knows about itself: its row, its reservation and its fencing token."""
+
+    attempt_id: uuid.UUID
+    reservation: ReservationTuple
+    fencing_token: int
+
+
+class ClaimOutcome(msgspec.Struct, frozen=True):
+    decision: ClaimDecision
+    record: Record | None
+    attempt_id: uuid.UUID | None = None
+
+
+class SettlementHooks(Protocol):
+    """What the store reports as it settles (metrics live behind this)."""
+
+    def on_settled(self, source: str, disposition: str) -> None: ...
+
+    def on_claimed(self, kind: str) -> None: ...
+
+    def on_stale_epoch_outcome(self) -> None: ...
+
+
+class NoHooks:
+    def on_stale_epoch_outcome(self) -> None:
+        return None
+
+    def on_settled(self, source: str, disposition: str) -> None:
+        return None
+
+    def on_claimed(self, kind: str) -> None:
+        return None

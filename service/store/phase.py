@@ -1,0 +1,87 @@
+"""The one atomic-phase runner: lock -> core decision -> CAS -> record, in one transaction.
+
+Every authoritative write (claim, settle, local settle, supersede, sweep) is a *phase*: an
+async function that, on a :class:`UnitOfWork`, locks its row(s) with ``get_for_update``,
+asks the pure core, writes with the tuple + revision CAS and records what was decided. The
+runner gives all of them the same two rules:
+
+* a refused CAS (:class:`StaleRevision`) rolls the transaction back and reruns the whole
+  phase on a fresh read, at most ``max_retries`` times, then gives up with
+  :class:`SettlementContention` (503): never assign blindly;
+* a row lock not granted within the lock timeout is :class:`RowLocked` (409), not a fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TypeVar
+
+from sqlalchemy.exc import DBAPIError
+
+from service.store.unit_of_work import StaleRevision, UnitOfWork
+
+__all__ = ["Phase", "PhaseRunner", "RowLocked", "SettlementContention"]
+
+log = logging.getLogger("settlement.store")
+
+T = TypeVar("T")
+Phase = Callable[[UnitOfWork], Awaitable[T]]
+
+# SQLSTATE of "lock_timeout expired" (lock_not_available).
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class RowLocked(RuntimeError):
+    """A row stayed locked past the lock timeout (another phase holds it)."""
+
+    status_hint = 409
+
+
+class SettlementContention(RuntimeError):
+    """The revision kept moving for ``max_retries`` rounds."""
+
+    status_hint = 503
+
+
+@contextlib.contextmanager
+def lock_timeouts() -> Iterator[None]:
+    """A lock not granted within the lock timeout is a busy row, not a server fault."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            raise RowLocked("the operation row is locked by another phase") from exc
+        raise
+
+
+class PhaseRunner:
+    def __init__(self, unit_of_work: Callable[[], UnitOfWork], *, max_retries: int) -> None:
+        self._unit_of_work = unit_of_work
+        self._max_retries = max_retries
+
+    async def run(
+        self,
+        what: str,
+        phase: Phase[T],
+        *,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> T:
+        """Run ``phase`` in its own transaction and commit it; rerun it on a stale CAS."""
+        with lock_timeouts():
+            for round_ in range(1, self._max_retries + 1):
+                async with self._unit_of_work() as uow:
+                    try:
+                        result = await phase(uow)
+                    except StaleRevision:
+                        log.warning(
+                            "CAS refused, rerunning the phase",
+                            extra={"phase": what, "round": round_},
+                        )
+                        continue
+                    if before_commit is not None:
+                        await before_commit()
+                    await uow.commit()
+                    return result
+        raise SettlementContention(f"{what}: revision kept moving")
