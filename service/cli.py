@@ -254,11 +254,11 @@ def _local_admin_key(data_dir: Path) -> str:
 def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
+    from service.app.sweeper import Sweeper
     from service.leases import LeaseManager, make_redis
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
     from service.store.settlement import SettlementStore
-    from service.sweeper import Sweeper
     from service.telemetry import Metrics
 
     async def once(database_url: str, redis_url: str) -> int:
@@ -308,7 +308,7 @@ def _create_principal(args: argparse.Namespace, settings: Settings) -> int:
 
     import msgspec
 
-    from service.http.routes.admin import PrincipalRequest
+    from service.app.admin import PrincipalRequest
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
     from service.store.principals import PrincipalStore, Role

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from service.core import Scope
 from service.leases import LeaseManager
-from service.store.rows import Scope
 from service.store.settlement import SettlementStore, SweepCursor
 from service.telemetry import Metrics
 
@@ -41,9 +41,8 @@ class Sweeper:
         self._batch = batch
         self._cursor: SweepCursor | None = None
 
-    async def _live(self, scopes: list[Scope]) -> list[bool]:
-        holders = await self._leases.holders([scope.lease_name() for scope in scopes])
-        return [holder is not None for holder in holders]
+    async def _remaining(self, scopes: list[Scope]) -> list[float | None]:
+        return await self._leases.remaining_many([scope.lease_name() for scope in scopes])
 
     @property
     def more(self) -> bool:
@@ -52,7 +51,7 @@ class Sweeper:
 
     async def run_once(self) -> int:
         """One bounded batch (continuing after the previous one); the number demoted."""
-        page = await self._store.sweep(self._batch, self._live, self._cursor)
+        page = await self._store.sweep(self._batch, self._remaining, self._cursor)
         self._cursor = page.next
         demoted = page.demoted
         for operation_id in demoted:

@@ -1,24 +1,22 @@
-"""The Litestar application factory and the per-process runtime it carries."""
+"""The Litestar application factory: routes, problem mapping, and the composition root.
+
+The lifespan opens one :class:`~service.app.root.Settlement` per process; route handlers
+receive it by dependency injection (parameter ``settlement``) and only call its use cases.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from litestar import Litestar
+from litestar.di import Provide
 from litestar.openapi import OpenAPIConfig
-from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.config import ConfigError, Settings
-from service.domain.payouts import ProviderClient
-from service.failpoints import Failpoints
+from service.app.root import Settlement, require_endpoints
+from service.config import Settings
 from service.http.health import health, metrics
-from service.http.idempotency import Idempotency
-from service.http.late import LateAnswers
 from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
@@ -26,107 +24,40 @@ from service.http.routes.admin import (
     rotate_principal,
     supersede_operation,
 )
-from service.http.routes.ledger import (
-    ACCOUNTS,
-    TRANSFERS,
-    get_account,
-    post_account,
-    post_transfer,
-)
+from service.http.routes.ledger import get_account, post_account, post_transfer
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
-from service.http.routes.payouts import payouts_route, post_payout
-from service.leases import LeaseManager, make_redis
+from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
-from service.store.db import make_engine, reader
-from service.store.migrate import ensure_current
-from service.store.notify import TerminalWaiter
-from service.store.principals import PrincipalStore
-from service.store.settlement import SettlementStore
-from service.sweeper import Sweeper
-from service.telemetry import Metrics
 
-__all__ = ["Runtime", "app_from_env", "create_app"]
+__all__ = ["app_from_env", "create_app"]
 
 log = logging.getLogger("settlement.app")
 
 
-class Runtime:
-    """What one server process holds: settings, the engine, Redis, stores, leases."""
+class _Opened:
+    """The process's Settlement once the lifespan has opened it."""
 
-    def __init__(
-        self, settings: Settings, engine: AsyncEngine, redis: Redis, database_url: str
-    ) -> None:
-        self.settings = settings
-        self.engine = engine
-        self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
-        self.redis = redis
-        self.metrics = Metrics()
-        self.store = SettlementStore(
-            engine,
-            hooks=self.metrics,
-            policy=settings.terminal_policy,
-            retention=settings.retention,
-            max_retries=settings.settle_max_retries,
-        )
-        self.principals = PrincipalStore(engine)
-        self.leases = LeaseManager(redis, ttl=settings.lease_ttl)
-        self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
-        self.failpoints = Failpoints.from_settings(settings)
-        self.idempotency = Idempotency(self)
-        self.provider: ProviderClient | None = None
-        if settings.provider_url and settings.provider_secret:
-            # the client's own bound is the late window; each attempt waits provider_timeout
-            self.provider = ProviderClient(
-                settings.provider_url,
-                settings.provider_secret,
-                timeout=settings.provider_timeout + settings.late_response_window,
-            )
-        self.payouts = payouts_route(self)
-        self.routes = {spec.route: spec for spec in (ACCOUNTS, TRANSFERS, self.payouts)}
-        self.external_routes = frozenset(r for r, s in self.routes.items() if s.external)
-        self.late = LateAnswers(self.store, self.metrics)
-        self.sweeper = Sweeper(
-            self.store, self.leases, self.metrics, interval=settings.sweep_interval
-        )
+    settlement: Settlement | None = None
 
-    async def close(self) -> None:
-        await self.late.close()
-        await self.waiter.close()
-        if self.provider is not None:
-            await self.provider.close()
+    def get(self) -> Settlement:
+        assert self.settlement is not None, "the application has not started"
+        return self.settlement
 
 
 def create_app(settings: Settings) -> Litestar:
-    if settings.database_url is None or settings.redis_url is None:
-        raise ConfigError(
-            "SETTLEMENT_DATABASE_URL and SETTLEMENT_REDIS_URL must be set "
-            "(or start with `settlement serve --embedded`)"
-        )
-    database_url, redis_url = settings.database_url, settings.redis_url
+    require_endpoints(settings)
+    opened = _Opened()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        engine = make_engine(settings, database_url)
-        redis = make_redis(settings, redis_url)
+        opened.settlement = await Settlement.open(settings)
+        log.info("server ready")
         try:
-            await ensure_current(engine)
-            runtime = Runtime(settings, engine, redis, database_url)
-            if settings.bootstrap_admin_key:
-                await runtime.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
-            app.state.runtime = runtime
-            sweeping = asyncio.create_task(runtime.sweeper.run(), name="lease-sweeper")
-            log.info("server ready")
-            try:
-                yield
-            finally:
-                sweeping.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sweeping
-                await runtime.close()
+            yield
         finally:
-            await redis.aclose()
-            await engine.dispose()
+            await opened.settlement.close()
+            opened.settlement = None
 
     return Litestar(
         route_handlers=[
@@ -144,6 +75,7 @@ def create_app(settings: Settings) -> Litestar:
             post_payout,
             post_observation,
         ],
+        dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,

@@ -8,7 +8,7 @@ from typing import Any
 from litestar import Request
 
 from service.http.problems import ProblemError
-from service.store.principals import Principal, Role
+from service.store.principals import Principal, PrincipalStore, Role
 
 __all__ = ["AuthError", "authenticate", "require_role"]
 
@@ -21,16 +21,14 @@ class AuthError(ProblemError):
     """``unauthenticated`` (401) or ``forbidden`` (403)."""
 
 
-async def authenticate(request: Request[Any, Any, Any]) -> Principal:
+async def authenticate(request: Request[Any, Any, Any], principals: PrincipalStore) -> Principal:
     header = request.headers.get("authorization")
     if header is None:
         raise AuthError("unauthenticated", "missing Authorization: Bearer <api key> header")
     match = _BEARER.fullmatch(header) if len(header) <= MAX_AUTHORIZATION else None
     if match is None:
         raise AuthError("unauthenticated", "malformed Authorization header: Bearer <api key>")
-    principal: Principal | None = await request.app.state.runtime.principals.authenticate(
-        match.group(1)
-    )
+    principal = await principals.authenticate(match.group(1))
     if principal is None:
         raise AuthError("unauthenticated", "unknown or revoked API key")
     return principal

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 
 import msgspec
 from litestar import Response, get
-from litestar.datastructures import State
 
+from service.http.deps import Services
 from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
 
@@ -38,12 +38,11 @@ async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) 
 
 
 @get("/health")
-async def health(state: State) -> Response[Health]:
-    runtime = state.runtime
-    timeout = runtime.settings.health_timeout
+async def health(settlement: Services) -> Response[Health]:
+    timeout = settlement.settings.health_timeout
     database, redis = await asyncio.gather(
-        _check("database", lambda: database_ping(runtime.reader), timeout),
-        _check("redis", lambda: redis_ping(runtime.redis), timeout),
+        _check("database", lambda: database_ping(settlement.reader), timeout),
+        _check("redis", lambda: redis_ping(settlement.redis), timeout),
     )
     healthy = database == "ok" and redis == "ok"
     return Response(
@@ -53,7 +52,6 @@ async def health(state: State) -> Response[Health]:
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
-async def metrics(state: State) -> str:
+async def metrics(settlement: Services) -> str:
     """Prometheus text exposition of this process's counters."""
-    rendered: str = state.runtime.metrics.render()
-    return rendered
+    return settlement.metrics.render()

@@ -18,12 +18,13 @@ from litestar.exceptions import (
 )
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
+from service.app.answers import ProblemDocument
+from service.app.effects import PROBLEM_CONTENT_TYPE
 from service.store.principals import PrincipalExists
 from service.store.settlement import OperationNotFound, SettlementContention
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
-    "Problem",
     "ProblemError",
     "exception_handlers",
     "problem_response",
@@ -31,18 +32,8 @@ __all__ = [
 
 log = logging.getLogger("settlement.http")
 
-PROBLEM_CONTENT_TYPE = "application/problem+json"
 # Litestar's detail when a request body could not be read because the client went away.
 CLIENT_GONE = "client disconnected prematurely"
-
-
-class Problem(msgspec.Struct, omit_defaults=True):
-    type: str
-    title: str
-    status: int
-    detail: str
-    operation_id: str | None = None
-    state: str | None = None
 
 
 # slug -> (status, title). DESIGN §6 is the contract; slugs and statuses are public API.
@@ -95,7 +86,9 @@ def problem_response(
     **fields: Any,
 ) -> Response[bytes]:
     status, title = SLUGS[slug]
-    body = Problem(type=f"/problems/{slug}", title=title, status=status, detail=detail, **fields)
+    body = ProblemDocument(
+        type=f"/problems/{slug}", title=title, status=status, detail=detail, **fields
+    )
     return Response(
         content=msgspec.json.encode(body),
         status_code=status,

@@ -28,10 +28,11 @@ from service.core import (
     Record,
     Replay,
     Result,
+    Scope,
     Source,
 )
 from service.store.db import async_url
-from service.store.rows import Scope, at, record_from_row
+from service.store.rows import at, record_from_row
 from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
 from service.store.tables import (
     accounts,

@@ -9,8 +9,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from service.core import ObservationKind, OperationState, Supersede
-from service.store.rows import Scope
+from service.core import ObservationKind, OperationState, Scope, Supersede
 from service.store.settlement import SettlementStore
 from service.store.tables import observations, operation_epochs
 from tests.conftest import run
@@ -27,8 +26,8 @@ ROUNDS = 12
 
 
 def test_supersede_racing_a_settlement_never_mixes_epochs(migrated_url: str) -> None:
-    async def not_live(scope: Scope) -> bool:
-        return False
+    async def nobody_holds(scopes: list[Scope]) -> list[float | None]:
+        return [None for _ in scopes]
 
     async def one_round(clock: Clock, order: str) -> bool:
         async with engine_for(migrated_url) as setup:
@@ -46,7 +45,7 @@ def test_supersede_racing_a_settlement_never_mixes_epochs(migrated_url: str) -> 
                 request_fingerprint=None,
                 rebind=False,
                 force=True,
-                is_live=not_live,
+                lease_remaining=nobody_holds,
             )
             if order == "settle-first":
                 settled = await settle

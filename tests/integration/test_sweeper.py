@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 
+from service.app.sweeper import Sweeper
 from service.config import Settings
 from service.core import Claim, OperationState
 from service.leases import LeaseManager, make_redis
 from service.store.settlement import SettlementStore
-from service.sweeper import Sweeper
 from service.telemetry import Metrics
 from tests.conftest import Services, run
 from tests.integration.test_settlement_store import (

@@ -1,0 +1,184 @@
+"""Admin use cases: principals, supersede (a new reservation epoch) and the work list.
+
+An admin acts in its own tenant; the bootstrap admin (``all_tenants``) in every tenant.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+import msgspec
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app.answers import Problem
+from service.app.effects import IdempotentRoute
+from service.app.fingerprint import fingerprint
+from service.core import Refuse, RefuseReason, Scope
+from service.leases import LeaseManager
+from service.store.principals import Principal, PrincipalStore, Role
+from service.store.settlement import SettlementStore
+from service.store.status import OperationView, operation_view
+from service.store.worklist import BadCursor, WorkPage, list_operations
+
+__all__ = ["Admin", "PrincipalCreated", "PrincipalRequest", "SupersedeBody", "Superseded"]
+
+Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}$")]
+Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
+
+
+class PrincipalRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    tenant: Tenant
+    name: Name
+    role: Role
+
+
+class PrincipalCreated(msgspec.Struct):
+    id: uuid.UUID
+    tenant: str
+    name: str
+    role: str
+    credential_generation: int
+    api_key: str
+
+
+class SupersedeBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    reason: Reason
+    request: msgspec.Raw = msgspec.field(default_factory=msgspec.Raw)
+    rebind: bool = True
+    force: bool = False
+
+
+class Superseded(msgspec.Struct):
+    operation: OperationView
+    effect_may_run_again: bool  # completed before, or an external outcome unknown
+    fenced_live_attempt: bool
+
+
+_REFUSALS: dict[RefuseReason, tuple[str, str, str | None]] = {
+    RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE: (
+        "supersede-needs-force",
+        "the previous epoch's external effect may have happened (its outcome is "
+        "unknown) and a new epoch uses a new sink key: pass force: true to accept "
+        "that it may happen twice",
+        None,
+    ),
+    RefuseReason.LIVE_ATTEMPT: (
+        "operation-in-progress",
+        "an attempt holds a live lease; pass force: true to fence it out",
+        "in_progress",
+    ),
+    RefuseReason.COMPLETED_NEEDS_FORCE: (
+        "supersede-needs-force",
+        "the operation is completed: superseding it lets the effect run again; "
+        "pass force: true to do that",
+        "completed",
+    ),
+}
+
+
+class Admin:
+    def __init__(
+        self,
+        *,
+        principals: PrincipalStore,
+        store: SettlementStore,
+        reader: AsyncEngine,
+        leases: LeaseManager,
+        routes: dict[str, IdempotentRoute],
+    ) -> None:
+        self._principals = principals
+        self._store = store
+        self._reader = reader
+        self._leases = leases
+        self._routes = routes
+
+    async def create_principal(
+        self, admin: Principal, body: PrincipalRequest
+    ) -> PrincipalCreated | Problem:
+        if not admin.may_act_in(body.tenant):
+            return Problem("forbidden", f"this admin may not act in tenant {body.tenant!r}")
+        principal, key = await self._principals.create(body.tenant, body.name, body.role)
+        return _created(principal, key)
+
+    async def rotate_principal(
+        self, admin: Principal, principal_id: uuid.UUID
+    ) -> PrincipalCreated | Problem:
+        target = await self._principals.get(principal_id)
+        if target is None or not admin.may_act_in(target.tenant):
+            return Problem("not-found", f"no principal {principal_id}")
+        rotated = await self._principals.rotate(principal_id)
+        if rotated is None:
+            return Problem("not-found", f"no live principal {principal_id}")
+        return _created(*rotated)
+
+    async def supersede(
+        self, admin: Principal, operation_id: uuid.UUID, body: SupersedeBody
+    ) -> Superseded | Problem:
+        """Start a new reservation epoch (the store decides under the row lock)."""
+        view = await operation_view(self._reader, operation_id)
+        if view is None or not admin.may_act_in(view.tenant):
+            return Problem("not-found", f"no operation {operation_id}")
+        edited = None
+        if bytes(body.request) not in (b"", b"null"):
+            spec = self._routes.get(view.route)
+            if spec is None:
+                return Problem("validation-error", f"route {view.route} has no schema")
+            try:
+                request = msgspec.json.decode(bytes(body.request), type=spec.body_type)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                return Problem("validation-error", f"request: {exc}")
+            edited = fingerprint(spec.route, {}, request)
+        spec = self._routes.get(view.route)
+        decision = await self._store.supersede(
+            operation_id,
+            reason=body.reason,
+            admin_id=admin.id,
+            request_fingerprint=edited,
+            rebind=body.rebind,
+            force=body.force,
+            external=spec is not None and spec.external is not None,
+            lease_remaining=self._lease_remaining,
+        )
+        if isinstance(decision, Refuse):
+            slug, detail, state = _REFUSALS[decision.reason]
+            return Problem(slug, detail, str(operation_id), state=state or view.state)
+        if decision.fenced_live_attempt:
+            scope = Scope(view.tenant, view.principal_id, view.route, view.key)
+            await self._leases.revoke(scope.lease_name())
+        after = await operation_view(self._reader, operation_id)
+        assert after is not None
+        return Superseded(
+            operation=after,
+            effect_may_run_again=decision.effect_may_run_again,
+            fenced_live_attempt=decision.fenced_live_attempt,
+        )
+
+    async def _lease_remaining(self, scopes: list[Scope]) -> list[float | None]:
+        return await self._leases.remaining_many([scope.lease_name() for scope in scopes])
+
+    async def work_list(
+        self, admin: Principal, state: str, tenant: str | None, limit: int, after: str | None
+    ) -> WorkPage | Problem:
+        if tenant is None and not admin.all_tenants:
+            tenant = admin.tenant
+        if tenant is not None and not admin.may_act_in(tenant):
+            return Problem("forbidden", f"this admin may not act in tenant {tenant!r}")
+        try:
+            return await list_operations(
+                self._reader, state=state, tenant=tenant, limit=limit, after=after
+            )
+        except BadCursor as exc:
+            return Problem("validation-error", str(exc))
+
+
+def _created(principal: Principal, key: str) -> PrincipalCreated:
+    return PrincipalCreated(
+        id=principal.id,
+        tenant=principal.tenant,
+        name=principal.name,
+        role=principal.role.value,
+        credential_generation=principal.credential_generation,
+        api_key=key,
+    )

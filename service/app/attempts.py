@@ -1,0 +1,338 @@
+"""One claimed attempt, from its effect to its answer (DESIGN §5 steps 5-6).
+
+Local and external effects run the same way: the work is a task, a heartbeat extends the
+scope's lease while it runs, and the attempt waits for whichever comes first of the work
+ending, the lease being lost, or (external only) the provider timeout.
+
+* **local**: the effect runs inside its settlement transaction (``settle_local``). A lost
+  lease cancels it, possibly mid-commit, so the answer then comes from the row: only a
+  commit under this attempt's own fencing token is this attempt's outcome.
+* **external**: the call is bounded by the late-response window. Past the provider timeout
+  (or a lost lease) the attempt settles ``unknown`` (504) and hands the call to the late
+  answer keeper, which settles the answer if it still arrives.
+
+A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import uuid
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.app.answers import Answer, Problem, answer_of
+from service.app.effects import (
+    ExecutionContext,
+    ExternalHandler,
+    IdempotentRoute,
+    LocalHandler,
+    Outcome,
+    business_outcome,
+)
+from service.app.fingerprint import result_digest
+from service.app.late import LateAnswers
+from service.core import (
+    Apply,
+    AttemptAnswer,
+    Observation,
+    ObservationKind,
+    Record,
+    Result,
+    Source,
+    Unsettled,
+    attempt_answer,
+)
+from service.domain.ledger import BusinessFailure
+from service.domain.payouts import ProviderUnavailable
+from service.evidence import SignedEvidence, observation_of
+from service.failpoints import Failpoints
+from service.leases import Lease, LeaseManager
+from service.store.principals import Principal
+from service.store.settlement import AttemptRef, ClaimOutcome, Settled, SettlementStore
+
+__all__ = ["Attempts"]
+
+log = logging.getLogger("settlement.attempts")
+
+T = TypeVar("T")
+
+
+class _Ended(enum.Enum):
+    FINISHED = "finished"
+    LEASE_LOST = "lease-lost"
+    TIMED_OUT = "timed-out"
+
+
+class Attempts:
+    def __init__(
+        self,
+        *,
+        store: SettlementStore,
+        leases: LeaseManager,
+        late: LateAnswers,
+        failpoints: Failpoints,
+        provider_timeout: float,
+        late_response_window: float,
+    ) -> None:
+        self._store = store
+        self._leases = leases
+        self._late = late
+        self._failpoints = failpoints
+        self._provider_timeout = provider_timeout
+        self._late_window = late_response_window
+
+    async def run(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        body: Any,
+        claimed: ClaimOutcome,
+        lease: Lease,
+    ) -> Answer:
+        """Run the claimed attempt under ``lease`` and say what its client is told."""
+        attempt, context = _attempt_of(claimed, principal)
+        if spec.external is not None:
+            return await self._external(spec.external, context, attempt, body, lease)
+        assert spec.execute is not None
+        return await self._local(spec.execute, context, attempt, body, lease)
+
+    async def _under_lease(
+        self, lease: Lease, work: asyncio.Task[T], give_up_after: float | None
+    ) -> _Ended:
+        """Wait for ``work`` while a heartbeat keeps ``lease``; say how the wait ended."""
+        heartbeat = self._leases.heartbeat(
+            lease, before_extend=lambda: self._failpoints.hit("lease.heartbeat")
+        )
+        lost = asyncio.ensure_future(heartbeat.lost.wait())
+        try:
+            async with heartbeat:
+                await asyncio.wait(
+                    {work, lost}, timeout=give_up_after, return_when=asyncio.FIRST_COMPLETED
+                )
+        finally:
+            lost.cancel()
+        if work.done():
+            return _Ended.FINISHED
+        return _Ended.LEASE_LOST if heartbeat.lost.is_set() else _Ended.TIMED_OUT
+
+    # -- local --------------------------------------------------------------------------------
+
+    async def _local(
+        self,
+        execute: LocalHandler,
+        context: ExecutionContext,
+        attempt: AttemptRef,
+        body: Any,
+        lease: Lease,
+    ) -> Answer:
+        async def effect(conn: AsyncConnection, current: Record) -> Observation:
+            try:
+                produced = await execute(conn, context, body)
+                kind = ObservationKind.COMPLETED
+            except BusinessFailure as failure:
+                produced = business_outcome(failure, context.operation_id)
+                kind = ObservationKind.FAILED
+            return _attempt_observation(attempt, kind, produced)
+
+        work = asyncio.create_task(
+            self._store.settle_local(
+                context.operation_id,
+                attempt,
+                effect,
+                before_commit=lambda: self._failpoints.hit("effect.before_commit"),
+            )
+        )
+        try:
+            ended = await self._under_lease(lease, work, give_up_after=None)
+        except BaseException:
+            work.cancel()  # the request itself is being cancelled
+            raise
+        if ended is _Ended.LEASE_LOST:
+            work.cancel()
+            await asyncio.wait({work})
+            return await self._after_lost_lease(attempt)
+        try:
+            settled = work.result()
+        except Exception:
+            log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
+            await self._give_up(attempt)
+            op = str(context.operation_id)
+            return Problem(
+                "internal-error",
+                "the attempt failed before its outcome was known; safe to retry",
+                op,
+                state="unknown",
+            )
+        await self._failpoints.hit("effect.after_commit")
+        await self._failpoints.hit("settle.after")
+        return answer_of(_answer_after(settled))
+
+    # -- external -----------------------------------------------------------------------------
+
+    async def _external(
+        self,
+        external: ExternalHandler,
+        context: ExecutionContext,
+        attempt: AttemptRef,
+        body: Any,
+        lease: Lease,
+    ) -> Answer:
+        operation_id = context.operation_id
+        # the call may still answer for the late-response window after the attempt gives up
+        call = asyncio.create_task(
+            _bounded(
+                external(context, attempt.reservation, body),
+                self._provider_timeout + self._late_window,
+            )
+        )
+        try:
+            ended = await self._under_lease(lease, call, give_up_after=self._provider_timeout)
+        except BaseException:
+            # the request itself is being cancelled: the call may still answer, keep it
+            self._late.adopt(call, operation_id)
+            raise
+        if ended is not _Ended.FINISHED:
+            self._late.adopt(call, operation_id)
+            return await self._outcome_unknown(attempt, "no answer in time")
+        op = str(operation_id)
+        try:
+            signed = call.result()
+        except ProviderUnavailable as exc:
+            return await self._outcome_unknown(attempt, str(exc))
+        except Exception as exc:  # a bug is not an outcome
+            log.exception("external call failed", extra={"operation_id": op})
+            return await self._outcome_unknown(attempt, repr(exc))
+        await self._failpoints.hit("effect.before_commit")
+        observation = observation_of(signed.evidence, Source.ATTEMPT)
+        try:
+            settled = await self._store.settle(
+                operation_id, observation, attempt_id=attempt.attempt_id
+            )
+        except Exception:
+            # a definitive answer is never dropped: settle it again in the background
+            log.exception("settling a provider answer failed", extra={"operation_id": op})
+            self._late.settle_later(operation_id, observation)
+            return Problem(
+                "service-unavailable",
+                "the provider answered but the outcome could not be recorded yet; retry",
+                op,
+                retry_after=True,
+            )
+        await self._failpoints.hit("effect.after_commit")
+        await self._failpoints.hit("settle.after")
+        return answer_of(_answer_after(settled))
+
+    # -- endings without an outcome -----------------------------------------------------------
+
+    async def _outcome_unknown(self, attempt: AttemptRef, why: str) -> Answer:
+        """The attempt ends without a definitive answer: ``unknown``, safe to retry."""
+        op = attempt.reservation.operation_id
+        log.warning("external outcome unknown", extra={"operation_id": op, "why": why})
+        settled = await self._store.settle(
+            uuid.UUID(op), _attempt_observation(attempt), attempt_id=attempt.attempt_id
+        )
+        match _answer_after(settled):
+            case Unsettled():
+                return Problem(
+                    "operation-outcome-unknown",
+                    f"the provider gave no definitive answer ({why}); "
+                    "retry with the same key: the provider never pays twice",
+                    op,
+                    state="unknown",
+                    retry_after=True,
+                )
+            case settled_meanwhile:  # a definitive answer was settled meanwhile
+                return answer_of(settled_meanwhile)
+
+    async def _after_lost_lease(self, attempt: AttemptRef) -> Answer:
+        """The lease was lost and the attempt cancelled, possibly mid-commit: say what the row
+        says. Only a commit under this attempt's own fencing token is this attempt's outcome."""
+        op = attempt.reservation.operation_id
+        log.warning("lease lost during execution", extra={"operation_id": op})
+        record = None
+        with contextlib.suppress(Exception):
+            record = await self._store.get(uuid.UUID(op))
+        if record is not None:
+            answer = attempt_answer(
+                record, stored_by_attempt=record.fencing_token == attempt.fencing_token
+            )
+            if not isinstance(answer, Unsettled):
+                return answer_of(answer)
+        await self._give_up(attempt)  # ignored if another attempt took over
+        return Problem(
+            "lease-unavailable",
+            "this attempt lost its lease before its outcome committed; retry",
+            op,
+            retry_after=True,
+        )
+
+    async def _give_up(self, attempt: AttemptRef) -> None:
+        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
+        with contextlib.suppress(Exception):
+            await self._store.settle(
+                uuid.UUID(attempt.reservation.operation_id),
+                _attempt_observation(attempt),
+                attempt_id=attempt.attempt_id,
+            )
+
+
+def _attempt_observation(
+    attempt: AttemptRef,
+    kind: ObservationKind = ObservationKind.UNKNOWN,
+    produced: Outcome | None = None,
+) -> Observation:
+    """What this attempt reports about itself, under its own fencing token."""
+    result = None
+    if produced is not None:
+        result = Result(
+            status=produced.status,
+            content_type=produced.content_type,
+            body=produced.body,
+            digest=result_digest(produced.status, produced.content_type, produced.body),
+        )
+    return Observation(
+        tuple=attempt.reservation,
+        kind=kind,
+        source=Source.ATTEMPT,
+        fencing_token=attempt.fencing_token,
+        result=result,
+    )
+
+
+def _answer_after(settled: Settled) -> AttemptAnswer:
+    """What the row says after this attempt's own settlement: ``replayed`` unless it stored
+    the outcome."""
+    stored = isinstance(settled.decision, Apply) and settled.record.state.terminal
+    return attempt_answer(settled.record, stored_by_attempt=stored)
+
+
+def _attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef, ExecutionContext]:
+    """What a freshly claimed attempt knows about itself."""
+    record = claimed.record
+    assert record is not None and claimed.attempt_id is not None
+    attempt = AttemptRef(
+        attempt_id=claimed.attempt_id,
+        reservation=record.tuple,
+        fencing_token=record.fencing_token,
+    )
+    context = ExecutionContext(
+        principal=principal,
+        operation_id=uuid.UUID(record.tuple.operation_id),
+        binding_generation=record.tuple.binding_generation,
+    )
+    return attempt, context
+
+
+async def _bounded(call: Awaitable[SignedEvidence], limit: float) -> SignedEvidence:
+    """Bound an external call in total time; past it there is no answer to wait for."""
+    try:
+        async with asyncio.timeout(limit):
+            return await call
+    except TimeoutError as exc:
+        raise ProviderUnavailable(f"no answer within {limit:g}s") from exc

@@ -1,0 +1,96 @@
+"""What an idempotent route declares: its scope name, body schema, roles and its effect.
+
+A **local** effect writes its rows on the settlement transaction's connection and returns the
+:class:`Outcome` to store; it commits only with its settlement. An **external** effect sends
+the request downstream under the sink key and returns verified evidence of a definitive
+answer, or raises ``ProviderUnavailable`` when there is none. A handler that raises
+``BusinessFailure`` has a terminal ``failed`` outcome, stored and replayed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.app.answers import ProblemDocument
+from service.core import ReservationTuple
+from service.domain.ledger import BusinessFailure
+from service.evidence import SignedEvidence
+from service.store.principals import Principal, Role
+
+__all__ = [
+    "PROBLEM_CONTENT_TYPE",
+    "ExecutionContext",
+    "ExternalHandler",
+    "IdempotentRoute",
+    "LocalHandler",
+    "Outcome",
+    "business_outcome",
+]
+
+JSON = "application/json"
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+
+# Business failures a route may store as terminal outcomes: (status, title).
+BUSINESS_FAILURES: dict[str, tuple[int, str]] = {
+    "insufficient-funds": (402, "Insufficient funds"),
+    "account-not-found": (404, "Account not found"),
+    "currency-mismatch": (422, "Currency mismatch"),
+    "balance-limit": (422, "Balance limit exceeded"),
+    "payout-declined": (402, "Payout declined"),
+}
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    """What a handler produced: the response to store and replay."""
+
+    status: int
+    body: bytes
+    content_type: str = JSON
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionContext:
+    principal: Principal
+    operation_id: uuid.UUID
+    binding_generation: int
+
+
+LocalHandler = Callable[[AsyncConnection, ExecutionContext, Any], Awaitable[Outcome]]
+ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotentRoute:
+    """Declares a route idempotent: exactly one of ``execute`` (local) or ``external``."""
+
+    route: str
+    body_type: type[msgspec.Struct]
+    execute: LocalHandler | None = None
+    external: ExternalHandler | None = None
+    roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
+
+    def __post_init__(self) -> None:
+        if (self.execute is None) == (self.external is None):
+            raise ValueError(f"{self.route}: declare exactly one of execute or external")
+
+
+def business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outcome:
+    """A business failure as the problem document stored (and replayed) as its outcome."""
+    status, title = BUSINESS_FAILURES[failure.slug]
+    problem = ProblemDocument(
+        type=f"/problems/{failure.slug}",
+        title=title,
+        status=status,
+        detail=failure.detail,
+        operation_id=str(operation_id),
+        state="failed",
+    )
+    return Outcome(
+        status=status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
+    )

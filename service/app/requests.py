@@ -1,0 +1,162 @@
+"""The idempotent request (DESIGN §5 steps 2-7), with no HTTP and no SQL.
+
+Given an authenticated principal, a parsed key and a validated body:
+
+2. one indexed read of the scope's row; the core decides: replay a terminal match, refuse a
+   mismatch or a conflict (no lease is taken for any of these);
+3. take the scope's Redis lease (held by a live attempt: 409, or ``Prefer: wait``);
+4. claim in PostgreSQL with one CAS, which creates the attempt row and its fencing token;
+5-6. run the attempt under a heartbeat and settle it (:mod:`service.app.attempts`);
+7. release the lease.
+
+Everything returned is an :data:`~service.app.answers.Answer` for HTTP to render.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from service.app.answers import Answer, Problem, answer_of, busy, with_preference
+from service.app.attempts import Attempts
+from service.app.effects import IdempotentRoute
+from service.app.fingerprint import fingerprint
+from service.core import (
+    Binding,
+    Claim,
+    ClaimRequest,
+    InProgress,
+    Record,
+    Scope,
+    decide_claim,
+)
+from service.failpoints import Failpoints
+from service.leases import LeaseManager, LeaseUnavailable
+from service.store.notify import TerminalWaiter
+from service.store.principals import Principal
+from service.store.settlement import RowLocked, SettlementContention, SettlementStore
+
+__all__ = ["IdempotentRequests"]
+
+
+class IdempotentRequests:
+    def __init__(
+        self,
+        *,
+        store: SettlementStore,
+        leases: LeaseManager,
+        waiter: TerminalWaiter,
+        attempts: Attempts,
+        failpoints: Failpoints,
+        clock: Callable[[], float],
+    ) -> None:
+        self._store = store
+        self._leases = leases
+        self._waiter = waiter
+        self._attempts = attempts
+        self._failpoints = failpoints
+        self._clock = clock
+
+    async def handle(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        key: str,
+        body: msgspec.Struct,
+        *,
+        path_params: dict[str, Any] | None = None,
+        wait: float = 0.0,
+    ) -> Answer:
+        """Execute the request once, or answer what its earlier execution settled.
+
+        ``wait``: seconds to wait for an attempt in progress to settle (``Prefer: wait``).
+        """
+        scope = Scope(
+            tenant=principal.tenant,
+            principal_id=principal.id,
+            route=spec.route,
+            idempotency_key=key,
+        )
+        claim = ClaimRequest(
+            request_fingerprint=fingerprint(spec.route, path_params or {}, body),
+            binding=Binding(str(principal.id), principal.credential_generation),
+            new_operation_id=str(uuid.uuid4()),
+            lease_expires_at=self._clock() + self._leases.ttl,
+        )
+        try:
+            return await self._run(spec, principal, scope, claim, body, wait)
+        except RowLocked:
+            return busy(scope)
+        except SettlementContention as exc:
+            return Problem("service-unavailable", str(exc), retry_after=True)
+
+    async def _run(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        claim: ClaimRequest,
+        body: Any,
+        wait: float,
+    ) -> Answer:
+        record = await self._store.get_by_scope(scope)
+        if record is not None:
+            match decide_claim(record, claim, self._clock()):
+                case Claim() | InProgress():
+                    pass  # take the lease, then decide again under the row lock
+                case answered:
+                    return answer_of(answered)
+        try:
+            lease = await self._leases.acquire(scope.lease_name())
+        except LeaseUnavailable:
+            return Problem(
+                "lease-unavailable",
+                "the lease store is unreachable; no new execution without a lease",
+                None if record is None else record.tuple.operation_id,
+                retry_after=True,
+            )
+        if lease is None:
+            return await self._in_progress(scope, claim, record, wait)
+        try:
+            claimed = await self._store.claim(
+                scope,
+                claim,
+                lease_token=lease.token,
+                holds_lease=True,
+                assume_absent=record is None,
+            )
+            if not isinstance(claimed.decision, Claim):
+                return answer_of(claimed.decision)
+            await self._failpoints.hit("claim.after")
+            return await self._attempts.run(spec, principal, body, claimed, lease)
+        finally:
+            with contextlib.suppress(LeaseUnavailable):
+                await self._leases.release(lease)
+
+    async def _in_progress(
+        self, scope: Scope, claim: ClaimRequest, record: Record | None, wait: float
+    ) -> Answer:
+        """Another attempt holds the lease: 409, or wait for its settlement and replay."""
+        if record is None:
+            record = await self._store.get_by_scope(scope)
+        if record is None:
+            return busy(scope)  # the winner has not inserted its row yet
+        operation_id = record.tuple.operation_id
+        if wait > 0:
+            async with self._waiter.wait_for(operation_id) as settled:
+                current = await self._store.get_by_scope(scope)
+                if current is not None and not current.state.terminal:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(settled, wait)
+                    current = await self._store.get_by_scope(scope)
+            if current is not None and current.state.terminal:
+                decided = answer_of(decide_claim(current, claim, self._clock()))
+                return with_preference(decided, f"wait={wait:g}")
+        return answer_of(
+            InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at or 0.0)
+        )

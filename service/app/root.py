@@ -1,0 +1,157 @@
+"""The composition root: everything one server process holds, built once from ``Settings``.
+
+``Settlement.open`` makes the engine and the Redis client, checks the schema is at head and
+wires every use case with the same injected clock; the HTTP layer receives the result through
+Litestar's dependency injection and only calls its use cases. ``close`` undoes ``open``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app.admin import Admin
+from service.app.attempts import Attempts
+from service.app.effects import IdempotentRoute
+from service.app.evidence import EvidenceIntake
+from service.app.late import LateAnswers
+from service.app.requests import IdempotentRequests
+from service.app.routes import ACCOUNTS, TRANSFERS, payouts
+from service.app.status import StatusQueries
+from service.app.sweeper import Sweeper
+from service.config import ConfigError, Settings
+from service.domain.payouts import ProviderClient
+from service.failpoints import Failpoints
+from service.leases import LeaseManager, make_redis
+from service.store.db import make_engine, reader
+from service.store.migrate import ensure_current
+from service.store.notify import TerminalWaiter
+from service.store.principals import PrincipalStore
+from service.store.settlement import SettlementStore
+from service.telemetry import Metrics
+
+__all__ = ["Settlement", "require_endpoints"]
+
+
+class Settlement:
+    """One server process's services and use cases."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        redis: Redis,
+        *,
+        database_url: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
+        self.redis = redis
+        self.metrics = Metrics()
+        self.store = SettlementStore(
+            engine,
+            hooks=self.metrics,
+            policy=settings.terminal_policy,
+            retention=settings.retention,
+            max_retries=settings.settle_max_retries,
+            clock=clock,
+        )
+        self.principals = PrincipalStore(engine)
+        self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
+        self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
+        self.failpoints = Failpoints.from_settings(settings)
+        self.provider: ProviderClient | None = None
+        if settings.provider_url and settings.provider_secret:
+            # the client's own bound is the late window; each attempt waits provider_timeout
+            self.provider = ProviderClient(
+                settings.provider_url,
+                settings.provider_secret,
+                timeout=settings.provider_timeout + settings.late_response_window,
+            )
+        self.accounts, self.transfers = ACCOUNTS, TRANSFERS
+        self.payouts = payouts(self.provider)
+        self.routes: dict[str, IdempotentRoute] = {
+            spec.route: spec for spec in (self.accounts, self.transfers, self.payouts)
+        }
+        self.late = LateAnswers(self.store, self.metrics)
+        self.requests = IdempotentRequests(
+            store=self.store,
+            leases=self.leases,
+            waiter=self.waiter,
+            attempts=Attempts(
+                store=self.store,
+                leases=self.leases,
+                late=self.late,
+                failpoints=self.failpoints,
+                provider_timeout=settings.provider_timeout,
+                late_response_window=settings.late_response_window,
+            ),
+            failpoints=self.failpoints,
+            clock=clock,
+        )
+        self.evidence = EvidenceIntake(
+            self.store,
+            secret=settings.provider_secret,
+            external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+        )
+        self.status = StatusQueries(self.reader, self.leases, clock=clock)
+        self.admin = Admin(
+            principals=self.principals,
+            store=self.store,
+            reader=self.reader,
+            leases=self.leases,
+            routes=self.routes,
+        )
+        self.sweeper = Sweeper(
+            self.store, self.leases, self.metrics, interval=settings.sweep_interval
+        )
+        self._sweeping: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Settlement:
+        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper."""
+        require_endpoints(settings)
+        assert settings.database_url is not None and settings.redis_url is not None
+        engine = make_engine(settings, settings.database_url)
+        redis = make_redis(settings, settings.redis_url)
+        try:
+            await ensure_current(engine)
+            settlement = cls(settings, engine, redis, database_url=settings.database_url)
+            if settings.bootstrap_admin_key:
+                await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
+        except BaseException:
+            await redis.aclose()
+            await engine.dispose()
+            raise
+        settlement._sweeping = asyncio.create_task(settlement.sweeper.run(), name="lease-sweeper")
+        return settlement
+
+    async def close(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
+        try:
+            await self.late.close()
+            await self.waiter.close()
+            if self.provider is not None:
+                await self.provider.close()
+        finally:
+            await self.redis.aclose()
+            await self.engine.dispose()
+
+
+def require_endpoints(settings: Settings) -> None:
+    """A server needs both URLs (``--embedded`` fills in the missing ones)."""
+    if settings.database_url is None or settings.redis_url is None:
+        raise ConfigError(
+            "SETTLEMENT_DATABASE_URL and SETTLEMENT_REDIS_URL must be set "
+            "(or start with `settlement serve --embedded`)"
+        )

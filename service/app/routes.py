@@ -1,0 +1,53 @@
+"""The idempotent routes: where a new one is declared (its scope name, schema and effect)."""
+
+from __future__ import annotations
+
+import msgspec
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
+from service.core import ReservationTuple
+from service.domain import ledger
+from service.domain.payouts import PayoutRequest, ProviderClient, ProviderUnavailable
+from service.evidence import SignedEvidence
+
+__all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
+
+
+async def _create_account(
+    conn: AsyncConnection, ctx: ExecutionContext, body: ledger.AccountRequest
+) -> Outcome:
+    account = await ledger.create_account(
+        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
+    return Outcome(status=201, body=msgspec.json.encode(account))
+
+
+async def _transfer(
+    conn: AsyncConnection, ctx: ExecutionContext, body: ledger.TransferRequest
+) -> Outcome:
+    made = await ledger.transfer(
+        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
+    return Outcome(status=201, body=msgspec.json.encode(made))
+
+
+ACCOUNTS = IdempotentRoute(
+    route="POST /v1/accounts", body_type=ledger.AccountRequest, execute=_create_account
+)
+TRANSFERS = IdempotentRoute(
+    route="POST /v1/transfers", body_type=ledger.TransferRequest, execute=_transfer
+)
+
+
+def payouts(provider: ProviderClient | None) -> IdempotentRoute:
+    """``POST /v1/payouts``: an external effect through the downstream provider."""
+
+    async def pay(
+        ctx: ExecutionContext, reservation: ReservationTuple, body: PayoutRequest
+    ) -> SignedEvidence:
+        if provider is None:
+            raise ProviderUnavailable("no provider is configured (SETTLEMENT_PROVIDER_URL)")
+        return await provider.pay(reservation, body)
+
+    return IdempotentRoute(route="POST /v1/payouts", body_type=PayoutRequest, external=pay)

@@ -1,0 +1,72 @@
+"""The status resource: what happened to operation X? The owner or a tenant admin only.
+
+Anyone else is told the operation does not exist (never reveal existence). Heartbeats extend
+the lease in Redis, not in the row, so the lease shown is Redis's view.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app.answers import Problem
+from service.core import Scope
+from service.leases import LeaseManager, LeaseUnavailable
+from service.store.principals import Principal, Role
+from service.store.status import OperationView, find_by_key, operation_view
+
+__all__ = ["StatusQueries"]
+
+# A lease key without an expiry would read as infinite; no lease is shown as longer than a day.
+MAX_SHOWN_LEASE = 86_400.0
+
+
+class StatusQueries:
+    def __init__(
+        self, reader: AsyncEngine, leases: LeaseManager, *, clock: Callable[[], float]
+    ) -> None:
+        self._reader = reader
+        self._leases = leases
+        self._clock = clock
+
+    async def by_id(self, principal: Principal, operation_id: uuid.UUID) -> OperationView | Problem:
+        view = await operation_view(self._reader, operation_id)
+        return await self._shown(principal, view, str(operation_id))
+
+    async def by_key(
+        self, principal: Principal, key: str, route: str | None
+    ) -> OperationView | Problem:
+        view = await find_by_key(self._reader, principal.tenant, principal.id, key, route)
+        return await self._shown(principal, view, f"with key {key!r}")
+
+    async def _shown(
+        self, principal: Principal, view: OperationView | None, what: str
+    ) -> OperationView | Problem:
+        if view is None or not _may_read(principal, view):
+            return Problem("not-found", f"no operation {what}")
+        if view.lease is not None:
+            view.lease.expires_at = await self._lease_expiry(view)
+        return view
+
+    async def _lease_expiry(self, view: OperationView) -> datetime | None:
+        """Redis's view of the lease (None when it is gone); the row's claim-time value if
+        Redis cannot be asked."""
+        assert view.lease is not None
+        scope = Scope(view.tenant, view.principal_id, view.route, view.key)
+        try:
+            remaining = await self._leases.remaining(scope.lease_name())
+        except LeaseUnavailable:
+            return view.lease.expires_at
+        if remaining is None:
+            return None
+        now = datetime.fromtimestamp(self._clock(), UTC)
+        return now + timedelta(seconds=min(remaining, MAX_SHOWN_LEASE))
+
+
+def _may_read(principal: Principal, view: OperationView) -> bool:
+    if view.principal_id == principal.id:
+        return True
+    return principal.role is Role.ADMIN and principal.may_act_in(view.tenant)
