@@ -105,7 +105,7 @@ def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Itera
     if not embedded:
         missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
         raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
-    from service.embedded import EmbeddedServices
+    from devstack import EmbeddedServices
 
     data_dir = Path(settings.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +182,7 @@ def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str
 
     import httpx
 
-    from service.embedded import die_with_parent
+    from devstack import die_with_parent
 
     data_dir = Path(settings.data_dir).resolve()
     secret = settings.provider_secret or _local_secret(data_dir / "provider.secret")
