@@ -191,7 +191,7 @@ def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str
         [
             sys.executable,
             "-m",
-            "service.provider",
+            "devstack.provider",
             "--port",
             str(port),
             "--db",
@@ -286,7 +286,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _provider_sim(args: argparse.Namespace, settings: Settings) -> int:
-    from service.provider.__main__ import main as provider_main
+    from devstack.provider.__main__ import main as provider_main
 
     db = args.db or str(Path(settings.data_dir) / "provider.sqlite3")
     Path(db).parent.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ class ProviderProcess:
             [
                 sys.executable,
                 "-m",
-                "service.provider",
+                "devstack.provider",
                 "--port",
                 str(self.port),
                 "--db",

@@ -48,7 +48,7 @@ def _free_port() -> int:
 
 
 class ProviderProcess:
-    """``python -m service.provider`` on a free port, with its secret from the environment."""
+    """``python -m devstack.provider`` on a free port, with its secret from the environment."""
 
     def __init__(self, db_path: Path) -> None:
         self.db_path = db_path
@@ -62,7 +62,7 @@ class ProviderProcess:
             [
                 sys.executable,
                 "-m",
-                "service.provider",
+                "devstack.provider",
                 "--port",
                 str(self.port),
                 "--db",
