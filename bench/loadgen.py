@@ -189,7 +189,7 @@ def run_pgbench(
     log_path: Path | None = None,
 ) -> LoadResult:
     """pgbench -M prepared with a custom script; latencies from its per-transaction log."""
-    from service.embedded import EmbeddedPostgres
+    from devstack import EmbeddedPostgres
 
     name = Path(script).stem
     for old in work_dir.glob(f"pgbench_{name}*"):

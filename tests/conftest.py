@@ -35,7 +35,7 @@ def services() -> Iterator[Services]:
     if database_url and redis_url:
         yield Services(database_url, redis_url)
         return
-    from service.embedded import EmbeddedServices
+    from devstack import EmbeddedServices
 
     data_dir = Path(tempfile.mkdtemp(prefix="settlement-test-"))
     try:

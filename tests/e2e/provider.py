@@ -1,7 +1,8 @@
-"""The provider simulator as a real process, for end-to-end payout tests."""
+"""The provider simulator as a real process, for the simulator's own tests and payout tests."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,71 +17,72 @@ import httpx
 from tests.e2e.server import START_TIMEOUT, STOP_TIMEOUT, free_port
 
 SECRET = "e2e-provider-secret"
+# Client timeout for ordinary calls; the simulator answers in milliseconds.
+CALL_TIMEOUT = 5.0
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class ProviderProcess:
+    """``python -m devstack.provider`` on a free port, with its secret from the environment.
+
+    Payments go to ``db_path`` (default: a throw-away file); ``output()`` is what it logged.
+    """
+
     def __init__(self, db_path: Path | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._dir = tempfile.TemporaryDirectory(prefix="settlement-provider-")
         self.db_path = db_path or Path(self._dir.name) / "provider.sqlite3"
+        self._log_path = Path(self._dir.name) / "provider.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service.provider",
-                "--port",
-                str(self.port),
-                "--db",
-                str(self.db_path),
-                "--secret",
-                SECRET,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            cwd=Path(__file__).resolve().parents[2],
-        )
+        with self._log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "devstack.provider",
+                    "--port",
+                    str(self.port),
+                    "--db",
+                    str(self.db_path),
+                ],
+                env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": SECRET},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "provider exited during start"
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"simulator exited with {self.proc.returncode}:\n{self.output()}"
+                )
             try:
-                httpx.get(f"{self.base_url}/health", timeout=1.0)
-                return self
+                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
+                    return self
             except httpx.TransportError:
-                time.sleep(0.1)
-        raise RuntimeError("provider did not start")
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"simulator did not answer within {START_TIMEOUT}s:\n{self.output()}")
 
-    def arm(self, mode: str, count: int = 1, delay_ms: int | None = None) -> None:
-        fault: dict[str, Any] = {"mode": mode, "count": count}
-        if delay_ms is not None:
-            fault["delay_ms"] = delay_ms
-        response = httpx.post(f"{self.base_url}/_sim/faults", json=fault)
-        assert response.status_code == 200, response.text
-
-    def clear(self) -> None:
-        assert httpx.delete(f"{self.base_url}/_sim/faults").status_code == 200
-
-    def total(self) -> int:
-        response = httpx.get(f"{self.base_url}/_sim/payments")
-        assert response.status_code == 200, response.text
-        return int(response.json()["count"])
-
-    def counts(self, sink_key: str) -> dict[str, int]:
-        response = httpx.get(f"{self.base_url}/_sim/payments", params={"key": sink_key})
-        assert response.status_code == 200, response.text
-        return {"count": response.json()["count"], "declines": response.json()["declines"]}
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after the stop timeout; the exit status (None: never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self._log_path.read_text(errors="replace")
 
     def __enter__(self) -> Self:
         return self.start()
@@ -93,3 +95,35 @@ class ProviderProcess:
     ) -> None:
         self.stop()
         self._dir.cleanup()
+
+    # --- calls -------------------------------------------------------------------------------
+
+    def pay(
+        self, body: dict[str, Any], key: str | None, *, timeout: float = CALL_TIMEOUT
+    ) -> httpx.Response:
+        headers = {} if key is None else {"Idempotency-Key": key}
+        return httpx.post(f"{self.base_url}/payments", json=body, headers=headers, timeout=timeout)
+
+    def arm(self, mode: str, count: int = 1, delay_ms: int | None = None) -> None:
+        fault: dict[str, Any] = {"mode": mode, "count": count}
+        if delay_ms is not None:
+            fault["delay_ms"] = delay_ms
+        response = httpx.post(f"{self.base_url}/_sim/faults", json=fault, timeout=CALL_TIMEOUT)
+        assert response.status_code == 200, response.text
+
+    def clear_faults(self) -> None:
+        response = httpx.delete(f"{self.base_url}/_sim/faults", timeout=CALL_TIMEOUT)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"armed": []}
+
+    def counts(self, key: str | None = None) -> dict[str, int]:
+        """``{count, declines}`` of one sink key, or of every payment."""
+        params = {} if key is None else {"key": key}
+        response = httpx.get(f"{self.base_url}/_sim/payments", params=params, timeout=CALL_TIMEOUT)
+        assert response.status_code == 200, response.text
+        counts: dict[str, int] = response.json()
+        return counts
+
+    def total(self) -> int:
+        """Committed payments over every sink key."""
+        return self.counts()["count"]

@@ -61,10 +61,10 @@ def provider() -> Iterator[ProviderProcess]:
 @pytest.fixture(autouse=True)
 def paid(provider: ProviderProcess) -> Iterator[Callable[[], int]]:
     """Payments made during this test, over every sink key; no armed fault leaks out."""
-    provider.clear()
+    provider.clear_faults()
     before = provider.total()
     yield lambda: provider.total() - before
-    provider.clear()
+    provider.clear_faults()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.embedded import EmbeddedRedis
+from devstack import EmbeddedRedis
 from tests.e2e.client import ADMIN_KEY, balance, new_account, new_principal, scalar, transfer
 from tests.e2e.server import ServerProcess
 

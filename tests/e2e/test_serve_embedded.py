@@ -96,7 +96,7 @@ def _assert_all_servers_running(children: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.Error):
             lines.append(" ".join(child.cmdline()))
     running = " ".join(lines)
-    for name in ("postgres", "redis-server", "service.provider"):
+    for name in ("postgres", "redis-server", "devstack.provider"):
         assert name in running, f"{name} was not found running"
 
 

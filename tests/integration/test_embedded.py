@@ -22,7 +22,7 @@ import psutil
 import pytest
 import redis
 
-from service.embedded import (
+from devstack import (
     SYSTEM_USER,
     EmbeddedPostgres,
     EmbeddedServiceError,
@@ -42,7 +42,7 @@ OWNER_EXIT_TIMEOUT = 30.0
 OWNER = """
 import json, sys, time
 from pathlib import Path
-from service.embedded import EmbeddedServices
+from devstack import EmbeddedServices
 
 try:
     with EmbeddedServices(Path(sys.argv[1]), durable=False) as services:

@@ -3,11 +3,7 @@ evidence, faults that behave like a real provider's failures, and a store that s
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -15,132 +11,21 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 import msgspec
 import pytest
 
 from service.evidence import SignedEvidence, verify
+from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess
 
-SECRET = "s3cret"
-# A simulator that has not answered /health by then has failed to start.
-START_TIMEOUT = 20.0
-# SIGTERM to exit; nothing is in flight when the tests stop it.
-STOP_TIMEOUT = 10.0
-# Client timeout for ordinary calls; the simulator answers in milliseconds.
-CALL_TIMEOUT = 5.0
 # Concurrent identical calls in the one-winner test.
 CONCURRENT_CALLS = 20
 # Delayed-commit test: the simulator sleeps this long, the client gives up much earlier.
 DELAY_MS = 1500
 CLIENT_TIMEOUT = 0.3
 COMMIT_DEADLINE = 3.0
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class ProviderProcess:
-    """``python -m service.provider`` on a free port, with its secret from the environment."""
-
-    def __init__(self, db_path: Path) -> None:
-        self.db_path = db_path
-        self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self._log = tempfile.NamedTemporaryFile(prefix="provider-sim-", suffix=".log")  # noqa: SIM115 - closed in __exit__
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Self:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "service.provider",
-                "--port",
-                str(self.port),
-                "--db",
-                str(self.db_path),
-            ],
-            env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": SECRET},
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
-        deadline = time.monotonic() + START_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"simulator exited with {self.proc.returncode}:\n{self.output()}"
-                )
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"simulator did not answer within {START_TIMEOUT}s:\n{self.output()}")
-
-    def stop(self) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-    def output(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-        self._log.close()
-
-    # --- calls -------------------------------------------------------------------------------
-
-    def pay(
-        self, body: dict[str, Any], key: str | None, *, timeout: float = CALL_TIMEOUT
-    ) -> httpx.Response:
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return httpx.post(f"{self.base_url}/payments", json=body, headers=headers, timeout=timeout)
-
-    def arm(self, mode: str, count: int = 1, **extra: int) -> None:
-        response = httpx.post(
-            f"{self.base_url}/_sim/faults",
-            json={"mode": mode, "count": count, **extra},
-            timeout=CALL_TIMEOUT,
-        )
-        assert response.status_code == 200, response.text
-
-    def clear_faults(self) -> None:
-        assert httpx.delete(f"{self.base_url}/_sim/faults", timeout=CALL_TIMEOUT).json() == {
-            "armed": []
-        }
-
-    def counts(self, key: str | None = None) -> dict[str, int]:
-        params = {} if key is None else {"key": key}
-        response = httpx.get(f"{self.base_url}/_sim/payments", params=params, timeout=CALL_TIMEOUT)
-        assert response.status_code == 200, response.text
-        counts: dict[str, int] = response.json()
-        return counts
 
 
 def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:

