@@ -26,7 +26,6 @@ import functools
 import json
 import os
 import platform
-import resource
 import secrets
 import sys
 import time
@@ -50,7 +49,8 @@ from bench.loadgen import (
     send_all,
     write_requests,
 )
-from bench.stack import ServerProcess, Stack, Usage, machine_busy_seconds, sample
+from bench.stack import ServerProcess, Stack
+from bench.usage import Usage, machine_busy_seconds, process_cpu_seconds, sample
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TRANSFERS = "/v1/transfers"
@@ -176,9 +176,9 @@ class Bench:
             postgres=stack.postgres_processes,
             redis=stack.redis_processes,
         ) as usage:
-            before = _rusage()
+            before = process_cpu_seconds()
             result = run()
-            after = _rusage()
+            after = process_cpu_seconds()
         # the load generator's CPU: wrk / pgbench (reaped children of this process), and this
         # process (the contention client, the sampler)
         usage.cpu_seconds["loadgen"] = after - before
@@ -697,13 +697,6 @@ def _skew(usage: Usage) -> float:
 
 def _split(usage: Usage) -> str:
     return "/".join(str(usage.worker_connections[pid]) for pid in sorted(usage.worker_connections))
-
-
-def _rusage() -> float:
-    """CPU seconds used by this process and its reaped children so far."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def main() -> int:

@@ -17,7 +17,7 @@ Each segment starts new wrk processes (new connections, new keys): throughput is
 segment, so a slowdown over the run shows too.
 
 The RSS (and USS) of each worker is sampled every SOAK_INTERVAL seconds with psutil, and its
-peak every 0.1 s (``bench.stack.sample``, with the CPU used by each group). Per worker the
+peak every 0.1 s (``bench.usage.sample``, with the CPU used by each group). Per worker the
 report gives RSS at SOAK_BASELINE seconds (the end of minute 1, after warm-up), at the end,
 the peak, the growth from minute 1 to the end, and the least-squares slope in MiB/min (from
 minute 1 on, and over the whole run). Prints a table; writes ``bench/results/<date>-soak.json``
@@ -39,9 +39,7 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -52,8 +50,17 @@ import psutil
 
 from bench import fixtures
 from bench.loadgen import LoadResult, ensure_wrk, run_wrk, write_requests
-from bench.run import NOISE_CORES, RESULTS, TRANSFERS, Bench, Config, Fixture, _rusage
-from bench.stack import MIB, ServerProcess, Stack, Usage, machine_busy_seconds, sample
+from bench.run import NOISE_CORES, RESULTS, TRANSFERS, Bench, Config, Fixture
+from bench.stack import ServerProcess, Stack
+from bench.usage import (
+    MIB,
+    RssSeries,
+    Usage,
+    machine_busy_seconds,
+    process_cpu_seconds,
+    sample,
+    sample_series,
+)
 
 # The goal: peak RSS per worker (MB, 10^6 bytes) and growth from minute 1 to the end (%).
 PEAK_GOAL_MB = 150.0
@@ -125,58 +132,6 @@ class Segment:
             "client_connections_per_worker": self.connections,
             **{name: result.as_dict() for name, result in self.results.items()},
         }
-
-
-@dataclass
-class RssSeries:
-    """RSS and USS of each worker (in pid order) every ``interval`` seconds."""
-
-    pids: list[int]
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    lost: set[int] = field(default_factory=set)
-
-    def take(self, workers: list[psutil.Process], t: float) -> None:
-        rss: list[float | None] = []
-        uss: list[float | None] = []
-        for p in workers:
-            try:
-                info = p.memory_full_info()
-            except psutil.Error:
-                self.lost.add(p.pid)
-                rss.append(None)
-                uss.append(None)
-                continue
-            rss.append(round(info.rss / MIB, 2))
-            uss.append(round(info.uss / MIB, 2))
-        self.samples.append({"t_s": round(t, 1), "rss_mib": rss, "uss_mib": uss})
-
-    def column(self, i: int, what: str = "rss_mib") -> list[tuple[float, float]]:
-        return [(s["t_s"], s[what][i]) for s in self.samples if s[what][i] is not None]
-
-
-@contextlib.contextmanager
-def sample_series(
-    workers: list[psutil.Process], interval: float, began: float, series: RssSeries
-) -> Iterator[RssSeries]:
-    """Sample every ``interval`` seconds from ``began`` (t = 0, interval, 2 interval, ...)
-    while the block runs; one last sample when it ends."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        k = 1
-        while not stop.wait(max(0.0, began + k * interval - time.monotonic())):
-            series.take(workers, time.monotonic() - began)
-            k += 1
-
-    series.take(workers, time.monotonic() - began)
-    thread = threading.Thread(target=loop, name="rss-series", daemon=True)
-    thread.start()
-    try:
-        yield series
-    finally:
-        stop.set()
-        thread.join(5)
-        series.take(workers, time.monotonic() - began)
 
 
 def slope_per_minute(points: list[tuple[float, float]]) -> float | None:
@@ -264,7 +219,7 @@ class Soak:
         )
         began = time.monotonic()
         deadline = began + cfg.duration
-        before = _rusage()
+        before = process_cpu_seconds()
         with (
             sample(
                 workers,
@@ -283,7 +238,7 @@ class Soak:
                 )
                 self.progress(self.segments[-1])
             self.load_seconds = time.monotonic() - began
-        self.loadgen_seconds = _rusage() - before
+        self.loadgen_seconds = process_cpu_seconds() - before
         usage.cpu_seconds["loadgen"] = self.loadgen_seconds
         self.usage = usage
         gone = set(self.series.pids) - {p.pid for p in server.worker_processes()}
