@@ -23,49 +23,34 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
-import platform
-import secrets
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 
-from bench import fixtures
+from bench import fixtures, session
+from bench.fixtures import ROUTE, TRANSFERS, Fixture
 from bench.loadgen import (
     ContentionRound,
     LoadResult,
     contention,
-    ensure_wrk,
     raw_request,
     run_pgbench,
     run_wrk,
-    send_all,
     write_requests,
 )
+from bench.session import NOISE_CORES, RESULTS, Session, env_number, machine, save, say, seed
 from bench.stack import ServerProcess, Stack
-from bench.usage import Usage, machine_busy_seconds, process_cpu_seconds, sample
+from bench.usage import Usage, process_cpu_seconds, sample
 
-RESULTS = Path(__file__).resolve().parent / "results"
-TRANSFERS = "/v1/transfers"
-ROUTE = "POST /v1/transfers"
-# Connections of the seeding client (setup, not measured).
-SEED_CONCURRENCY = 32
 # uvicorn's workers share one listening socket, and whichever worker wakes first may accept
 # every connection wrk opens at once. A run whose busiest worker held more than MAX_SKEW
 # times an even share of the connections is measured again, at most BALANCE_RETRIES times.
 MAX_SKEW = 1.5
 BALANCE_RETRIES = 2
-# Cores used by other programs during a scenario above which its numbers are called noisy.
-NOISE_CORES = 0.25
-# What the server logs (at error level, with a traceback) for a request whose client left.
-DISCONNECT = "client disconnected prematurely"
 
 
 @dataclass(frozen=True)
@@ -80,23 +65,13 @@ class Config:
 
     @classmethod
     def from_env(cls) -> Config:
-        def number(name: str, default: float, minimum: float) -> float:
-            raw = os.environ.get(name, "")
-            try:
-                value = float(raw) if raw.strip() else default
-            except ValueError:
-                raise SystemExit(f"{name} must be a number, got {raw!r}") from None
-            if value < minimum:
-                raise SystemExit(f"{name} must be >= {minimum:g}, got {raw!r}")
-            return value
-
         return cls(
-            workers=int(number("BENCH_WORKERS", 2, 1)),
-            duration=number("BENCH_DURATION", 10, 1),
-            connections=int(number("BENCH_CONNECTIONS", 32, 1)),
-            warmup=number("BENCH_WARMUP", 2, 0),
-            contention_clients=int(number("BENCH_CONTENTION_CLIENTS", 200, 2)),
-            seed=int(number("BENCH_SEED", 1000, 1)),
+            workers=int(env_number("BENCH_WORKERS", 2, 1)),
+            duration=env_number("BENCH_DURATION", 10, 1),
+            connections=int(env_number("BENCH_CONNECTIONS", 32, 1)),
+            warmup=env_number("BENCH_WARMUP", 2, 0),
+            contention_clients=int(env_number("BENCH_CONTENTION_CLIENTS", 200, 2)),
+            seed=int(env_number("BENCH_SEED", 1000, 1)),
             log_cost=os.environ.get("BENCH_LOG_COST", "0").strip() in ("1", "true", "yes"),
         )
 
@@ -136,32 +111,18 @@ class Row:
         return out
 
 
-@dataclass
-class Fixture:
-    principal_id: str
-    api_key: str
-    key_hash: str
-    seed_requests: list[bytes] = field(default_factory=list)
-    operation_ids: list[str] = field(default_factory=list)
-
-
 class Bench:
     def __init__(self, config: Config, stamp: str) -> None:
         self.config = config
         self.stamp = stamp
         self.log_dir = RESULTS / f"{stamp}-logs"
+        self.session = Session(self.log_dir)
         self.rows: list[Row] = []
-        self.run_token = secrets.token_hex(3)
-        self.server_log_counts: dict[str, dict[str, int]] = {}
-        self.busy_before = 0.0
         self.last_log_bytes = 0
         self._attempts: list[tuple[float, str]] = []
         self._rounds: list[ContentionRound] = []
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def say(self, text: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
 
     def measure(
         self,
@@ -215,22 +176,13 @@ class Bench:
             if _skew(usage) <= MAX_SKEW:
                 break
             if attempt < BALANCE_RETRIES:
-                self.say(
+                say(
                     f"  connections landed unevenly on the workers ({_split(usage)}, "
                     f"{result.rps:.0f} req/s): measuring again"
                 )
         result, usage, self.last_log_bytes = min(attempts, key=lambda a: _skew(a[1]))
         self._attempts = [(r.rps, _split(u)) for r, u, _ in attempts]
         return result, usage
-
-    def fresh_args(self, fixture: Fixture, path: str, tag: str) -> list[str]:
-        return [
-            path,
-            fixture.api_key,
-            str(fixtures.PAIRS),
-            fixtures.ACCOUNT_PREFIX,
-            f"{tag}-{self.run_token}",
-        ]
 
     def add(self, row: Row) -> None:
         attempts, self._attempts = self._attempts, []
@@ -258,50 +210,17 @@ class Bench:
             cores = "/".join(f"{c:.2f}" for c in usage.worker_cores)
             conns = "/".join(str(usage.worker_connections.get(pid, 0)) for pid in pids)
             line += f"; per worker: peak RSS {rss} MiB, cores {cores}, connections {conns}"
-        self.say(line)
-
-    # -- setup -----------------------------------------------------------------------------
-
-    def transfer_request(self, fixture: Fixture, port: int, key: str, pair: int) -> bytes:
-        source, destination = fixtures.pair(pair)
-        body = json.dumps(
-            {
-                "source": str(source),
-                "destination": str(destination),
-                "amount": 1,
-                "currency": fixtures.CURRENCY,
-            },
-            separators=(",", ":"),
-        ).encode()
-        headers = {"Authorization": f"Bearer {fixture.api_key}", "Idempotency-Key": key}
-        return raw_request("POST", TRANSFERS, port, headers, body)
-
-    def seed(self, fixture: Fixture, server: ServerProcess) -> None:
-        """BENCH_SEED completed transfers with keys replay-1..N (pairs in turn)."""
-        n = self.config.seed
-        fixture.seed_requests = [
-            self.transfer_request(fixture, server.port, f"replay-{i}", (i - 1) % fixtures.PAIRS + 1)
-            for i in range(1, n + 1)
-        ]
-        began = time.monotonic()
-        answers = asyncio.run(
-            send_all(server.port, fixture.seed_requests, concurrency=SEED_CONCURRENCY)
-        )
-        bad = [status for status, _, _ in answers if status != 201]
-        if bad or len(answers) != n:
-            raise RuntimeError(f"seeding failed: {len(answers)} answers, statuses {set(bad)}")
-        fixture.operation_ids = [headers["operation-id"] for _, headers, _ in answers]
-        self.say(f"seeded {n} completed transfers in {time.monotonic() - began:.1f}s")
+        say(line)
 
     # -- scenarios -------------------------------------------------------------------------
 
     def production_scenarios(self, stack: Stack, fixture: Fixture) -> None:
         cfg = self.config
         with stack.production_server(cfg.workers) as server:
-            self.say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
-            self.seed(fixture, server)
+            say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
+            seed(fixture, server, cfg.seed)
 
-            self.say("replay: retries of completed transfers (hot keys)")
+            say("replay: retries of completed transfers (hot keys)")
             requests = write_requests(self.log_dir / "replay.requests", fixture.seed_requests)
             result, usage = self.wrk(stack, server, "cycle.lua", [str(requests)])
             self.add(
@@ -314,8 +233,8 @@ class Bench:
                 )
             )
 
-            self.say("new: fresh transfers with unique keys")
-            args = self.fresh_args(fixture, TRANSFERS, "new")
+            say("new: fresh transfers with unique keys")
+            args = fixture.fresh_args(TRANSFERS, "new")
             result, usage = self.wrk(stack, server, "fresh.lua", args)
             per_request = self._per_request(self.last_log_bytes, result)
             self.add(
@@ -332,7 +251,7 @@ class Bench:
                 )
             )
 
-            self.say("status: GET /v1/operations/{id}")
+            say("status: GET /v1/operations/{id}")
             auth = {"Authorization": f"Bearer {fixture.api_key}"}
             reads = [
                 raw_request("GET", f"/v1/operations/{op}", server.port, auth)
@@ -343,12 +262,12 @@ class Bench:
             self.add(Row("status", "GET /v1/operations/{id}", result, usage))
 
             self.contention(stack, server, fixture)
-            self.server_errors(server, "production server")
+            self.session.server_errors(server, "production server")
 
     def contention(self, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
         cfg = self.config
         clients = cfg.contention_clients
-        self.say(f"contention: {clients} clients retry one key until it is terminal")
+        say(f"contention: {clients} clients retry one key until it is terminal")
 
         async def run() -> tuple[list[ContentionRound], LoadResult]:
             conn = await asyncpg.connect(stack.database_url)
@@ -370,8 +289,8 @@ class Bench:
                 pair = iter(range(10**9))
                 return await contention(
                     server.port,
-                    lambda key: self.transfer_request(
-                        fixture, server.port, key, next(pair) % fixtures.PAIRS + 1
+                    lambda key: fixture.transfer_request(
+                        server.port, key, next(pair) % fixtures.PAIRS + 1
                     ),
                     clients=clients,
                     duration=cfg.duration,
@@ -431,16 +350,16 @@ class Bench:
     def baseline_scenarios(self, stack: Stack, fixture: Fixture) -> None:
         cfg = self.config
         with stack.baseline_server(cfg.workers) as server:
-            self.say(f"baseline server up: {server.base_url}")
-            self.say("bare: GET /bench/bare, no I/O")
+            say(f"baseline server up: {server.base_url}")
+            say("bare: GET /bench/bare, no I/O")
             requests = write_requests(
                 self.log_dir / "bare.requests", [raw_request("GET", "/bench/bare", server.port)]
             )
             result, usage = self.wrk(stack, server, "cycle.lua", [str(requests)])
             self.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
 
-            self.say("plain-transfer: the ledger transaction without idempotency")
-            args = self.fresh_args(fixture, "/bench/plain-transfer", "plain")
+            say("plain-transfer: the ledger transaction without idempotency")
+            args = fixture.fresh_args("/bench/plain-transfer", "plain")
             result, usage = self.wrk(stack, server, "fresh.lua", args)
             self.add(
                 Row(
@@ -454,7 +373,7 @@ class Bench:
                     ],
                 )
             )
-            self.server_errors(server, "baseline server")
+            self.session.server_errors(server, "baseline server")
 
         if cfg.log_cost:
             self.log_cost(stack, fixture)
@@ -466,8 +385,8 @@ class Bench:
         for turn in (1, 2):
             for level in ("INFO", "WARNING"):
                 with stack.baseline_server(cfg.workers, log_level=level) as server:
-                    self.say(f"new, log level {level} ({turn}/2; diagnostic: the log lines' cost)")
-                    args = self.fresh_args(fixture, TRANSFERS, f"log{turn}{level.lower()}")
+                    say(f"new, log level {level} ({turn}/2; diagnostic: the log lines' cost)")
+                    args = fixture.fresh_args(TRANSFERS, f"log{turn}{level.lower()}")
                     result, usage = self.wrk(stack, server, "fresh.lua", args)
                     self.add(
                         Row(
@@ -478,7 +397,7 @@ class Bench:
                             [f"diagnostic: bench.bare_app with BENCH_LOG_LEVEL={level}"],
                         )
                     )
-                    self.server_errors(server, f"baseline server ({level} {turn})")
+                    self.session.server_errors(server, f"baseline server ({level} {turn})")
 
     def pgbench_scenarios(self, stack: Stack, fixture: Fixture) -> None:
         cfg = self.config
@@ -495,7 +414,7 @@ class Bench:
             ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
             ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),
         ):
-            self.say(f"{name}: {what}")
+            say(f"{name}: {what}")
             result, usage = self.measure(
                 stack,
                 None,
@@ -523,21 +442,6 @@ class Bench:
                 )
             )
 
-    def server_errors(self, server: ServerProcess, what: str) -> None:
-        """Count the server's error and warning lines; a request cut off by wrk's own stop
-        (it closes its connections with requests in flight) is counted apart."""
-        counts = {"error_lines": 0, "client_disconnects": 0, "warning_lines": 0}
-        with server.log_path.open(errors="replace") as log:
-            for line in log:
-                if '"level": "warning"' in line:
-                    counts["warning_lines"] += 1
-                elif '"level": "error"' in line:
-                    kind = "client_disconnects" if DISCONNECT in line else "error_lines"
-                    counts[kind] += 1
-        self.server_log_counts[what] = counts
-        if counts["error_lines"]:
-            self.say(f"  {what}: {counts['error_lines']} error line(s) in {server.log_path}")
-
     @staticmethod
     def _per_request(log_bytes: int, result: LoadResult) -> float:
         return round(log_bytes / result.requests, 1) if result.requests else 0.0
@@ -545,29 +449,11 @@ class Bench:
     # -- the whole run ---------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        began = time.monotonic()
-        ensure_wrk()
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.say(f"logs: {self.log_dir}")
-        idle_before = machine_busy_seconds()
-        time.sleep(1)
-        self.busy_before = machine_busy_seconds() - idle_before
-        if self.busy_before > NOISE_CORES:
-            self.say(
-                f"WARNING: the machine is busy before the run ({self.busy_before:.2f} cores in "
-                "use by other programs): expect low, noisy numbers"
-            )
-        with Stack(self.log_dir) as stack:
-            self.say(f"PostgreSQL and Redis up in {time.monotonic() - began:.1f}s")
-            principal_id, api_key = asyncio.run(fixtures.create_client(stack.database_url))
-            asyncio.run(fixtures.create_accounts(stack.database_url))
-            from service.store.principals import hash_key
-
-            fixture = Fixture(str(principal_id), api_key, hash_key(api_key).hex())
+        with self.session.start() as (stack, fixture):
             self.production_scenarios(stack, fixture)
             self.baseline_scenarios(stack, fixture)
             self.pgbench_scenarios(stack, fixture)
-        return self.report(time.monotonic() - began)
+        return self.report(self.session.seconds)
 
     # -- output ----------------------------------------------------------------------------
 
@@ -613,7 +499,7 @@ class Bench:
                 + ", ".join(noisy)
                 + " (cores): those numbers are low and noisy; run again on a quiet machine"
             )
-        for what, counts in self.server_log_counts.items():
+        for what, counts in self.session.server_log_counts.items():
             print(
                 f"  {what} log: {counts['error_lines']} error lines, "
                 f"{counts['client_disconnects']} 'client disconnected prematurely' (requests "
@@ -628,20 +514,14 @@ class Bench:
         document = {
             "date": self.stamp,
             "config": cfg.__dict__,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
+            "machine": machine(),
             "scenarios": {row.name: row.as_dict() for row in self.rows},
             "ratios": ratios,
-            "server_logs": self.server_log_counts,
-            "machine_busy_cores_before_run": round(self.busy_before, 2),
+            "server_logs": self.session.server_log_counts,
+            "machine_busy_cores_before_run": round(self.session.busy_before, 2),
             "total_seconds": round(seconds, 1),
         }
-        path = RESULTS / f"{self.stamp}.json"
-        path.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"\nsaved {path.relative_to(RESULTS.parents[1])}; total {seconds:.0f}s")
+        save(document, f"{self.stamp}.json", seconds)
         return document
 
     def table(self) -> str:
@@ -701,14 +581,7 @@ def _split(usage: Usage) -> str:
 
 def main() -> int:
     config = Config.from_env()
-    stamp = datetime.now().strftime("%Y-%m-%dT%H-%M")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    try:
-        Bench(config, stamp).run()
-    except KeyboardInterrupt:
-        print("interrupted; servers stopped", file=sys.stderr)
-        return 130
-    return 0
+    return session.main(lambda stamp: Bench(config, stamp).run())
 
 
 if __name__ == "__main__":

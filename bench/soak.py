@@ -31,32 +31,27 @@ Environment: BENCH_WORKERS (2), BENCH_SEED (1000), SOAK_DURATION (600 s), SOAK_C
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from bench import fixtures
-from bench.loadgen import LoadResult, ensure_wrk, run_wrk, write_requests
-from bench.run import NOISE_CORES, RESULTS, TRANSFERS, Bench, Config, Fixture
+from bench import session
+from bench.fixtures import TRANSFERS, Fixture
+from bench.loadgen import LoadResult, run_wrk, write_requests
+from bench.session import NOISE_CORES, RESULTS, Session, env_number, machine, save, say, seed
 from bench.stack import ServerProcess, Stack
 from bench.usage import (
     MIB,
     RssSeries,
     Usage,
-    machine_busy_seconds,
     process_cpu_seconds,
     sample,
     sample_series,
@@ -88,25 +83,15 @@ class SoakConfig:
 
     @classmethod
     def from_env(cls) -> SoakConfig:
-        def number(name: str, default: float, minimum: float) -> float:
-            raw = os.environ.get(name, "")
-            try:
-                value = float(raw) if raw.strip() else default
-            except ValueError:
-                raise SystemExit(f"{name} must be a number, got {raw!r}") from None
-            if value < minimum:
-                raise SystemExit(f"{name} must be >= {minimum:g}, got {raw!r}")
-            return value
-
         config = cls(
-            workers=int(number("BENCH_WORKERS", 2, 1)),
-            duration=number("SOAK_DURATION", 600, 10),
-            connections=int(number("SOAK_CONNECTIONS", 16, 2)),
-            replay_connections=int(number("SOAK_REPLAY_CONNECTIONS", 4, 0)),
-            segment=number("SOAK_SEGMENT", 30, 5),
-            interval=number("SOAK_INTERVAL", 10, 1),
-            baseline=number("SOAK_BASELINE", 60, 0),
-            seed=int(number("BENCH_SEED", 1000, 1)),
+            workers=int(env_number("BENCH_WORKERS", 2, 1)),
+            duration=env_number("SOAK_DURATION", 600, 10),
+            connections=int(env_number("SOAK_CONNECTIONS", 16, 2)),
+            replay_connections=int(env_number("SOAK_REPLAY_CONNECTIONS", 4, 0)),
+            segment=env_number("SOAK_SEGMENT", 30, 5),
+            interval=env_number("SOAK_INTERVAL", 10, 1),
+            baseline=env_number("SOAK_BASELINE", 60, 0),
+            seed=int(env_number("BENCH_SEED", 1000, 1)),
         )
         if config.new_connections < 1:
             raise SystemExit("SOAK_REPLAY_CONNECTIONS must be below SOAK_CONNECTIONS")
@@ -150,60 +135,28 @@ class Soak:
         self.config = config
         self.stamp = stamp
         self.log_dir = RESULTS / f"{stamp}-soak-logs"
-        # Bench makes the fixtures, seeds the replay keys and builds the Lua arguments
-        self.bench = Bench(
-            Config(
-                workers=config.workers,
-                duration=config.segment,
-                connections=config.connections,
-                warmup=0,
-                contention_clients=2,
-                seed=config.seed,
-                log_cost=False,
-            ),
-            stamp,
-        )
-        self.bench.log_dir = self.log_dir
+        self.session = Session(self.log_dir)
         self.segments: list[Segment] = []
         self.series = RssSeries([])
         self.usage = Usage()
         self.notes: list[str] = []
-        self.busy_before = 0.0
         self.load_seconds = 0.0
         self.loadgen_seconds = 0.0
-
-    def say(self, text: str) -> None:
-        self.bench.say(text)
 
     # -- the run ---------------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
-        began = time.monotonic()
-        ensure_wrk()
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.say(f"logs (the server's per-request lines among them): {self.log_dir}")
-        idle_before = machine_busy_seconds()
-        time.sleep(1)
-        self.busy_before = machine_busy_seconds() - idle_before
-        if self.busy_before > NOISE_CORES:
-            self.say(
-                f"WARNING: the machine is busy before the run ({self.busy_before:.2f} cores in "
-                "use by other programs): expect low, noisy numbers"
-            )
-        with Stack(self.log_dir) as stack:
-            self.say(f"PostgreSQL and Redis up in {time.monotonic() - began:.1f}s")
-            principal_id, api_key = asyncio.run(fixtures.create_client(stack.database_url))
-            asyncio.run(fixtures.create_accounts(stack.database_url))
-            from service.store.principals import hash_key
-
-            fixture = Fixture(str(principal_id), api_key, hash_key(api_key).hex())
+        with self.session.start("logs (the server's per-request lines among them)") as (
+            stack,
+            fixture,
+        ):
             server = stack.production_server(self.config.workers)
             with server:
-                self.say(f"production server up: {server.base_url}, {server.workers} worker(s)")
-                self.bench.seed(fixture, server)
+                say(f"production server up: {server.base_url}, {server.workers} worker(s)")
+                seed(fixture, server, self.config.seed)
                 self.soak(stack, server, fixture)
-            self.bench.server_errors(server, "production server")
-        return self.report(time.monotonic() - began)
+            self.session.server_errors(server, "production server")
+        return self.report(self.session.seconds)
 
     def soak(self, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
         cfg = self.config
@@ -212,7 +165,7 @@ class Soak:
             raise RuntimeError(f"expected {cfg.workers} worker processes, found {len(workers)}")
         self.series = RssSeries([p.pid for p in workers])
         replay_file = write_requests(self.log_dir / "replay.requests", fixture.seed_requests)
-        self.say(
+        say(
             f"soak: {cfg.duration:g}s at {cfg.connections} connections ({cfg.new_connections} "
             f"new, {cfg.replay_connections} replay) in segments of {cfg.segment:g}s; "
             f"RSS every {cfg.interval:g}s of workers {self.series.pids}"
@@ -260,9 +213,7 @@ class Soak:
         cfg = self.config
         url = server.base_url + "/"
         # a new key prefix each segment (and random parts per wrk thread): keys never repeat
-        plan = {
-            "new": (self.bench.fresh_args(fixture, TRANSFERS, f"soak{index}"), cfg.new_connections)
-        }
+        plan = {"new": (fixture.fresh_args(TRANSFERS, f"soak{index}"), cfg.new_connections)}
         if cfg.replay_connections:
             plan["replay"] = ([str(replay_file)], cfg.replay_connections)
         start = time.monotonic()
@@ -291,7 +242,7 @@ class Soak:
             except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
                 first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
                 self.notes.append(f"segment {index}: wrk ({name}) failed: {first_line}")
-                self.say(f"  segment {index}: wrk ({name}) failed: {first_line}")
+                say(f"  segment {index}: wrk ({name}) failed: {first_line}")
         if not results:
             raise RuntimeError(f"every wrk of segment {index} failed; see {self.log_dir}")
         return Segment(index, start - began, time.monotonic() - start, results, connections)
@@ -311,7 +262,7 @@ class Soak:
             values = "/".join("-" if v is None else f"{v:.1f}" for v in last["rss_mib"])
             rss = f"; RSS {values} MiB at {last['t_s']:.0f}s"
         end = seg.start_s + seg.seconds
-        self.say(f"  {end:5.0f}s segment {seg.index}: " + ", ".join(parts) + rss)
+        say(f"  {end:5.0f}s segment {seg.index}: " + ", ".join(parts) + rss)
 
     # -- numbers ---------------------------------------------------------------------------
 
@@ -455,7 +406,7 @@ class Soak:
         print(f"  cores app/pg/redis/load/other: {cores}/{self.usage.other_cores:.2f}")
         per_worker = "/".join(f"{c:.2f}" for c in self.usage.worker_cores)
         print(f"  cores per worker: {per_worker} (uvicorn's workers share one listening socket)")
-        for what, counts in self.bench.server_log_counts.items():
+        for what, counts in self.session.server_log_counts.items():
             print(
                 f"  {what} log: {counts['error_lines']} error lines, "
                 f"{counts['client_disconnects']} 'client disconnected prematurely', "
@@ -479,11 +430,7 @@ class Soak:
             "date": self.stamp,
             "kind": "soak",
             "config": asdict(cfg),
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": sys.version.split()[0],
-                "platform": platform.platform(),
-            },
+            "machine": machine(),
             "goals": {
                 "peak_rss_mb_per_worker": PEAK_GOAL_MB,
                 "growth_percent": GROWTH_GOAL_PERCENT,
@@ -497,16 +444,14 @@ class Soak:
                 "other": round(self.usage.other_cores, 2),
             },
             "cpu_cores_per_worker": self.usage.worker_cores,
-            "server_logs": self.bench.server_log_counts,
+            "server_logs": self.session.server_log_counts,
             "notes": self.notes,
             "rss_series": {"pids": self.series.pids, "samples": self.series.samples},
             "segments": [s.as_dict() for s in self.segments],
-            "machine_busy_cores_before_run": round(self.busy_before, 2),
+            "machine_busy_cores_before_run": round(self.session.busy_before, 2),
             "total_seconds": round(seconds, 1),
         }
-        path = RESULTS / f"{self.stamp}-soak.json"
-        path.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"\nsaved {path.relative_to(RESULTS.parents[1])}; total {seconds:.0f}s")
+        save(document, f"{self.stamp}-soak.json", seconds)
         return document
 
     def table(self, rows: list[dict[str, Any]]) -> str:
@@ -542,14 +487,7 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 def main() -> int:
     config = SoakConfig.from_env()
-    stamp = datetime.now().strftime("%Y-%m-%dT%H-%M")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    try:
-        Soak(config, stamp).run()
-    except KeyboardInterrupt:
-        print("interrupted; servers stopped", file=sys.stderr)
-        return 130
-    return 0
+    return session.main(lambda stamp: Soak(config, stamp).run())
 
 
 if __name__ == "__main__":
