@@ -36,7 +36,7 @@ from bench import fixtures
 from bench.fixtures import TRANSFERS
 from bench.flame import load
 from bench.loadgen import LoadResult, ensure_wrk, run_wrk, write_requests
-from bench.run import Config
+from bench.runner import Config
 from bench.session import RESULTS, say, seed
 from bench.stack import ServerProcess, Stack
 

@@ -51,6 +51,12 @@ class Usage:
         ]
 
     @property
+    def connection_split(self) -> str:
+        """The client connections each worker held at most, in pid order: ``12/20``."""
+        counts = self.worker_connections
+        return "/".join(str(counts[pid]) for pid in sorted(counts))
+
+    @property
     def rss_values(self) -> list[float]:
         return [round(self.peak_rss_mib[pid], 1) for pid in sorted(self.peak_rss_mib)]
 
