@@ -8,11 +8,12 @@ import os
 from typing import Any
 
 from bench.runner import Row, Runner
-from bench.session import NOISE_CORES, machine, save
+from bench.session import NOISE_CORES, machine
 
 
-def write(runner: Runner, seconds: float) -> dict[str, Any]:
+def write(runner: Runner) -> dict[str, Any]:
     """Print the table, the ratios and the notes; write them to ``results/<date>.json``."""
+    seconds = runner.session.seconds
     ratios = throughput_ratios(runner.rows)
     print()
     print(table(runner.rows))
@@ -49,7 +50,7 @@ def write(runner: Runner, seconds: float) -> dict[str, Any]:
         f"{cfg.warmup:g}s warm-up; cpu = cores used (app workers / PostgreSQL / loadgen)"
     )
     document = {
-        "date": runner.stamp,
+        "date": runner.session.stamp,
         "config": cfg.__dict__,
         "machine": machine(),
         "scenarios": {row.name: row.as_dict() for row in runner.rows},
@@ -58,7 +59,7 @@ def write(runner: Runner, seconds: float) -> dict[str, Any]:
         "machine_busy_cores_before_run": round(runner.session.busy_before, 2),
         "total_seconds": round(seconds, 1),
     }
-    save(document, f"{runner.stamp}.json", seconds)
+    runner.session.save(document, seconds)
     return document
 
 

@@ -25,21 +25,14 @@ diagnostic, about a minute).
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from bench import report, scenarios, session
 from bench.runner import Config, Runner
 
 
-def bench(config: Config, stamp: str) -> dict[str, Any]:
-    runner = Runner(config, stamp)
-    runner.run(scenarios.ALL)
-    return report.write(runner, runner.session.seconds)
-
-
 def main() -> int:
     config = Config.from_env()
-    return session.main(lambda stamp: bench(config, stamp))
+    return session.main(lambda stamp: report.write(Runner(config, stamp).run(scenarios.ALL)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Any
 
 from bench.fixtures import Fixture
 from bench.loadgen import LoadResult, run_wrk
-from bench.session import RESULTS, Session, env_number, say
+from bench.session import Session, env_number, say
 from bench.stack import ServerProcess, Stack
 from bench.usage import Usage, process_cpu_seconds, sample
 
@@ -89,19 +89,18 @@ class Runner:
 
     def __init__(self, config: Config, stamp: str) -> None:
         self.config = config
-        self.stamp = stamp
-        self.log_dir = RESULTS / f"{stamp}-logs"
-        self.session = Session(self.log_dir)
+        self.session = Session(stamp)
         self.rows: list[Row] = []
         # bytes the server logged during the last wrk run kept
         self.last_log_bytes = 0
         self._attempts: list[tuple[float, str]] = []
 
-    def run(self, scenarios: Sequence[Scenario]) -> None:
-        """Start the stack, run the scenarios in turn, stop the stack."""
+    def run(self, scenarios: Sequence[Scenario]) -> Runner:
+        """Start the stack, run the scenarios in turn, stop the stack; this runner, measured."""
         with self.session.start() as (stack, fixture):
             for scenario in scenarios:
                 scenario(self, stack, fixture)
+        return self
 
     def measure(
         self,
@@ -133,7 +132,7 @@ class Runner:
     ) -> tuple[LoadResult, Usage]:
         cfg = self.config
         url = server.base_url + "/"
-        log = self.log_dir / "wrk.log"
+        log = self.session.log_dir / "wrk.log"
         if cfg.warmup > 0:
             run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
         attempts: list[tuple[LoadResult, Usage, int]] = []

@@ -28,12 +28,13 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     """``replay``, ``new``, ``status`` and ``contention`` on ``settlement serve``, after
     seeding the replay keys."""
     cfg = runner.config
+    logs = runner.session.log_dir
     with stack.production_server(cfg.workers) as server:
         say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
         seed(fixture, server, cfg.seed)
 
         say("replay: retries of completed transfers (hot keys)")
-        requests = write_requests(runner.log_dir / "replay.requests", fixture.seed_requests)
+        requests = write_requests(logs / "replay.requests", fixture.seed_requests)
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(
             Row(
@@ -69,7 +70,7 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
             raw_request("GET", f"/v1/operations/{op}", server.port, auth)
             for op in fixture.operation_ids
         ]
-        requests = write_requests(runner.log_dir / "status.requests", reads)
+        requests = write_requests(logs / "status.requests", reads)
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(Row("status", "GET /v1/operations/{id}", result, usage))
 
@@ -169,7 +170,8 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         say(f"baseline server up: {server.base_url}")
         say("bare: GET /bench/bare, no I/O")
         requests = write_requests(
-            runner.log_dir / "bare.requests", [raw_request("GET", "/bench/bare", server.port)]
+            runner.session.log_dir / "bare.requests",
+            [raw_request("GET", "/bench/bare", server.port)],
         )
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
@@ -226,8 +228,8 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         "pairs": str(fixtures.PAIRS),
         "seeded": str(cfg.seed),
     }
-    work = runner.log_dir
-    log = runner.log_dir / "pgbench.log"
+    work = runner.session.log_dir
+    log = work / "pgbench.log"
     for name, script, what in (
         ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
         ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),

@@ -56,14 +56,6 @@ def machine() -> dict[str, Any]:
     }
 
 
-def save(document: dict[str, Any], name: str, seconds: float) -> Path:
-    """Write ``document`` to ``results/<name>`` and say so."""
-    path = RESULTS / name
-    path.write_text(json.dumps(document, indent=2) + "\n")
-    print(f"\nsaved {path.relative_to(RESULTS.parents[1])}; total {seconds:.0f}s")
-    return path
-
-
 def main(run: Callable[[str], object]) -> int:
     """An entry point's exit status: ``run(stamp)`` with ``results/`` made; after Ctrl-C every
     server is already stopped (each ``with`` has closed)."""
@@ -95,11 +87,14 @@ def seed(fixture: Fixture, server: ServerProcess, n: int) -> None:
 
 
 class Session:
-    """One run: its log directory, the machine's load before it, its duration, and the error
-    and warning lines of each server it started."""
+    """One run: its names under ``results/`` (``<stamp>[-<kind>].json`` and ``...-logs/``), the
+    machine's load before it, its duration, and the error and warning lines of each server it
+    started."""
 
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
+    def __init__(self, stamp: str, kind: str | None = None) -> None:
+        self.stamp = stamp
+        self.name = stamp if kind is None else f"{stamp}-{kind}"
+        self.log_dir = RESULTS / f"{self.name}-logs"
         self.began = time.monotonic()
         self.busy_before = 0.0
         self.server_log_counts: dict[str, dict[str, int]] = {}
@@ -127,6 +122,13 @@ class Session:
         with Stack(self.log_dir) as stack:
             say(f"PostgreSQL and Redis up in {self.seconds:.1f}s")
             yield stack, asyncio.run(fixtures.create(stack.database_url))
+
+    def save(self, document: dict[str, Any], seconds: float) -> Path:
+        """Write ``document`` to ``results/<name>.json`` and say so."""
+        path = RESULTS / f"{self.name}.json"
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"\nsaved {path.relative_to(RESULTS.parents[1])}; total {seconds:.0f}s")
+        return path
 
     def server_errors(self, server: ServerProcess, what: str) -> None:
         """Count the server's error and warning lines; a request cut off by wrk's own stop
