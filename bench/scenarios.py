@@ -10,15 +10,10 @@ import functools
 import asyncpg
 
 from bench import fixtures
+from bench.client import ContentionRound
+from bench.client import contention as run_contention
 from bench.fixtures import ROUTE, TRANSFERS, Fixture
-from bench.loadgen import (
-    ContentionRound,
-    LoadResult,
-    raw_request,
-    run_pgbench,
-    write_requests,
-)
-from bench.loadgen import contention as run_contention
+from bench.loadgen import LoadResult, raw_request, run_pgbench, write_requests
 from bench.runner import Row, Runner, Scenario
 from bench.session import say, seed
 from bench.stack import ServerProcess, Stack

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from bench import fixtures
+from bench.client import send_all
 from bench.fixtures import Fixture
-from bench.loadgen import ensure_wrk, send_all
+from bench.loadgen import ensure_wrk
 from bench.stack import ServerProcess, Stack
 from bench.usage import machine_busy_seconds
 
