@@ -5,21 +5,33 @@ pick the same account pairs without sharing a list: pair ``p`` (1-based) moves m
 account ``2p - 1`` to account ``2p``. Pairs are disjoint, and there are many of them, so
 concurrent transfers rarely wait on each other's account locks: the scenarios measure the
 request path, not lock queues on two hot rows.
+
+``create`` makes them and returns a ``Fixture``: the client's key, and the arguments and raw
+requests the load generators send with it.
 """
 
 from __future__ import annotations
 
+import json
+import secrets
 import uuid
+from dataclasses import dataclass, field
 
 import asyncpg
+
+from bench.loadgen import raw_request
 
 __all__ = [
     "ACCOUNT_PREFIX",
     "BALANCE",
     "CURRENCY",
     "PAIRS",
+    "ROUTE",
     "TENANT",
+    "TRANSFERS",
+    "Fixture",
     "account_id",
+    "create",
     "create_accounts",
     "create_client",
     "pair",
@@ -33,6 +45,8 @@ PAIRS = 100
 BALANCE = 10**12
 # account i is ACCOUNT_PREFIX + i as 12 zero-padded digits (a valid version-4 UUID)
 ACCOUNT_PREFIX = "00000000-0000-4000-8000-"
+TRANSFERS = "/v1/transfers"
+ROUTE = "POST /v1/transfers"
 
 
 def account_id(i: int) -> uuid.UUID:
@@ -73,3 +87,44 @@ async def create_accounts(database_url: str) -> None:
         )
     finally:
         await conn.close()
+
+
+@dataclass
+class Fixture:
+    """The bench client of one run, and the replay keys seeded for it."""
+
+    principal_id: str
+    api_key: str
+    key_hash: str
+    # part of every fresh key: one run's keys never meet another's
+    run_token: str = field(default_factory=lambda: secrets.token_hex(3))
+    seed_requests: list[bytes] = field(default_factory=list)
+    operation_ids: list[str] = field(default_factory=list)
+
+    def fresh_args(self, path: str, tag: str) -> list[str]:
+        """The arguments of ``fresh.lua``: a new transfer to ``path`` per request."""
+        return [path, self.api_key, str(PAIRS), ACCOUNT_PREFIX, f"{tag}-{self.run_token}"]
+
+    def transfer_request(self, port: int, key: str, pair_no: int) -> bytes:
+        """A raw ``POST /v1/transfers`` of 1 from pair ``pair_no``, under ``key``."""
+        source, destination = pair(pair_no)
+        body = json.dumps(
+            {
+                "source": str(source),
+                "destination": str(destination),
+                "amount": 1,
+                "currency": CURRENCY,
+            },
+            separators=(",", ":"),
+        ).encode()
+        headers = {"Authorization": f"Bearer {self.api_key}", "Idempotency-Key": key}
+        return raw_request("POST", TRANSFERS, port, headers, body)
+
+
+async def create(database_url: str) -> Fixture:
+    """The client principal and the funded accounts (setup, not measured)."""
+    from service.store.principals import hash_key
+
+    principal_id, api_key = await create_client(database_url)
+    await create_accounts(database_url)
+    return Fixture(str(principal_id), api_key, hash_key(api_key).hex())

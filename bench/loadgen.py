@@ -1,21 +1,18 @@
-"""Load generators: wrk (Lua scripts), pgbench (custom scripts) and a small asyncio HTTP/1.1
-client for what wrk cannot do (seeding, and clients that retry one key until it is terminal).
+"""Load generators: wrk (Lua scripts) and pgbench (custom scripts), with the raw requests
+wrk replays. The asyncio client for what wrk cannot do is ``bench.client``.
 
 Every run here is bounded in time.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 import re
 import shutil
 import statistics
 import subprocess
-import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +27,6 @@ WRK_GRACE = 30.0
 WRK_TIMEOUT = "10s"
 # apt-get update + install of one small package.
 APT_TIMEOUT = 300.0
-# One request of the asyncio client.
-REQUEST_TIMEOUT = 30.0
 
 _RESULT = re.compile(r"^BENCH_RESULT (\{.*\})$", re.MULTILINE)
 
@@ -148,15 +143,7 @@ def run_wrk(
         *("-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(duration))}s"),
         *("--timeout", WRK_TIMEOUT, "-s", str(LUA / script), url, "--", *args),
     ]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=duration + WRK_GRACE, check=False
-    )
-    if log_path is not None:
-        with log_path.open("a") as log:
-            log.write(f"$ wrk ... {url} ({script})\n{done.stdout}{done.stderr}\n")
-    match = _RESULT.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        raise RuntimeError(f"wrk failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    _, match = _run(argv, ("wrk", f"... {url} ({script})"), _RESULT, duration, log_path)
     data = json.loads(match.group(1))
     latency = data["latency_us"]
     return LoadResult(
@@ -203,20 +190,7 @@ def run_pgbench(
     for key, value in variables.items():
         argv += ["-D", f"{key}={value}"]
     argv.append("settlement")
-    done = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        timeout=duration + WRK_GRACE,
-        check=False,
-        cwd=work_dir,
-    )
-    if log_path is not None:
-        with log_path.open("a") as log:
-            log.write(f"$ pgbench -f {script}\n{done.stdout}{done.stderr}\n")
-    tps = _TPS.search(done.stdout)
-    if done.returncode != 0 or tps is None:
-        raise RuntimeError(f"pgbench failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    stdout, tps = _run(argv, ("pgbench", f"-f {script}"), _TPS, duration, log_path, work_dir)
     latencies: list[float] = []
     for log_file in work_dir.glob(f"pgbench_{name}*"):
         for line in log_file.read_text().splitlines():
@@ -225,10 +199,10 @@ def run_pgbench(
             if len(fields) >= 6 and fields[2].isdigit():
                 latencies.append(int(fields[2]) / 1000)
         log_file.unlink()
-    failed = _FAILED.search(done.stdout)
+    failed = _FAILED.search(stdout)
     count = len(latencies)
     seconds = count / float(tps.group(1)) if float(tps.group(1)) else 0.0
-    p50, p99 = _percentiles(latencies)
+    p50, p99 = percentiles(latencies)
     return LoadResult(
         requests=count,
         seconds=seconds,
@@ -241,171 +215,40 @@ def run_pgbench(
     )
 
 
-def _percentiles(values: Sequence[float]) -> tuple[float, float]:
+def _run(
+    argv: list[str],
+    shown: tuple[str, str],
+    expect: re.Pattern[str],
+    duration: float,
+    log_path: Path | None,
+    cwd: Path | None = None,
+) -> tuple[str, re.Match[str]]:
+    """Run a load tool for ``duration`` s (WRK_GRACE more at most); append ``$ <tool> <args>``
+    and its output to ``log_path``. Its stdout, and the match of ``expect`` there; a failed
+    run, or one without that line, raises."""
+    tool, args = shown
+    timeout = duration + WRK_GRACE
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+    )
+    if log_path is not None:
+        with log_path.open("a") as log:
+            log.write(f"$ {tool} {args}\n{done.stdout}{done.stderr}\n")
+    match = expect.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        raise RuntimeError(f"{tool} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout, match
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float]:
+    """p50 and p99 (nearest rank) of unsorted values; zeros when there are none."""
     if not values:
         return 0.0, 0.0
     ordered = sorted(values)
-    return _rank(ordered, 0.50), _rank(ordered, 0.99)
+    return rank(ordered, 0.50), rank(ordered, 0.99)
 
 
-def _rank(ordered: Sequence[float], q: float) -> float:
+def rank(ordered: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of sorted values."""
     index = max(0, min(len(ordered) - 1, int(q * len(ordered) + 0.999999) - 1))
     return ordered[index]
-
-
-# -- a small asyncio HTTP/1.1 client ---------------------------------------------------------
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection; requests are raw bytes, answers are parsed."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
-
-    @classmethod
-    async def open(cls, port: int) -> Connection:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port), REQUEST_TIMEOUT
-        )
-        return cls(reader, writer)
-
-    async def send(self, raw: bytes) -> tuple[int, dict[str, str], bytes]:
-        async with asyncio.timeout(REQUEST_TIMEOUT):
-            self._writer.write(raw)
-            await self._writer.drain()
-            head = await self._reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            status = int(lines[0].split(" ", 2)[1])
-            headers = {}
-            for line in lines[1:]:
-                if ":" in line:
-                    name, value = line.split(":", 1)
-                    headers[name.strip().lower()] = value.strip()
-            if "chunked" in headers.get("transfer-encoding", ""):
-                raise RuntimeError("chunked answers are not expected from these routes")
-            body = await self._reader.readexactly(int(headers.get("content-length", "0")))
-        return status, headers, body
-
-    async def close(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(OSError, TimeoutError):
-            await asyncio.wait_for(self._writer.wait_closed(), 2)
-
-
-async def send_all(
-    port: int, requests: Sequence[bytes], *, concurrency: int
-) -> list[tuple[int, dict[str, str], bytes]]:
-    """Send every request once over ``concurrency`` connections; the answers in order."""
-    answers: list[tuple[int, dict[str, str], bytes] | None] = [None] * len(requests)
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(requests)):
-        queue.put_nowait(i)
-
-    async def worker() -> None:
-        conn = await Connection.open(port)
-        try:
-            while not queue.empty():
-                i = queue.get_nowait()
-                answers[i] = await conn.send(requests[i])
-        finally:
-            await conn.close()
-
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(requests)))))
-    return [a for a in answers if a is not None]
-
-
-@dataclass
-class ContentionRound:
-    key: str
-    requests: int = 0
-    in_progress: int = 0
-    finals: dict[int, int] = field(default_factory=dict)
-    distinct_final_bodies: int = 0
-    executions: int = -1  # transfers written for the key's operation (SQL count)
-    attempts: int = -1  # attempt rows of the key's operation (SQL count)
-    seconds: float = 0.0
-
-
-async def contention(
-    port: int,
-    build: Callable[[str], bytes],
-    *,
-    clients: int,
-    duration: float,
-    count_effects: Callable[[str], Awaitable[tuple[int, int]]],
-) -> tuple[list[ContentionRound], LoadResult]:
-    """Rounds of ``clients`` clients that send one new key at once and retry it at once on
-    every 409 until they get another answer; a new key each round until ``duration`` ends.
-
-    ``build(key)`` gives the raw request; ``count_effects(key)`` -> (transfers, attempts)
-    written for the key's operation. Returns the rounds and the run as a LoadResult over all
-    answers whose percentiles are those of the 409 answers (client-side, in ms).
-    """
-    conns = [await Connection.open(port) for _ in range(clients)]
-    rounds: list[ContentionRound] = []
-    latencies_409: list[float] = []
-    statuses: dict[str, int] = {}
-    deadline = time.perf_counter() + duration
-    try:
-        while time.perf_counter() < deadline or not rounds:
-            key = f"contention-{os.getpid()}-{time.time_ns()}"
-            current = await _contention_round(
-                conns, key, build(key), deadline + REQUEST_TIMEOUT, latencies_409, statuses
-            )
-            current.executions, current.attempts = await count_effects(key)
-            rounds.append(current)
-    finally:
-        await asyncio.gather(*(c.close() for c in conns))
-    ordered = sorted(latencies_409)
-    p50, p99 = _percentiles(ordered)
-    result = LoadResult(
-        requests=sum(r.requests for r in rounds),
-        seconds=sum(r.seconds for r in rounds),
-        p50_ms=p50,
-        p99_ms=p99,
-        p90_ms=_rank(ordered, 0.90) if ordered else 0.0,
-        mean_ms=statistics.fmean(ordered) if ordered else 0.0,
-        max_ms=ordered[-1] if ordered else 0.0,
-        statuses=statuses,
-    )
-    return rounds, result
-
-
-async def _contention_round(
-    conns: Sequence[Connection],
-    key: str,
-    raw: bytes,
-    give_up_at: float,
-    latencies_409: list[float],
-    statuses: dict[str, int],
-) -> ContentionRound:
-    current = ContentionRound(key=key)
-    start = asyncio.Event()
-    finals: list[bytes] = []
-
-    async def client(conn: Connection) -> None:
-        await start.wait()
-        while True:  # bounded: a key that never settles is given up at give_up_at
-            sent = time.perf_counter()
-            status, _, body = await conn.send(raw)
-            elapsed = (time.perf_counter() - sent) * 1000
-            current.requests += 1
-            statuses[str(status)] = statuses.get(str(status), 0) + 1
-            if status != 409:
-                current.finals[status] = current.finals.get(status, 0) + 1
-                finals.append(body)
-                return
-            current.in_progress += 1
-            latencies_409.append(elapsed)
-            if time.perf_counter() > give_up_at:
-                return
-
-    began = time.perf_counter()
-    tasks = [asyncio.create_task(client(c)) for c in conns]
-    start.set()
-    await asyncio.gather(*tasks)
-    current.seconds = time.perf_counter() - began
-    current.distinct_final_bodies = len(set(finals))
-    return current

@@ -28,13 +28,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from bench import fixtures
+from bench.fixtures import TRANSFERS
 from bench.flame import load
 from bench.loadgen import LoadResult, ensure_wrk, run_wrk, write_requests
-from bench.run import RESULTS, TRANSFERS, Bench, Config, Fixture
+from bench.runner import Config
+from bench.session import RESULTS, say, seed
 from bench.stack import ServerProcess, Stack
 
 # py-spy samples per second.
@@ -63,91 +66,84 @@ def ensure_py_spy() -> str:
     return str(local)
 
 
-def profile_under_load(
-    bench: Bench,
-    server: ServerProcess,
-    script: str,
-    args: list[str],
-    name: str,
-    duration: float,
-    py_spy: str,
-) -> tuple[Path, LoadResult]:
-    """Run wrk for LEAD + duration + LEAD seconds; sample one worker for ``duration``."""
-    cfg = bench.config
-    raw = RESULTS / f"{bench.stamp}-profile-{name}.raw"
-    outcome: dict[str, LoadResult] = {}
+@dataclass(frozen=True)
+class Profiler:
+    """py-spy on one worker of a server under wrk load, for ``duration`` seconds at a time."""
 
-    def load_it() -> None:
-        outcome["result"] = run_wrk(
-            server.base_url + "/",
-            script,
-            args,
-            duration=duration + 2 * LEAD,
-            connections=cfg.connections,
+    config: Config
+    stamp: str
+    duration: float
+    py_spy: str
+
+    def under_load(
+        self, server: ServerProcess, script: str, args: list[str], name: str
+    ) -> tuple[Path, LoadResult]:
+        """Run wrk for LEAD + duration + LEAD seconds; sample one worker for ``duration``."""
+        duration = self.duration
+        raw = RESULTS / f"{self.stamp}-profile-{name}.raw"
+        outcome: dict[str, LoadResult] = {}
+
+        def load_it() -> None:
+            outcome["result"] = run_wrk(
+                server.base_url + "/",
+                script,
+                args,
+                duration=duration + 2 * LEAD,
+                connections=self.config.connections,
+            )
+
+        loader = threading.Thread(target=load_it, name=f"wrk-{name}")
+        loader.start()
+        time.sleep(LEAD)
+        # the kernel may have given one worker most of wrk's connections: sample the busiest
+        connections = server.client_connections()
+        pid = max(connections, key=lambda p: connections[p])
+        split = "/".join(str(connections[p]) for p in sorted(connections))
+        say(f"  connections per worker {split}: sampling pid {pid}")
+        subprocess.run(
+            [
+                self.py_spy,
+                *("record", "--pid", str(pid), "--rate", str(RATE)),
+                *("--duration", str(round(duration)), "--nonblocking", "--format", "raw"),
+                *("--output", str(raw)),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=duration + 60,
         )
+        loader.join(duration + 2 * LEAD + 60)
+        if "result" not in outcome:
+            raise RuntimeError(f"wrk did not finish the {name} run")
+        return raw, outcome["result"]
 
-    loader = threading.Thread(target=load_it, name=f"wrk-{name}")
-    loader.start()
-    time.sleep(LEAD)
-    # the kernel may have given one worker most of wrk's connections: sample the busiest
-    connections = server.client_connections()
-    pid = max(connections, key=lambda p: connections[p])
-    split = "/".join(str(connections[p]) for p in sorted(connections))
-    bench.say(f"  connections per worker {split}: sampling pid {pid}")
-    subprocess.run(
-        [
-            py_spy,
-            *("record", "--pid", str(pid), "--rate", str(RATE)),
-            *("--duration", str(round(duration)), "--nonblocking", "--format", "raw"),
-            *("--output", str(raw)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=duration + 60,
-    )
-    loader.join(duration + 2 * LEAD + 60)
-    if "result" not in outcome:
-        raise RuntimeError(f"wrk did not finish the {name} run")
-    return raw, outcome["result"]
-
-
-def profile_one(
-    bench: Bench,
-    server: ServerProcess,
-    script: str,
-    args: list[str],
-    name: str,
-    duration: float,
-    py_spy: str,
-) -> Path:
-    """Profile one scenario; write its .txt and .svg beside the .raw; the .txt path."""
-    config = bench.config
-    bench.say(f"{name}: wrk with py-spy on one worker for {duration:g}s")
-    raw, result = profile_under_load(bench, server, script, args, name, duration, py_spy)
-    profile = load(raw)
-    title = (
-        f"{name}: one of {config.workers} workers, {result.rps:.0f} req/s overall "
-        f"under py-spy, {config.connections} connections"
-    )
-    expected = RATE * duration
-    text = profile.report(title) + (
-        f"busy: {profile.total} of ~{expected:.0f} samples "
-        f"({100 * profile.total / expected:.0f}% of the time on CPU)\n"
-    )
-    path = RESULTS / f"{bench.stamp}-profile-{name}.txt"
-    path.write_text(text)
-    path.with_suffix(".svg").write_text(profile.svg(title))
-    print(text.split("top functions of service/")[0], flush=True)
-    return path
+    def profile(self, server: ServerProcess, script: str, args: list[str], name: str) -> Path:
+        """Profile one scenario; write its .txt and .svg beside the .raw; the .txt path."""
+        config = self.config
+        say(f"{name}: wrk with py-spy on one worker for {self.duration:g}s")
+        raw, result = self.under_load(server, script, args, name)
+        profile = load(raw)
+        title = (
+            f"{name}: one of {config.workers} workers, {result.rps:.0f} req/s overall "
+            f"under py-spy, {config.connections} connections"
+        )
+        expected = RATE * self.duration
+        text = profile.report(title) + (
+            f"busy: {profile.total} of ~{expected:.0f} samples "
+            f"({100 * profile.total / expected:.0f}% of the time on CPU)\n"
+        )
+        path = RESULTS / f"{self.stamp}-profile-{name}.txt"
+        path.write_text(text)
+        path.with_suffix(".svg").write_text(profile.svg(title))
+        print(text.split("top functions of service/")[0], flush=True)
+        return path
 
 
 def main() -> int:
     config = Config.from_env()
     duration = float(os.environ.get("BENCH_PROFILE_DURATION", "10") or 10)
     stamp = datetime.now().strftime("%Y-%m-%dT%H-%M")
-    bench = Bench(config, stamp)
-    bench.log_dir = RESULTS / f"{stamp}-profile-logs"
-    bench.log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = RESULTS / f"{stamp}-profile-logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
     wanted = [n.strip() for n in os.environ.get("BENCH_PROFILE_SCENARIOS", "").split(",")]
     wanted = [n for n in wanted if n] or list(DEFAULT_SCENARIOS)
     unknown = set(wanted) - set(SCENARIOS)
@@ -155,34 +151,26 @@ def main() -> int:
         raise SystemExit(f"BENCH_PROFILE_SCENARIOS: unknown {sorted(unknown)}; know {SCENARIOS}")
     written: list[Path] = []
     ensure_wrk()
-    py_spy = ensure_py_spy()
-    from service.store.principals import hash_key
-
-    with Stack(bench.log_dir) as stack:
-        principal_id, api_key = asyncio.run(fixtures.create_client(stack.database_url))
-        asyncio.run(fixtures.create_accounts(stack.database_url))
-        fixture = Fixture(str(principal_id), api_key, hash_key(api_key).hex())
+    profiler = Profiler(config, stamp, duration, ensure_py_spy())
+    with Stack(log_dir) as stack:
+        fixture = asyncio.run(fixtures.create(stack.database_url))
         with stack.production_server(config.workers) as server:
-            bench.say(f"server up: {server.base_url}, {config.workers} worker(s)")
-            bench.seed(fixture, server)
-            replay = write_requests(bench.log_dir / "replay.requests", fixture.seed_requests)
+            say(f"server up: {server.base_url}, {config.workers} worker(s)")
+            seed(fixture, server, config.seed)
+            replay = write_requests(log_dir / "replay.requests", fixture.seed_requests)
             runs = {
                 "replay": ("cycle.lua", [str(replay)]),
-                "new": ("fresh.lua", bench.fresh_args(fixture, TRANSFERS, "profile")),
+                "new": ("fresh.lua", fixture.fresh_args(TRANSFERS, "profile")),
             }
             for name in (n for n in wanted if n in runs):
                 script, args = runs[name]
-                written.append(profile_one(bench, server, script, args, name, duration, py_spy))
+                written.append(profiler.profile(server, script, args, name))
         if "plain-transfer" in wanted:
             with stack.baseline_server(config.workers) as server:
-                args = bench.fresh_args(fixture, "/bench/plain-transfer", "profile")
-                written.append(
-                    profile_one(
-                        bench, server, "fresh.lua", args, "plain-transfer", duration, py_spy
-                    )
-                )
+                args = fixture.fresh_args("/bench/plain-transfer", "profile")
+                written.append(profiler.profile(server, "fresh.lua", args, "plain-transfer"))
     for path in written:
-        bench.say(f"written: {path.relative_to(RESULTS.parents[1])} (and .svg, .raw)")
+        say(f"written: {path.relative_to(RESULTS.parents[1])} (and .svg, .raw)")
     return 0
 
 

@@ -1,5 +1,5 @@
-"""The system under test: embedded PostgreSQL and Redis in a temporary directory, server
-processes started the way production starts them, fixtures, and an RSS sampler.
+"""The system under test: embedded PostgreSQL and Redis in a temporary directory, and server
+processes started the way production starts them (``bench.usage`` samples what they use).
 
 Every wait here is bounded; every process started here is stopped by its own id.
 """
@@ -14,14 +14,11 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 import psutil
@@ -33,14 +30,8 @@ HOST = "127.0.0.1"
 START_TIMEOUT = 60.0
 # uvicorn drains for up to 10 s (service.cli.GRACEFUL_SHUTDOWN); then it is killed.
 STOP_TIMEOUT = 20.0
-# Between samples of RSS and CPU time (psutil reads /proc: cheap, but not free).
-RSS_INTERVAL = 0.1
-# Connections per worker are counted every this many samples (about once a second).
-CONNECTIONS_EVERY = 10
 # What each worker logs once its lifespan has started (service.http.app).
 READY_LINE = b'"msg": "server ready"'
-
-MIB = 1024 * 1024
 
 
 def free_port() -> int:
@@ -178,135 +169,8 @@ class ServerProcess:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-@dataclass
-class Usage:
-    """What the processes of a scenario used: peak RSS of each worker, CPU of each group."""
-
-    peak_rss_mib: dict[int, float] = field(default_factory=dict)
-    cpu_seconds: dict[str, float] = field(default_factory=dict)
-    wall_seconds: float = 0.0
-    # every CPU of the machine, busy (not idle, not waiting on I/O), whoever used it
-    machine_busy_seconds: float = 0.0
-    worker_cpu_seconds: dict[int, float] = field(default_factory=dict)
-    # most client connections each worker held at once (uvicorn's workers share one
-    # listening socket: the kernel decides which worker accepts a connection)
-    worker_connections: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def worker_cores(self) -> list[float]:
-        if self.wall_seconds <= 0:
-            return []
-        return [
-            round(self.worker_cpu_seconds.get(pid, 0.0) / self.wall_seconds, 2)
-            for pid in sorted(self.peak_rss_mib)
-        ]
-
-    @property
-    def rss_values(self) -> list[float]:
-        return [round(self.peak_rss_mib[pid], 1) for pid in sorted(self.peak_rss_mib)]
-
-    def cores(self, group: str) -> float:
-        if self.wall_seconds <= 0:
-            return 0.0
-        return self.cpu_seconds.get(group, 0.0) / self.wall_seconds
-
-    @property
-    def other_cores(self) -> float:
-        """CPU the machine spent on anything but the measured processes: other programs on a
-        shared machine (and the kernel's share that no process is charged for)."""
-        if self.wall_seconds <= 0:
-            return 0.0
-        ours = sum(self.cpu_seconds.values())
-        return max(0.0, self.machine_busy_seconds - ours) / self.wall_seconds
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy since boot (all CPUs, /proc/stat)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    # user nice system idle iowait irq softirq steal guest guest_nice; guest is inside user
-    busy = sum(fields[:8]) - fields[3] - fields[4]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-ProcessGroup = Callable[[], list[psutil.Process]]
-
-
-@contextlib.contextmanager
-def sample(
-    workers: Sequence[psutil.Process],
-    connections: Callable[[], dict[int, int]] | None = None,
-    **groups: ProcessGroup,
-) -> Iterator[Usage]:
-    """Sample the workers' RSS, and the CPU time of the workers and of each other group
-    (e.g. PostgreSQL: its postmaster and backends), every RSS_INTERVAL while the block runs.
-
-    CPU is counted from the first sample for processes alive then, from zero for processes
-    that start later (a backend of a new connection); a process that ends between two
-    samples loses at most one interval.
-    """
-    usage = Usage({p.pid: 0.0 for p in workers})
-    stop = threading.Event()
-    everything: dict[str, ProcessGroup] = {"workers": lambda: list(workers), **groups}
-    first: dict[tuple[str, int], float] = {}
-    last: dict[tuple[str, int], float] = {}
-
-    machine_before = machine_busy_seconds()
-
-    def take(initial: bool) -> None:
-        for name, members in everything.items():
-            try:
-                procs = members()
-            except psutil.Error:
-                continue
-            for p in procs:
-                with contextlib.suppress(psutil.Error):
-                    times = p.cpu_times()
-                    cpu = times.user + times.system
-                    key = (name, p.pid)
-                    first.setdefault(key, cpu if initial else 0.0)
-                    last[key] = cpu
-                    if name == "workers":
-                        rss = p.memory_info().rss / MIB
-                        usage.peak_rss_mib[p.pid] = max(usage.peak_rss_mib[p.pid], rss)
-
-    def loop() -> None:
-        rounds = 0
-        while not stop.wait(RSS_INTERVAL):
-            take(initial=False)
-            rounds += 1
-            if connections is not None and rounds % CONNECTIONS_EVERY == 0:
-                with contextlib.suppress(psutil.Error, OSError):
-                    for pid, n in connections().items():
-                        seen = usage.worker_connections.get(pid, 0)
-                        usage.worker_connections[pid] = max(seen, n)
-
-    take(initial=True)
-    began = time.monotonic()
-    thread = threading.Thread(target=loop, name="usage-sampler", daemon=True)
-    thread.start()
-    try:
-        yield usage
-    finally:
-        stop.set()
-        thread.join(5)
-        take(initial=False)
-        usage.wall_seconds = time.monotonic() - began
-        usage.cpu_seconds = dict.fromkeys(everything, 0.0)
-        for key, cpu in last.items():
-            usage.cpu_seconds[key[0]] += cpu - first[key]
-            if key[0] == "workers":
-                usage.worker_cpu_seconds[key[1]] = cpu - first[key]
-        usage.machine_busy_seconds = machine_busy_seconds() - machine_before
 
 
 class Stack:
@@ -347,12 +211,7 @@ class Stack:
             raise
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.keep_database_log()
         self._exit.close()
 

@@ -8,10 +8,6 @@ dofile(dir .. "report.lua")
 local requests = {}
 local index = 0
 
-function setup(thread)
-   register_thread(thread)
-end
-
 function init(args)
    local f = assert(io.open(args[1], "rb"))
    local data = f:read("*a")

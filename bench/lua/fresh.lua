@@ -9,10 +9,6 @@ local path, pairs_n, account_prefix, key_prefix
 local headers = {}
 local counter = 0
 
-function setup(thread)
-   register_thread(thread)
-end
-
 function init(args)
    path = args[1]
    pairs_n = tonumber(args[3])

@@ -1,5 +1,6 @@
--- Shared by the bench scripts: count answers per status in each thread, and print one
--- machine-readable line when the run ends (read by bench/loadgen.py).
+-- Shared by the bench scripts (loaded with dofile): number the threads, count answers per
+-- status in each thread, and print one machine-readable line when the run ends (read by
+-- bench/loadgen.py).
 
 -- a global: done() reads each thread's copy with thread:get("statuses")
 statuses = {}
@@ -9,8 +10,9 @@ function response(status, headers, body)
    statuses[status] = (statuses[status] or 0) + 1
 end
 
--- wrk calls setup(thread) once per thread, in the main Lua state, before init().
-function register_thread(thread)
+-- wrk calls setup(thread) once per thread, in the main Lua state, before init(): number the
+-- threads (init reads thread_no) and keep them for done().
+function setup(thread)
    thread:set("thread_no", #registered)
    registered[#registered + 1] = thread
 end

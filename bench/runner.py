@@ -1,0 +1,200 @@
+"""How ``make bench`` runs a scenario: the configuration, the usage sampled around each load
+run, wrk's warm-up and the re-measure of a run whose connections landed unevenly on the
+workers, and the rows of the table as they are measured.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.fixtures import Fixture
+from bench.loadgen import LoadResult, run_wrk
+from bench.session import Session, env_number, say
+from bench.stack import ServerProcess, Stack
+from bench.usage import Usage, process_cpu_seconds, sample
+
+# uvicorn's workers share one listening socket, and whichever worker wakes first may accept
+# every connection wrk opens at once. A run whose busiest worker held more than MAX_SKEW
+# times an even share of the connections is measured again, at most BALANCE_RETRIES times.
+MAX_SKEW = 1.5
+BALANCE_RETRIES = 2
+
+
+@dataclass(frozen=True)
+class Config:
+    workers: int
+    duration: float
+    connections: int
+    warmup: float
+    contention_clients: int
+    seed: int
+    log_cost: bool
+
+    @classmethod
+    def from_env(cls) -> Config:
+        return cls(
+            workers=int(env_number("BENCH_WORKERS", 2, 1)),
+            duration=env_number("BENCH_DURATION", 10, 1),
+            connections=int(env_number("BENCH_CONNECTIONS", 32, 1)),
+            warmup=env_number("BENCH_WARMUP", 2, 0),
+            contention_clients=int(env_number("BENCH_CONTENTION_CLIENTS", 200, 2)),
+            seed=int(env_number("BENCH_SEED", 1000, 1)),
+            log_cost=os.environ.get("BENCH_LOG_COST", "0").strip() in ("1", "true", "yes"),
+        )
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    name: str
+    target: str
+    result: LoadResult
+    usage: Usage | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"target": self.target, **self.result.as_dict()}
+        if self.usage is not None:
+            out["peak_rss_mib_per_worker"] = self.usage.rss_values
+            out["cpu_cores"] = {
+                group: round(self.usage.cores(group), 2) for group in self.usage.cpu_seconds
+            }
+            out["cpu_cores"]["other"] = round(self.usage.other_cores, 2)
+            if self.result.requests:
+                out["cpu_ms_per_request"] = {
+                    group: round(1000 * seconds / self.result.requests, 3)
+                    for group, seconds in self.usage.cpu_seconds.items()
+                }
+            if self.usage.worker_cpu_seconds:
+                out["cpu_cores_per_worker"] = self.usage.worker_cores
+                out["client_connections_per_worker"] = [
+                    self.usage.worker_connections.get(pid, 0)
+                    for pid in sorted(self.usage.peak_rss_mib)
+                ]
+        out["notes"] = self.notes
+        out.update(self.extra)
+        return out
+
+
+Scenario = Callable[["Runner", Stack, Fixture], None]
+
+
+class Runner:
+    """One ``make bench`` run: its session and the rows measured so far."""
+
+    def __init__(self, config: Config, stamp: str) -> None:
+        self.config = config
+        self.session = Session(stamp)
+        self.rows: list[Row] = []
+        # bytes the server logged during the last wrk run kept
+        self.last_log_bytes = 0
+        self._attempts: list[tuple[float, str]] = []
+
+    def run(self, scenarios: Sequence[Scenario]) -> Runner:
+        """Start the stack, run the scenarios in turn, stop the stack; this runner, measured."""
+        with self.session.start() as (stack, fixture):
+            for scenario in scenarios:
+                scenario(self, stack, fixture)
+        return self
+
+    def measure(
+        self,
+        stack: Stack,
+        server: ServerProcess | None,
+        run: Callable[[], LoadResult],
+    ) -> tuple[LoadResult, Usage]:
+        workers = server.worker_processes() if server is not None else []
+        with sample(
+            workers,
+            server.client_connections if server is not None else None,
+            postgres=stack.postgres_processes,
+            redis=stack.redis_processes,
+        ) as usage:
+            before = process_cpu_seconds()
+            result = run()
+            after = process_cpu_seconds()
+        # the load generator's CPU: wrk / pgbench (reaped children of this process), and this
+        # process (the contention client, the sampler)
+        usage.cpu_seconds["loadgen"] = after - before
+        return result, usage
+
+    def wrk(
+        self,
+        stack: Stack,
+        server: ServerProcess,
+        script: str,
+        args: list[str],
+    ) -> tuple[LoadResult, Usage]:
+        cfg = self.config
+        url = server.base_url + "/"
+        log = self.session.log_dir / "wrk.log"
+        if cfg.warmup > 0:
+            run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
+        attempts: list[tuple[LoadResult, Usage, int]] = []
+        for attempt in range(1 + BALANCE_RETRIES):
+            log_before = server.log_path.stat().st_size
+            result, usage = self.measure(
+                stack,
+                server,
+                lambda: run_wrk(
+                    url,
+                    script,
+                    args,
+                    duration=cfg.duration,
+                    connections=cfg.connections,
+                    log_path=log,
+                ),
+            )
+            attempts.append((result, usage, server.log_path.stat().st_size - log_before))
+            if _skew(usage) <= MAX_SKEW:
+                break
+            if attempt < BALANCE_RETRIES:
+                say(
+                    f"  connections landed unevenly on the workers ({usage.connection_split}, "
+                    f"{result.rps:.0f} req/s): measuring again"
+                )
+        result, usage, self.last_log_bytes = min(attempts, key=lambda a: _skew(a[1]))
+        self._attempts = [(r.rps, u.connection_split) for r, u, _ in attempts]
+        return result, usage
+
+    def add(self, row: Row) -> None:
+        attempts, self._attempts = self._attempts, []
+        if len(attempts) > 1:
+            row.notes.append(
+                "measured "
+                + str(len(attempts))
+                + " times as wrk's connections landed unevenly on the workers; kept the most "
+                "even: "
+                + ", ".join(f"{rps:.0f} req/s with connections {split}" for rps, split in attempts)
+            )
+            row.extra["attempts"] = [
+                {"rps": round(rps, 1), "connections": split} for rps, split in attempts
+            ]
+        self.rows.append(row)
+        r = row.result
+        line = (
+            f"  {row.name}: {r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
+            f"non-2xx {r.non_2xx}"
+        )
+        usage = row.usage
+        if usage is not None and usage.worker_cpu_seconds:
+            pids = sorted(usage.peak_rss_mib)
+            rss = "/".join(f"{v:.0f}" for v in usage.rss_values)
+            cores = "/".join(f"{c:.2f}" for c in usage.worker_cores)
+            conns = "/".join(str(usage.worker_connections.get(pid, 0)) for pid in pids)
+            line += f"; per worker: peak RSS {rss} MiB, cores {cores}, connections {conns}"
+        say(line)
+
+
+def _skew(usage: Usage) -> float:
+    """How unevenly the client connections sat on the workers: the busiest worker's share
+    over an even share (1.0 is even; 2.0 with two workers is all on one)."""
+    counts = list(usage.worker_connections.values())
+    if len(counts) < 2 or not sum(counts):
+        return 1.0
+    return max(counts) * len(counts) / sum(counts)

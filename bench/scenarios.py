@@ -1,0 +1,265 @@
+"""The scenarios of ``make bench``, in the order they run (``ALL``): the production server's,
+then the baseline app's, then pgbench's. Each adds its rows to the runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import asyncpg
+
+from bench import fixtures
+from bench.client import ContentionRound
+from bench.client import contention as run_contention
+from bench.fixtures import ROUTE, TRANSFERS, Fixture
+from bench.loadgen import LoadResult, raw_request, run_pgbench, write_requests
+from bench.runner import Row, Runner, Scenario
+from bench.session import say, seed
+from bench.stack import ServerProcess, Stack
+
+
+def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """``replay``, ``new``, ``status`` and ``contention`` on ``settlement serve``, after
+    seeding the replay keys."""
+    cfg = runner.config
+    logs = runner.session.log_dir
+    with stack.production_server(cfg.workers) as server:
+        say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
+        seed(fixture, server, cfg.seed)
+
+        say("replay: retries of completed transfers (hot keys)")
+        requests = write_requests(logs / "replay.requests", fixture.seed_requests)
+        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+        runner.add(
+            Row(
+                "replay",
+                f"{ROUTE}, {cfg.seed} completed keys",
+                result,
+                usage,
+                [f"wrk cycles through the {cfg.seed} seeded keys; every answer a replay"],
+            )
+        )
+
+        say("new: fresh transfers with unique keys")
+        args = fixture.fresh_args(TRANSFERS, "new")
+        result, usage = runner.wrk(stack, server, "fresh.lua", args)
+        per_request = _per_request(runner.last_log_bytes, result)
+        runner.add(
+            Row(
+                "new",
+                f"{ROUTE}, unique keys",
+                result,
+                usage,
+                [
+                    "claim -> lease -> effect -> settle; unique keys from Lua",
+                    f"the server logged {per_request:g} bytes per request (INFO, json)",
+                ],
+                {"server_log_bytes_per_request": per_request},
+            )
+        )
+
+        say("status: GET /v1/operations/{id}")
+        auth = {"Authorization": f"Bearer {fixture.api_key}"}
+        reads = [
+            raw_request("GET", f"/v1/operations/{op}", server.port, auth)
+            for op in fixture.operation_ids
+        ]
+        requests = write_requests(logs / "status.requests", reads)
+        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+        runner.add(Row("status", "GET /v1/operations/{id}", result, usage))
+
+        contention(runner, stack, server, fixture)
+        runner.session.server_errors(server, "production server")
+
+
+def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
+    """Many clients on one new key at a time; checks one transfer and one attempt per key."""
+    cfg = runner.config
+    clients = cfg.contention_clients
+    say(f"contention: {clients} clients retry one key until it is terminal")
+
+    async def run() -> tuple[list[ContentionRound], LoadResult]:
+        conn = await asyncpg.connect(stack.database_url)
+
+        async def count_effects(key: str) -> tuple[int, int]:
+            row = await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM transfers t WHERE t.operation_id = o.id) AS tr,"
+                " (SELECT count(*) FROM attempts a WHERE a.operation_id = o.id) AS att"
+                " FROM operations o WHERE o.tenant = $1 AND o.principal_id = $2::uuid"
+                " AND o.route = $3 AND o.idempotency_key = $4",
+                fixtures.TENANT,
+                fixture.principal_id,
+                ROUTE,
+                key,
+            )
+            return (0, 0) if row is None else (int(row["tr"]), int(row["att"]))
+
+        try:
+            pair = iter(range(10**9))
+            return await run_contention(
+                server.port,
+                lambda key: fixture.transfer_request(
+                    server.port, key, next(pair) % fixtures.PAIRS + 1
+                ),
+                clients=clients,
+                duration=cfg.duration,
+                count_effects=count_effects,
+            )
+        finally:
+            await conn.close()
+
+    rounds: list[ContentionRound] = []
+
+    def drive() -> LoadResult:
+        found, result = asyncio.run(run())
+        rounds.extend(found)
+        return result
+
+    result, usage = runner.measure(stack, server, drive)
+    executions = sorted({r.executions for r in rounds})
+    attempts = sorted({r.attempts for r in rounds})
+    finals: dict[str, int] = {}
+    for r in rounds:
+        for status, n in r.finals.items():
+            finals[str(status)] = finals.get(str(status), 0) + n
+    exactly_once = executions == [1] and attempts == [1]
+    identical = all(r.distinct_final_bodies == 1 for r in rounds)
+    in_progress = sum(r.in_progress for r in rounds)
+    notes = [
+        "method: asyncio HTTP/1.1 keep-alive client in this process (not wrk), "
+        f"{clients} connections; each round a new key sent by all at once, each client "
+        "retries at once on every 409 until another answer; latency client-side",
+        "p50/p99 are of the 409 answers only; req/s counts every answer",
+        f"{len(rounds)} rounds, {in_progress} x 409, final answers {finals}",
+        f"transfers per key {executions}, attempts per key {attempts}: "
+        + ("exactly one execution per key" if exactly_once else "NOT exactly one execution"),
+        "final bodies identical within each round"
+        if identical
+        else "final bodies DIFFER within a round",
+    ]
+    runner.add(
+        Row(
+            "contention",
+            f"{ROUTE}, {clients} clients on one key",
+            result,
+            usage,
+            notes,
+            {
+                "rounds": len(rounds),
+                "answers_409": in_progress,
+                "final_answers": finals,
+                "transfers_per_key": executions,
+                "attempts_per_key": attempts,
+                "exactly_one_execution": exactly_once,
+                "final_bodies_identical": identical,
+            },
+        )
+    )
+
+
+def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """``bare`` and ``plain-transfer`` on ``bench.bare_app``."""
+    cfg = runner.config
+    with stack.baseline_server(cfg.workers) as server:
+        say(f"baseline server up: {server.base_url}")
+        say("bare: GET /bench/bare, no I/O")
+        requests = write_requests(
+            runner.session.log_dir / "bare.requests",
+            [raw_request("GET", "/bench/bare", server.port)],
+        )
+        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+        runner.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
+
+        say("plain-transfer: the ledger transaction without idempotency")
+        args = fixture.fresh_args("/bench/plain-transfer", "plain")
+        result, usage = runner.wrk(stack, server, "fresh.lua", args)
+        runner.add(
+            Row(
+                "plain-transfer",
+                "POST /bench/plain-transfer",
+                result,
+                usage,
+                [
+                    "authenticate + one transaction: minimal operation row (FK parent) + "
+                    "ledger.transfer; no key, scope read, lease, claim, attempt, observation"
+                ],
+            )
+        )
+        runner.session.server_errors(server, "baseline server")
+
+
+def log_cost(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """With BENCH_LOG_COST=1 only: ``new`` on the bench app at log level INFO, then WARNING,
+    twice in turn: one run each is within run-to-run noise, alternating runs are not."""
+    cfg = runner.config
+    if not cfg.log_cost:
+        return
+    for turn in (1, 2):
+        for level in ("INFO", "WARNING"):
+            with stack.baseline_server(cfg.workers, log_level=level) as server:
+                say(f"new, log level {level} ({turn}/2; diagnostic: the log lines' cost)")
+                args = fixture.fresh_args(TRANSFERS, f"log{turn}{level.lower()}")
+                result, usage = runner.wrk(stack, server, "fresh.lua", args)
+                runner.add(
+                    Row(
+                        f"new@{level}-{turn}",
+                        f"{ROUTE}, unique keys, bench app, root log level {level}",
+                        result,
+                        usage,
+                        [f"diagnostic: bench.bare_app with BENCH_LOG_LEVEL={level}"],
+                    )
+                )
+                runner.session.server_errors(server, f"baseline server ({level} {turn})")
+
+
+def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """The server's own SQL of one new transfer and of one replay, driven by pgbench."""
+    cfg = runner.config
+    variables = {
+        "key_hash": fixture.key_hash,
+        "tenant": fixtures.TENANT,
+        "principal": fixture.principal_id,
+        "pairs": str(fixtures.PAIRS),
+        "seeded": str(cfg.seed),
+    }
+    work = runner.session.log_dir
+    log = work / "pgbench.log"
+    for name, script, what in (
+        ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
+        ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),
+    ):
+        say(f"{name}: {what}")
+        result, usage = runner.measure(
+            stack,
+            None,
+            functools.partial(
+                run_pgbench,
+                script,
+                port=stack.pg_port,
+                variables=variables,
+                duration=cfg.duration,
+                clients=cfg.connections,
+                work_dir=work,
+                log_path=log,
+            ),
+        )
+        runner.add(
+            Row(
+                name,
+                f"bench/sql/{script}",
+                result,
+                usage,
+                [
+                    f"pgbench -M prepared -c {cfg.connections}: {what}; "
+                    "latency per transaction from its -l log"
+                ],
+            )
+        )
+
+
+def _per_request(log_bytes: int, result: LoadResult) -> float:
+    return round(log_bytes / result.requests, 1) if result.requests else 0.0
+
+
+ALL: tuple[Scenario, ...] = (production, baselines, log_cost, pgbench)
