@@ -13,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from service.config import Settings
 from service.leases import LeaseManager, make_redis
 from service.store.db import async_url
+from service.store.rows import Scope
 from service.store.settlement import SettlementStore
 from tests.conftest import Services
-from tests.integration.factories import Clock
+from tests.integration.factories import Clock, make_principal, make_scope
 
 # Socket timeout of the test Redis clients: small, so unreachable-Redis cases finish quickly.
 REDIS_TIMEOUT = 0.5
@@ -56,6 +57,18 @@ def engine(open_engine: Callable[[], AsyncEngine]) -> AsyncEngine:
 @pytest.fixture
 def store(engine: AsyncEngine, clock: Clock) -> SettlementStore:
     return SettlementStore(engine, clock=clock)
+
+
+@pytest.fixture
+async def principal_id(engine: AsyncEngine) -> uuid.UUID:
+    """A client principal of its own, so no other test's operations share its scopes."""
+    return await make_principal(engine)
+
+
+@pytest.fixture
+def scope(principal_id: uuid.UUID) -> Scope:
+    """A fresh scope (route and Idempotency-Key) of ``principal_id``."""
+    return make_scope(principal_id)
 
 
 @pytest.fixture

@@ -19,13 +19,11 @@ from service.core import (
     Decision,
     InProgress,
     Observation,
-    ObservationKind,
     OperationState,
     Record,
     Replay,
-    Source,
 )
-from service.store.rows import at, record_from_row
+from service.store.rows import Scope, at, record_from_row
 from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
 from service.store.tables import (
     accounts,
@@ -41,11 +39,10 @@ from tests.integration.factories import (
     claim_request,
     completed,
     count,
-    make_principal,
-    make_scope,
     new_operation,
     rows,
 )
+from tests.unit.factories import make_observation
 
 pytestmark = pytest.mark.integration
 
@@ -62,10 +59,8 @@ async def test_new_claim_writes_operation_and_attempt_with_first_fencing_token(
 
 
 async def test_concurrent_claims_on_one_new_scope_have_exactly_one_winner(
-    engine: AsyncEngine, clock: Clock
+    engine: AsyncEngine, clock: Clock, principal_id: uuid.UUID, scope: Scope
 ) -> None:
-    principal_id = await make_principal(engine)
-    scope = make_scope(principal_id)
     stores = [SettlementStore(engine, clock=clock) for _ in range(5)]
     outcomes = await asyncio.gather(
         *(s.claim(scope, claim_request(principal_id, clock)) for s in stores)
@@ -77,10 +72,12 @@ async def test_concurrent_claims_on_one_new_scope_have_exactly_one_winner(
 
 
 async def test_retry_after_lease_expiry_demotes_stale_in_progress_and_claims(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock
+    engine: AsyncEngine,
+    store: SettlementStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    scope: Scope,
 ) -> None:
-    principal_id = await make_principal(engine)
-    scope = make_scope(principal_id)
     first = await store.claim(scope, claim_request(principal_id, clock))
     assert isinstance(first.decision, Claim)
 
@@ -102,10 +99,8 @@ async def test_retry_after_lease_expiry_demotes_stale_in_progress_and_claims(
 
 
 async def test_stale_fencing_token_cannot_settle_after_takeover(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock
+    store: SettlementStore, clock: Clock, principal_id: uuid.UUID, scope: Scope
 ) -> None:
-    principal_id = await make_principal(engine)
-    scope = make_scope(principal_id)
     first = await store.claim(scope, claim_request(principal_id, clock))
     assert first.record is not None
     clock.advance(LEASE + 1)
@@ -118,10 +113,10 @@ async def test_stale_fencing_token_cannot_settle_after_takeover(
     assert stored is not None and stored.state is OperationState.IN_PROGRESS
 
 
-async def test_completed_then_retry_replays(engine: AsyncEngine, clock: Clock) -> None:
+async def test_completed_then_retry_replays(
+    engine: AsyncEngine, clock: Clock, principal_id: uuid.UUID, scope: Scope
+) -> None:
     store = SettlementStore(engine, clock=clock, retention=3600)
-    principal_id = await make_principal(engine)
-    scope = make_scope(principal_id)
     first = await store.claim(scope, claim_request(principal_id, clock))
     assert first.record is not None
     operation_id = uuid.UUID(first.record.tuple.operation_id)
@@ -148,28 +143,18 @@ async def test_two_concurrent_settlers_lose_no_update(
     record, operation_id = await new_operation(engine, store, clock)
 
     def observations_for(settler: int) -> list[Observation]:
-        out = []
-        for i in range(rounds):
-            if (i + settler) % 2:
-                out.append(
-                    Observation(
-                        tuple=record.tuple,
-                        kind=ObservationKind.IN_PROGRESS,
-                        source=Source.ATTEMPT,
-                        fencing_token=1,
-                        lease_expires_at=clock.now + LEASE + i + settler / 10,
-                    )
-                )
-            else:
-                out.append(
-                    Observation(
-                        tuple=record.tuple,
-                        kind=ObservationKind.UNKNOWN,
-                        source=Source.ATTEMPT,
-                        fencing_token=1,
-                    )
-                )
-        return out
+        """Alternating reports of this attempt: alive (a later lease each time) and unknown."""
+        return [
+            make_observation(
+                "in_progress",
+                tuple=record.tuple,
+                fencing_token=1,
+                lease=clock.now + LEASE + i + settler / 10,
+            )
+            if (i + settler) % 2
+            else make_observation("unknown", tuple=record.tuple, fencing_token=1)
+            for i in range(rounds)
+        ]
 
     async def settler(n: int) -> list[Decision]:
         own = SettlementStore(open_engine(), clock=clock)
@@ -239,13 +224,8 @@ async def test_cas_refusal_reloads_and_reruns_all_stages(engine: AsyncEngine, cl
 
     store = RacingStore(engine, clock=clock)
     record, operation_id = await new_operation(engine, store, clock)
-    lease = Observation(
-        tuple=record.tuple,
-        kind=ObservationKind.UNKNOWN,
-        source=Source.ATTEMPT,
-        fencing_token=1,
-    )
-    settled = await store.settle(operation_id, lease)
+    unknown = make_observation("unknown", tuple=record.tuple, fencing_token=1)
+    settled = await store.settle(operation_id, unknown)
     # First round decided "apply unknown" on revision 1, but the row had moved to a
     # completed revision 2; the rerun sees completed and ignores the late unknown.
     assert settled.decision.disposition.value == "ignored"

@@ -12,17 +12,16 @@ from service.leases import LeaseManager
 from service.store.settlement import SettlementStore
 from service.sweeper import Sweeper
 from service.telemetry import Metrics
-from tests.integration.factories import LEASE, Clock, claim_request, make_principal, make_scope
+from tests.integration.factories import LEASE, Clock, claim_request, make_scope
 
 pytestmark = pytest.mark.integration
 
 
 async def test_sweeper_demotes_dead_attempts_and_pages_past_live_ones(
-    engine: AsyncEngine, clock: Clock, leases: LeaseManager
+    engine: AsyncEngine, clock: Clock, leases: LeaseManager, principal_id: uuid.UUID
 ) -> None:
     metrics = Metrics()
     store = SettlementStore(engine, clock=clock, hooks=metrics)
-    principal_id = await make_principal(engine)
     ids, held = [], []
     for i in range(6):
         scope = make_scope(principal_id)
