@@ -13,10 +13,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from service.config import Settings
 from service.leases import LeaseManager, make_redis
 from service.store.db import async_url
-from service.store.rows import Scope
 from service.store.settlement import SettlementStore
 from tests.conftest import Services
-from tests.integration.factories import Clock, make_principal, make_scope
+from tests.integration.factories import Clock, Scope, make_principal, make_scope
 
 # Socket timeout of the test Redis clients: small, so unreachable-Redis cases finish quickly.
 REDIS_TIMEOUT = 0.5

@@ -18,6 +18,20 @@ from service.store.settlement import SettlementStore
 from service.store.tables import principals
 from tests.unit.factories import make_binding, make_observation, make_request
 
+__all__ = [
+    "LEASE",
+    "START",
+    "Clock",
+    "Scope",
+    "claim_request",
+    "completed",
+    "count",
+    "make_principal",
+    "make_scope",
+    "new_operation",
+    "rows",
+]
+
 LEASE = 10.0
 """The lease a claiming request holds, in seconds of the test clock."""
 START = 1_900_000_000.0

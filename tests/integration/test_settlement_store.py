@@ -23,7 +23,7 @@ from service.core import (
     Record,
     Replay,
 )
-from service.store.rows import Scope, at, record_from_row
+from service.store.rows import at, record_from_row
 from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
 from service.store.tables import (
     accounts,
@@ -36,6 +36,7 @@ from service.store.unit_of_work import StaleRevision, UnitOfWork
 from tests.integration.factories import (
     LEASE,
     Clock,
+    Scope,
     claim_request,
     completed,
     count,

@@ -11,10 +11,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import ObservationKind, OperationState, Supersede
-from service.store.rows import Scope
 from service.store.settlement import SettlementStore
 from service.store.tables import observations, operation_epochs
-from tests.integration.factories import Clock, completed, new_operation, rows
+from tests.integration.factories import Clock, Scope, completed, new_operation, rows
 
 pytestmark = pytest.mark.integration
 
