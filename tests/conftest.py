@@ -18,7 +18,8 @@ T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Drive one coroutine to completion on a fresh event loop (engines are loop-bound)."""
+    """Drive one coroutine to completion on a fresh event loop, from synchronous code (session
+    fixtures, end-to-end helpers); async tests simply await."""
     return asyncio.run(coro)
 
 
@@ -71,11 +72,16 @@ async def _admin_execute(url: str, *statements: str) -> None:
         await engine.dispose()
 
 
-def fresh_database(services: Services, prefix: str) -> str:
-    """Create an empty database on the test server and return its URL."""
+async def create_database(services: Services, prefix: str) -> str:
+    """Create an empty database on the test server and return its URL (inside a test's loop)."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    run(_admin_execute(services.database_url, f'CREATE DATABASE "{name}"'))
+    await _admin_execute(services.database_url, f'CREATE DATABASE "{name}"')
     return _with_database(services.database_url, name)
+
+
+def fresh_database(services: Services, prefix: str) -> str:
+    """``create_database`` for synchronous fixtures and tests."""
+    return run(create_database(services, prefix))
 
 
 @pytest.fixture(scope="session")

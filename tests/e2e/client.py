@@ -4,14 +4,17 @@ direct reads of the tables (to assert what was, and was not, written)."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import httpx
 from sqlalchemy import func, select, text
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from service.store.db import async_url
 from tests.conftest import run
+
+T = TypeVar("T")
 
 ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
 
@@ -66,33 +69,31 @@ def balance(base_url: str, key: str, account: str) -> int:
     return int(response.json()["balance"])
 
 
-def scalar(database_url: str, sql: str, **params: Any) -> Any:
-    async def query() -> Any:
-        engine = create_async_engine(async_url(database_url))
-        try:
-            async with engine.connect() as conn:
-                return (await conn.execute(text(sql), params)).scalar_one()
-        finally:
-            await engine.dispose()
+async def _on_database(database_url: str, query: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+    """Run ``query`` on one connection of a throw-away engine (end-to-end tests are sync)."""
+    engine = create_async_engine(async_url(database_url))
+    try:
+        async with engine.connect() as conn:
+            return await query(conn)
+    finally:
+        await engine.dispose()
 
-    return run(query())
+
+def scalar(database_url: str, sql: str, **params: Any) -> Any:
+    async def query(conn: AsyncConnection) -> Any:
+        return (await conn.execute(text(sql), params)).scalar_one()
+
+    return run(_on_database(database_url, query))
 
 
 def count_rows(database_url: str) -> dict[str, int]:
     """Row counts of every table: 'nothing written' is asserted as 'no count changed'."""
     from service.store.tables import metadata
 
-    async def query() -> dict[str, int]:
-        engine = create_async_engine(async_url(database_url))
-        try:
-            async with engine.connect() as conn:
-                return {
-                    name: int(
-                        (await conn.execute(select(func.count()).select_from(t))).scalar_one()
-                    )
-                    for name, t in metadata.tables.items()
-                }
-        finally:
-            await engine.dispose()
+    async def query(conn: AsyncConnection) -> dict[str, int]:
+        return {
+            name: int((await conn.execute(select(func.count()).select_from(t))).scalar_one())
+            for name, t in metadata.tables.items()
+        }
 
-    return run(query())
+    return run(_on_database(database_url, query))

@@ -2,8 +2,10 @@
 
 Whatever arrives (any JSON, any bytes, any header value, any path segment or query), the
 answer is a documented outcome or an RFC 9457 problem, never a 5xx, and a refusal writes
-nothing. Where the contract states a rule (body schema, Idempotency-Key syntax, Bearer
-credentials), the expected answer is computed here from the rule and the server must agree.
+nothing. The request rules themselves (body schemas, Idempotency-Key syntax) are properties
+of the functions that apply them in tests/unit/test_request_rules.py; here the server must
+give the answers those rules name (written in tests/contract.py), with the business
+outcome, the replay and the rows that only a running server has.
 
 U+0000 gets explicit regression tests at the end of the file: PostgreSQL text cannot hold
 it, so it must be refused before it reaches a statement.
@@ -12,7 +14,6 @@ it, so it must be refused before it reaches a statement.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -27,8 +28,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
-from service.domain.currencies import ISO_4217
 from service.store.tables import metadata
+from tests.contract import (
+    HEADER_CHARS,
+    IDEMPOTENCY_KEYS,
+    JSON_VALUES,
+    MAX_AMOUNT,
+    SCALAR_CHARS,
+    encode_json,
+    expected_key,
+    transfer_bodies,
+    transfer_is_valid,
+)
 from tests.e2e.client import new_account, new_principal
 from tests.e2e.server import ServerProcess
 
@@ -51,15 +62,7 @@ BUSINESS = {
     "currency-mismatch": 422,
     "balance-limit": 422,
 }
-MAX_AMOUNT = 10**15
-MEMO_LIMIT = 512
 FUNDED_BALANCE = 10**6
-TRANSFER_FIELDS = ("source", "destination", "amount", "currency", "memo")
-REQUIRED_TRANSFER_FIELDS = frozenset(TRANSFER_FIELDS[:4])
-UUID_TEXT = re.compile(
-    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
-    r"|[0-9a-fA-F]{32}"
-)
 BEARER = re.compile(r"[Bb][Ee][Aa][Rr][Ee][Rr] +(.*?) *")
 # Longest Authorization value the server examines (service/http/auth.py).
 MAX_AUTHORIZATION = 512
@@ -187,39 +190,6 @@ def assert_idempotent_answer(
     return slug
 
 
-# -- strategies ------------------------------------------------------------------------------
-
-# Unicode including control characters and the usual troublemakers; TEXT_CHARS adds lone
-# surrogates (only JSON escapes can carry them).
-SCALAR_CHARS = st.one_of(
-    st.characters(codec="utf-8"),
-    st.characters(max_codepoint=0x1F),
-    st.sampled_from('"\\/\x00\x7f\u2028\ufeff\U0001f4a9'),
-)
-TEXT_CHARS = st.one_of(SCALAR_CHARS, st.characters(categories=["Cs"]))
-EDGE_INTEGERS = [0, -1, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63) - 1, 2**64]
-EDGE_NUMBERS = st.sampled_from(
-    [*EDGE_INTEGERS, 10**15, 10**15 + 1, 10**400, -(10**400), 1e308, -1e308, 5e-324, -0.0, 1.0]
-)
-JSON_LEAVES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(),
-    EDGE_NUMBERS,
-    st.floats(),  # NaN and Infinity included: json.dumps writes them as invalid JSON tokens
-    st.text(TEXT_CHARS, max_size=40),
-    st.sampled_from(["EUR", "USD", "eur", "", "XXX", str(uuid.uuid4())]),
-)
-JSON_KEYS = st.one_of(
-    st.sampled_from([*TRANSFER_FIELDS, "opening_balance"]), st.text(TEXT_CHARS, max_size=12)
-)
-JSON_VALUES = st.recursive(
-    JSON_LEAVES,
-    lambda children: st.one_of(
-        st.lists(children, max_size=4), st.dictionaries(JSON_KEYS, children, max_size=5)
-    ),
-    max_leaves=20,
-)
 CONTENT_TYPES = st.sampled_from(
     [
         "application/json",
@@ -231,11 +201,6 @@ CONTENT_TYPES = st.sampled_from(
     ]
 )
 IDEMPOTENT_ROUTES = st.sampled_from(["/v1/accounts", "/v1/transfers"])
-
-
-def encode_json(value: Any, ascii_only: bool) -> bytes:
-    # With ascii_only=False a lone surrogate becomes an invalid UTF-8 sequence on the wire.
-    return json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
 
 
 # -- 1. arbitrary JSON and bytes as the body of an idempotent route -------------------------
@@ -292,126 +257,7 @@ def test_arbitrary_bytes_bodies_get_a_documented_answer(
 
 # -- 2. mutations of a valid transfer --------------------------------------------------------
 
-UNKNOWN_FIELDS = st.one_of(
-    st.sampled_from(["opening_balance", "id", "Amount", "source ", "memo\x00", ""]),
-    st.text(TEXT_CHARS, max_size=12),
-).filter(lambda k: k not in TRANSFER_FIELDS)
-OTHER_TYPES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.floats(allow_nan=False),
-    st.text(TEXT_CHARS, max_size=8),
-    st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
-)
-AMOUNTS = st.one_of(
-    st.integers(min_value=1, max_value=50),
-    EDGE_NUMBERS,
-    st.integers(),
-    st.sampled_from(["10", "1e3", True, False, None, [], {}]),
-)
-CURRENCIES = st.one_of(
-    st.sampled_from(["EUR", "USD", "GBP"]),
-    st.sampled_from(["eur", "EURO", "", "XXX", "XTS", "EU", "EUR ", " EUR", "EUR\n", "€"]),
-    st.sampled_from(sorted(ISO_4217)),
-    st.from_regex(r"[A-Z]{3}", fullmatch=True),
-    st.text(TEXT_CHARS, max_size=5),
-    OTHER_TYPES,
-)
-MEMOS = st.one_of(
-    st.none(),
-    st.text(TEXT_CHARS, max_size=20),
-    st.integers(MEMO_LIMIT - 2, MEMO_LIMIT + 2).map(lambda n: "m" * n),
-    st.integers(MEMO_LIMIT - 2, MEMO_LIMIT + 2).map(lambda n: "\U0001f4a9" * n),
-    OTHER_TYPES,
-)
-
-
-def account_refs(ledger: Ledger) -> st.SearchStrategy[Any]:
-    mine = st.sampled_from([ledger.funded, ledger.empty, ledger.dollars])
-    return st.one_of(
-        mine,
-        mine.map(str.upper),
-        mine.map(lambda a: uuid.UUID(a).hex),
-        st.sampled_from([ledger.foreign, str(uuid.uuid4())]),
-        st.uuids().map(str),
-        mine.map(lambda a: "{" + a + "}"),
-        mine.map(lambda a: "urn:uuid:" + a),
-        mine.map(lambda a: a[:-1]),
-        st.sampled_from(["", "not-a-uuid", "0", "00000000-0000-0000-0000-000000000000"]),
-        OTHER_TYPES,
-    )
-
-
-@st.composite
-def transfer_bodies(draw: st.DrawFn, ledger: Ledger) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "source": ledger.funded,
-        "destination": ledger.empty,
-        "amount": draw(st.integers(1, 50) | st.integers(1, MAX_AMOUNT)),
-        "currency": "EUR",
-    }
-    if draw(st.booleans()):
-        body["memo"] = draw(MEMOS)
-    values = {
-        "source": account_refs(ledger),
-        "destination": account_refs(ledger),
-        "amount": AMOUNTS,
-        "currency": CURRENCIES,
-        "memo": MEMOS,
-    }
-    for _ in range(draw(st.integers(min_value=0, max_value=3))):
-        action = draw(st.sampled_from(["drop", "unknown", "replace", "other-type", "swap"]))
-        name = draw(st.sampled_from(TRANSFER_FIELDS))
-        if action == "drop":
-            body.pop(name, None)
-        elif action == "unknown":
-            extra = draw(UNKNOWN_FIELDS)
-            body[extra] = draw(JSON_LEAVES)
-        elif action == "replace":
-            body[name] = draw(values[name])
-        elif action == "other-type":
-            body[name] = draw(OTHER_TYPES)
-        elif "source" in body and "destination" in body:
-            body["source"], body["destination"] = body["destination"], body["source"]
-    return body
-
-
-def parse_uuid(value: Any) -> uuid.UUID | None:
-    """The two UUID spellings the body schema accepts: canonical and 32 hex digits."""
-    if isinstance(value, str) and UUID_TEXT.fullmatch(value):
-        return uuid.UUID(value)
-    return None
-
-
-def is_scalar_text(value: str) -> bool:
-    """A string JSON can carry as Unicode scalar values (no lone surrogates)."""
-    return not any(0xD800 <= ord(c) <= 0xDFFF for c in value)
-
-
-def is_storable_text(value: str) -> bool:
-    """Text PostgreSQL can store: Unicode scalar values other than U+0000."""
-    return is_scalar_text(value) and "\x00" not in value
-
-
-def transfer_is_valid(body: dict[str, Any]) -> bool:
-    """The body schema of POST /v1/transfers, written from the contract."""
-    if not body.keys() >= REQUIRED_TRANSFER_FIELDS or not body.keys() <= set(TRANSFER_FIELDS):
-        return False
-    source, destination = parse_uuid(body["source"]), parse_uuid(body["destination"])
-    amount, currency, memo = body["amount"], body["currency"], body.get("memo")
-    return (
-        source is not None
-        and destination is not None
-        and source != destination
-        and type(amount) is int
-        and 0 < amount <= MAX_AMOUNT
-        and isinstance(currency, str)
-        and currency in ISO_4217
-        and (memo is None or (isinstance(memo, str) and len(memo) <= MEMO_LIMIT))
-        and all(is_scalar_text(k) for k in body)
-        and (memo is None or is_storable_text(memo))
-    )
+# -- 2. mutations of a valid transfer --------------------------------------------------------
 
 
 def read_account(http: httpx.Client, ledger: Ledger, account: uuid.UUID) -> dict[str, Any] | None:
@@ -428,7 +274,8 @@ def read_account(http: httpx.Client, ledger: Ledger, account: uuid.UUID) -> dict
 def test_transfer_body_mutations_are_validated_by_the_contract(
     http: httpx.Client, rows: RowCounter, ledger: Ledger, data: st.DataObject
 ) -> None:
-    body = data.draw(transfer_bodies(ledger), label="body")
+    mine, others = [ledger.funded, ledger.empty, ledger.dollars], [ledger.foreign]
+    body = data.draw(transfer_bodies(mine, others), label="body")
     ascii_only = data.draw(st.booleans(), label="ascii_only")
     valid = transfer_is_valid(body)
     expected: tuple[int, str | None] = (400, "validation-error")
@@ -481,52 +328,6 @@ def test_transfer_body_mutations_are_validated_by_the_contract(
 
 # -- 3. Idempotency-Key header values --------------------------------------------------------
 
-# Bytes h11 puts on the wire in a header value (no NUL, CR, LF, VT, FF); trimmed of SP/HTAB.
-HEADER_CHARS = st.one_of(
-    st.characters(min_codepoint=0x20, max_codepoint=0x7E),
-    st.sampled_from('"\\ '),
-    st.characters(min_codepoint=0x01, max_codepoint=0xFF, exclude_characters="\n\r\x0b\x0c"),
-)
-PRINTABLE = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
-SF_PIECES = st.one_of(PRINTABLE, st.sampled_from(['\\"', "\\\\", "\\", '"', "\\n", "\t", "\xe9"]))
-IDEMPOTENCY_KEYS = st.one_of(
-    st.text(HEADER_CHARS, max_size=40),
-    st.text(HEADER_CHARS, min_size=240, max_size=300),
-    st.builds(lambda c, n: c * n, PRINTABLE, st.integers(min_value=250, max_value=260)),
-    st.lists(SF_PIECES, max_size=30).map(lambda p: '"' + "".join(p) + '"'),
-    st.builds(
-        lambda p, n: '"' + "k" * n + "".join(p) + '"',
-        st.lists(st.sampled_from(['\\"', "\\\\", "a"]), max_size=6),
-        st.integers(min_value=248, max_value=256),
-    ),
-    st.lists(SF_PIECES, max_size=10).map(lambda p: '"' + "".join(p)),
-)
-
-
-def expected_key(raw: bytes) -> str | None:
-    """The key a header value names (None: invalid), per the rule: an RFC 8941 sf-string
-    (escapes only for quote and backslash) or the bare value; then 1-255 chars in 0x20-0x7E."""
-    text = raw.decode("latin-1").strip(" \t")
-    if text.startswith('"'):
-        if len(text) < 2 or not text.endswith('"'):
-            return None
-        inner, key, i = text[1:-1], [], 0
-        while i < len(inner):
-            if inner[i] == "\\":
-                if inner[i + 1 : i + 2] not in ('"', "\\"):
-                    return None
-                key.append(inner[i + 1])
-                i += 2
-            elif inner[i] == '"':
-                return None
-            else:
-                key.append(inner[i])
-                i += 1
-        text = "".join(key)
-    if not 1 <= len(text) <= 255 or any(not 0x20 <= ord(c) <= 0x7E for c in text):
-        return None
-    return text
-
 
 @dataclass
 class KeyCaller:
@@ -545,7 +346,7 @@ def test_idempotency_key_values_are_judged_by_the_rule(
     http: httpx.Client, rows: RowCounter, key_caller: KeyCaller, value: str, copies: int
 ) -> None:
     raw = value.encode("latin-1").strip(b" \t")
-    key = expected_key(raw) if copies == 1 else None
+    key = expected_key(raw.decode("latin-1")) if copies == 1 else None
     before = rows()
 
     response = http.post(

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import socket
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing
 from urllib.parse import urlsplit, urlunsplit
 
@@ -14,44 +14,27 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from service.config import Settings
-from service.leases import Lease, LeaseManager, LeaseUnavailable, make_redis
-from tests.conftest import Services, run
+from service.leases import Lease, LeaseManager, LeaseUnavailable
+from tests.conftest import Services
 
 pytestmark = pytest.mark.integration
 
-# Socket timeout of the test clients: small, so unreachable-Redis cases finish quickly.
-REDIS_TIMEOUT = 0.5
 # Generous bound on anything expected "promptly", so a loaded machine does not fail the suite.
 PROMPT = 5.0
 # Lease of the tests that wait on heartbeats: short, so the whole file stays a few seconds.
 TTL = 0.6
+
+Connect = Callable[[str], Redis]
 
 
 def _name() -> str:
     return f"test:{uuid.uuid4().hex}"
 
 
-def _client(url: str) -> Redis:
-    return make_redis(Settings.from_env({}, redis_url=url, redis_timeout=REDIS_TIMEOUT), url)
-
-
-@asynccontextmanager
-async def _manager(url: str, ttl: float = TTL) -> AsyncIterator[LeaseManager]:
-    client = _client(url)
-    try:
-        yield LeaseManager(client, ttl=ttl)
-    finally:
-        await client.aclose()
-
-
-@asynccontextmanager
-async def _redis(url: str) -> AsyncIterator[Redis]:
-    client = _client(url)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+@pytest.fixture
+def leases(redis: Redis) -> LeaseManager:
+    """The shared manager with this file's short ttl, so heartbeats are seen within a second."""
+    return LeaseManager(redis, ttl=TTL)
 
 
 def _free_port() -> int:
@@ -61,10 +44,9 @@ def _free_port() -> int:
         return port
 
 
-async def _steal(url: str, lease: Lease, token: str = "thief") -> None:
-    async with _redis(url) as client:
-        await client.delete(lease.key)
-        await client.set(lease.key, token, px=5_000)
+async def _steal(redis: Redis, lease: Lease, token: str = "thief") -> None:
+    await redis.delete(lease.key)
+    await redis.set(lease.key, token, px=5_000)
 
 
 def _no_pending_tasks() -> bool:
@@ -141,259 +123,224 @@ def _no_errors_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     assert errors == []
 
 
-def test_held_lease_cannot_be_acquired_until_released(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with _manager(services.redis_url) as leases:
-            first = await leases.acquire(name)
-            assert first is not None
-            assert await leases.holder(name) == first.token
-            assert await leases.acquire(name) is None
+async def test_held_lease_cannot_be_acquired_until_released(leases: LeaseManager) -> None:
+    name = _name()
+    first = await leases.acquire(name)
+    assert first is not None
+    assert await leases.holder(name) == first.token
+    assert await leases.acquire(name) is None
 
-            assert await leases.release(first) is True
-            assert await leases.holder(name) is None
-            assert await leases.remaining(name) is None
+    assert await leases.release(first) is True
+    assert await leases.holder(name) is None
+    assert await leases.remaining(name) is None
 
-            second = await leases.acquire(name)
-            assert second is not None
-            assert second.token != first.token
-            await leases.release(second)
-
-    run(scenario())
+    second = await leases.acquire(name)
+    assert second is not None
+    assert second.token != first.token
+    await leases.release(second)
 
 
-def test_release_with_a_wrong_token_keeps_the_holders_lease(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with _manager(services.redis_url) as leases:
-            held = await leases.acquire(name)
-            assert held is not None
-            forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
+async def test_release_with_a_wrong_token_keeps_the_holders_lease(leases: LeaseManager) -> None:
+    name = _name()
+    held = await leases.acquire(name)
+    assert held is not None
+    forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
 
-            assert await leases.release(forged) is False
-            assert await leases.holder(name) == held.token
-            await leases.release(held)
-
-    run(scenario())
+    assert await leases.release(forged) is False
+    assert await leases.holder(name) == held.token
+    await leases.release(held)
 
 
-def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with _manager(services.redis_url, ttl=1.0) as leases:
-            held = await leases.acquire(name)
-            assert held is not None
-            await asyncio.sleep(0.3)
-            forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
+async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(redis: Redis) -> None:
+    name = _name()
+    leases = LeaseManager(redis, ttl=1.0)
+    held = await leases.acquire(name)
+    assert held is not None
+    await asyncio.sleep(0.3)
+    forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
 
-            assert await leases.extend(forged) is None
-            left = await leases.remaining(name)
-            assert left is not None and left <= 0.7  # at least 0.3 s of the 1 s went by
-            assert await leases.holder(name) == held.token
+    assert await leases.extend(forged) is None
+    left = await leases.remaining(name)
+    assert left is not None and left <= 0.7  # at least 0.3 s of the 1 s went by
+    assert await leases.holder(name) == held.token
 
-            extended = await leases.extend(held)
-            assert extended is not None
-            assert extended.token == held.token
-            assert extended.expires_at > held.expires_at
-            left = await leases.remaining(name)
-            assert left is not None and left > 0.7
-            await leases.release(extended)
-
-    run(scenario())
+    extended = await leases.extend(held)
+    assert extended is not None
+    assert extended.token == held.token
+    assert extended.expires_at > held.expires_at
+    left = await leases.remaining(name)
+    assert left is not None and left > 0.7
+    await leases.release(extended)
 
 
-def test_lease_expires_after_its_ttl_without_heartbeats(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with _manager(services.redis_url, ttl=0.3) as leases:
-            stale = await leases.acquire(name)
-            assert stale is not None
-            await asyncio.sleep(0.45)
+async def test_lease_expires_after_its_ttl_without_heartbeats(redis: Redis) -> None:
+    name = _name()
+    leases = LeaseManager(redis, ttl=0.3)
+    stale = await leases.acquire(name)
+    assert stale is not None
+    await asyncio.sleep(0.45)
 
-            fresh = await leases.acquire(name)
-            assert fresh is not None
-            assert await leases.extend(stale) is None
-            assert await leases.release(stale) is False
-            assert await leases.holder(name) == fresh.token
-            await leases.release(fresh)
-
-    run(scenario())
+    fresh = await leases.acquire(name)
+    assert fresh is not None
+    assert await leases.extend(stale) is None
+    assert await leases.release(stale) is False
+    assert await leases.holder(name) == fresh.token
+    await leases.release(fresh)
 
 
-def test_heartbeat_keeps_a_lease_alive_well_beyond_its_ttl(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with (
-            _manager(services.redis_url, ttl=0.3) as leases,
-            _manager(services.redis_url, ttl=0.3) as rival,
-        ):
-            held = await leases.acquire(name)
-            assert held is not None
-            async with leases.heartbeat(held) as beat:
-                for _ in range(12):  # 1.2 s, four ttls
-                    await asyncio.sleep(0.1)
-                    assert await rival.acquire(name) is None
-                assert not beat.lost.is_set()
-                assert beat.lease.token == held.token
-                assert beat.lease.expires_at > held.expires_at
-
-            # leaving the block stops the heartbeat but does not release the lease
-            assert await leases.holder(name) == held.token
-            assert await leases.release(beat.lease) is True
-
-    run(scenario())
-
-
-def test_heartbeat_notices_a_stolen_lease_at_its_next_beat(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        calls: list[None] = []
-        async with _manager(services.redis_url) as leases:
-            held = await leases.acquire(name)
-            assert held is not None
-            async with leases.heartbeat(held, on_lost=lambda: calls.append(None)) as beat:
-                await _steal(services.redis_url, held)
-                # the thief's key lives 5 s, so only the compare-and-extend can notice
-                async with asyncio.timeout(TTL + 0.4):  # one interval is TTL / 3
-                    await beat.lost.wait()
-                await asyncio.sleep(TTL)  # more beats would have happened by now
-            assert len(calls) == 1
-            assert await leases.holder(name) == "thief"
-
-    run(scenario())
-
-
-def test_on_lost_can_cancel_the_work_holding_the_lease(services: Services) -> None:
-    async def scenario() -> None:
-        name = _name()
-        async with _manager(services.redis_url) as leases:
-            held = await leases.acquire(name)
-            assert held is not None
-            started = asyncio.Event()
-
-            async def work() -> None:
-                handler = asyncio.current_task()
-                assert handler is not None
-                async with leases.heartbeat(held, on_lost=handler.cancel):
-                    started.set()
-                    await asyncio.sleep(PROMPT * 10)
-
-            task = asyncio.create_task(work())
-            await started.wait()
-            await _steal(services.redis_url, held)
-            async with asyncio.timeout(PROMPT):
-                with pytest.raises(asyncio.CancelledError):
-                    await task
-            assert _no_pending_tasks()
-
-    run(scenario())
-
-
-def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_ttl(
-    services: Services,
+async def test_heartbeat_keeps_a_lease_alive_well_beyond_its_ttl(
+    services: Services, redis: Redis, connect_redis: Connect
 ) -> None:
-    async def scenario() -> None:
-        name = _name()
-        calls: list[None] = []
-        relay = _Relay(services.redis_url)
-        failed_beat = _LogSignal("not extended")
-        async with _manager(await relay.start()) as leases, failed_beat.watch():
-            held = await leases.acquire(name)
-            assert held is not None
-            async with leases.heartbeat(held, on_lost=lambda: calls.append(None)) as beat:
-                await asyncio.sleep(TTL)  # a few good beats first
-                assert not beat.lost.is_set()
-                await relay.cut()
+    name = _name()
+    leases = LeaseManager(redis, ttl=0.3)
+    rival = LeaseManager(connect_redis(services.redis_url), ttl=0.3)
+    held = await leases.acquire(name)
+    assert held is not None
+    async with leases.heartbeat(held) as beat:
+        for _ in range(12):  # 1.2 s, four ttls
+            await asyncio.sleep(0.1)
+            assert await rival.acquire(name) is None
+        assert not beat.lost.is_set()
+        assert beat.lease.token == held.token
+        assert beat.lease.expires_at > held.expires_at
 
-                # a failed beat is retried: the lease is kept until a ttl passes without one
-                async with asyncio.timeout(PROMPT):
-                    await failed_beat.fired.wait()
-                assert not beat.lost.is_set()
-                async with asyncio.timeout(PROMPT):
-                    await beat.lost.wait()
-            assert len(calls) == 1
-            with pytest.raises(LeaseUnavailable):
-                await leases.acquire(name)
-
-        # nobody extended it after the cut, so Redis lets it expire too
-        async with _manager(services.redis_url) as direct:
-            left = await direct.remaining(name)
-            assert left is None or left <= TTL
-            await asyncio.sleep((left or 0.0) + 0.05)
-            assert await direct.holder(name) is None
-
-    run(scenario())
+    # leaving the block stops the heartbeat but does not release the lease
+    assert await leases.holder(name) == held.token
+    assert await leases.release(beat.lease) is True
 
 
-def test_unreachable_redis_raises_lease_unavailable_promptly() -> None:
-    async def scenario() -> None:
-        url = f"redis://127.0.0.1:{_free_port()}/0"
-        async with _manager(url) as leases:
-            lease = Lease(key="settlement:lease:x", token="t", ttl=TTL, expires_at=0.0)
-            async with asyncio.timeout(PROMPT):
-                with pytest.raises(LeaseUnavailable) as caught:
-                    await leases.acquire(_name())
-                assert isinstance(caught.value.__cause__, redis_errors.ConnectionError)
-                assert caught.value.status_hint == 503
-                with pytest.raises(LeaseUnavailable):
-                    await leases.extend(lease)
-                with pytest.raises(LeaseUnavailable):
-                    await leases.release(lease)
-                with pytest.raises(LeaseUnavailable):
-                    await leases.holder(_name())
-                with pytest.raises(LeaseUnavailable):
-                    await leases.remaining(_name())
-
-    run(scenario())
+async def test_heartbeat_notices_a_stolen_lease_at_its_next_beat(
+    leases: LeaseManager, redis: Redis
+) -> None:
+    name = _name()
+    calls: list[None] = []
+    held = await leases.acquire(name)
+    assert held is not None
+    async with leases.heartbeat(held, on_lost=lambda: calls.append(None)) as beat:
+        await _steal(redis, held)
+        # the thief's key lives 5 s, so only the compare-and-extend can notice
+        async with asyncio.timeout(TTL + 0.4):  # one interval is TTL / 3
+            await beat.lost.wait()
+        await asyncio.sleep(TTL)  # more beats would have happened by now
+    assert len(calls) == 1
+    assert await leases.holder(name) == "thief"
 
 
-def test_redis_that_never_answers_raises_lease_unavailable_after_the_socket_timeout() -> None:
-    async def scenario() -> None:
-        # accepts connections (the kernel queues them) but never reads or answers
-        with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as silent:
-            silent.bind(("127.0.0.1", 0))
-            silent.listen(16)
-            url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-            async with _manager(url) as leases:
-                async with asyncio.timeout(PROMPT):
-                    with pytest.raises(LeaseUnavailable) as caught:
-                        await leases.acquire(_name())
-                assert isinstance(caught.value.__cause__, redis_errors.TimeoutError)
+async def test_on_lost_can_cancel_the_work_holding_the_lease(
+    leases: LeaseManager, redis: Redis
+) -> None:
+    name = _name()
+    held = await leases.acquire(name)
+    assert held is not None
+    started = asyncio.Event()
 
-    run(scenario())
+    async def work() -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        async with leases.heartbeat(held, on_lost=handler.cancel):
+            started.set()
+            await asyncio.sleep(PROMPT * 10)
+
+    task = asyncio.create_task(work())
+    await started.wait()
+    await _steal(redis, held)
+    async with asyncio.timeout(PROMPT):
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert _no_pending_tasks()
 
 
-def test_leaving_the_heartbeat_leaves_no_pending_tasks(services: Services) -> None:
-    async def scenario() -> None:
-        async with _manager(services.redis_url) as leases:
-            held = await leases.acquire(_name())
-            assert held is not None
-            async with leases.heartbeat(held) as beat:
-                await asyncio.sleep(TTL / 2)
-                assert not _no_pending_tasks()
-            assert _no_pending_tasks()
+async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_ttl(
+    services: Services, leases: LeaseManager, connect_redis: Connect
+) -> None:
+    name = _name()
+    calls: list[None] = []
+    relay = _Relay(services.redis_url)
+    failed_beat = _LogSignal("not extended")
+    relayed = LeaseManager(connect_redis(await relay.start()), ttl=TTL)
+    async with failed_beat.watch():
+        held = await relayed.acquire(name)
+        assert held is not None
+        async with relayed.heartbeat(held, on_lost=lambda: calls.append(None)) as beat:
+            await asyncio.sleep(TTL)  # a few good beats first
             assert not beat.lost.is_set()
+            await relay.cut()
 
-            # also when the body fails, and when the heartbeat had already stopped on loss
-            with pytest.raises(RuntimeError, match="boom"):
-                async with leases.heartbeat(beat.lease):
-                    raise RuntimeError("boom")
-            assert _no_pending_tasks()
+            # a failed beat is retried: the lease is kept until a ttl passes without one
+            async with asyncio.timeout(PROMPT):
+                await failed_beat.fired.wait()
+            assert not beat.lost.is_set()
+            async with asyncio.timeout(PROMPT):
+                await beat.lost.wait()
+        assert len(calls) == 1
+        with pytest.raises(LeaseUnavailable):
+            await relayed.acquire(name)
 
-            await _steal(services.redis_url, beat.lease)
-            async with leases.heartbeat(beat.lease) as lost:
-                async with asyncio.timeout(PROMPT):
-                    await lost.lost.wait()
-            assert _no_pending_tasks()
-
-    run(scenario())
+    # nobody extended it after the cut, so Redis lets it expire too
+    left = await leases.remaining(name)
+    assert left is None or left <= TTL
+    await asyncio.sleep((left or 0.0) + 0.05)
+    assert await leases.holder(name) is None
 
 
-def test_lease_ttl_must_be_at_least_a_millisecond(services: Services) -> None:
-    async def scenario() -> None:
-        async with _redis(services.redis_url) as client:
-            for ttl in (0.0, -1.0, 0.0004, float("nan"), float("inf")):
-                with pytest.raises(ValueError, match="ttl"):
-                    LeaseManager(client, ttl=ttl)
+async def test_unreachable_redis_raises_lease_unavailable_promptly(connect_redis: Connect) -> None:
+    leases = LeaseManager(connect_redis(f"redis://127.0.0.1:{_free_port()}/0"), ttl=TTL)
+    lease = Lease(key="settlement:lease:x", token="t", ttl=TTL, expires_at=0.0)
+    async with asyncio.timeout(PROMPT):
+        with pytest.raises(LeaseUnavailable) as caught:
+            await leases.acquire(_name())
+        assert isinstance(caught.value.__cause__, redis_errors.ConnectionError)
+        assert caught.value.status_hint == 503
+        with pytest.raises(LeaseUnavailable):
+            await leases.extend(lease)
+        with pytest.raises(LeaseUnavailable):
+            await leases.release(lease)
+        with pytest.raises(LeaseUnavailable):
+            await leases.holder(_name())
+        with pytest.raises(LeaseUnavailable):
+            await leases.remaining(_name())
 
-    run(scenario())
+
+async def test_redis_that_never_answers_raises_lease_unavailable_after_the_socket_timeout(
+    connect_redis: Connect,
+) -> None:
+    # accepts connections (the kernel queues them) but never reads or answers
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        leases = LeaseManager(connect_redis(url), ttl=TTL)
+        async with asyncio.timeout(PROMPT):
+            with pytest.raises(LeaseUnavailable) as caught:
+                await leases.acquire(_name())
+        assert isinstance(caught.value.__cause__, redis_errors.TimeoutError)
+
+
+async def test_leaving_the_heartbeat_leaves_no_pending_tasks(
+    leases: LeaseManager, redis: Redis
+) -> None:
+    held = await leases.acquire(_name())
+    assert held is not None
+    async with leases.heartbeat(held) as beat:
+        await asyncio.sleep(TTL / 2)
+        assert not _no_pending_tasks()
+    assert _no_pending_tasks()
+    assert not beat.lost.is_set()
+
+    # also when the body fails, and when the heartbeat had already stopped on loss
+    with pytest.raises(RuntimeError, match="boom"):
+        async with leases.heartbeat(beat.lease):
+            raise RuntimeError("boom")
+    assert _no_pending_tasks()
+
+    await _steal(redis, beat.lease)
+    async with leases.heartbeat(beat.lease) as lost:
+        async with asyncio.timeout(PROMPT):
+            await lost.lost.wait()
+    assert _no_pending_tasks()
+
+
+async def test_lease_ttl_must_be_at_least_a_millisecond(redis: Redis) -> None:
+    for ttl in (0.0, -1.0, 0.0004, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="ttl"):
+            LeaseManager(redis, ttl=ttl)

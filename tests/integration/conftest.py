@@ -1,0 +1,97 @@
+"""Shared fixtures of the integration tests: real PostgreSQL (the session's migrated
+database) and real Redis, each client made and closed on the test's own event loop."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from service.config import Settings
+from service.leases import LeaseManager, make_redis
+from service.store.db import async_url
+from service.store.settlement import SettlementStore
+from tests.conftest import Services
+from tests.integration.factories import Clock, Scope, make_principal, make_scope
+
+# Socket timeout of the test Redis clients: small, so unreachable-Redis cases finish quickly.
+REDIS_TIMEOUT = 0.5
+# Lease of the shared LeaseManager: longer than any test, so a held lease never lapses
+# mid-test; tests about expiry make a manager with a short ttl of their own.
+LEASE_MANAGER_TTL = 30.0
+# Connections of one test engine: enough for the concurrent claims and settlers of one test.
+POOL_SIZE = 5
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def open_engine(migrated_url: str) -> AsyncIterator[Callable[[], AsyncEngine]]:
+    """Makes engines (each its own connection pool) on the migrated database; all are
+    disposed when the test ends."""
+    engines: list[AsyncEngine] = []
+
+    def open_() -> AsyncEngine:
+        engines.append(
+            create_async_engine(async_url(migrated_url), pool_size=POOL_SIZE, max_overflow=0)
+        )
+        return engines[-1]
+
+    yield open_
+    for engine in engines:
+        await engine.dispose()
+
+
+@pytest.fixture
+def engine(open_engine: Callable[[], AsyncEngine]) -> AsyncEngine:
+    return open_engine()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine, clock: Clock) -> SettlementStore:
+    return SettlementStore(engine, clock=clock)
+
+
+@pytest.fixture
+async def principal_id(engine: AsyncEngine) -> uuid.UUID:
+    """A client principal of its own, so no other test's operations share its scopes."""
+    return await make_principal(engine)
+
+
+@pytest.fixture
+def scope(principal_id: uuid.UUID) -> Scope:
+    """A fresh scope (route and Idempotency-Key) of ``principal_id``."""
+    return make_scope(principal_id)
+
+
+@pytest.fixture
+async def connect_redis() -> AsyncIterator[Callable[[str], Redis]]:
+    """Makes Redis clients for a URL (the suite's, a relay's, a dead port's); all are closed
+    when the test ends."""
+    clients: list[Redis] = []
+
+    def connect(url: str) -> Redis:
+        settings = Settings.from_env({}, redis_url=url, redis_timeout=REDIS_TIMEOUT)
+        clients.append(make_redis(settings, url))
+        return clients[-1]
+
+    yield connect
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def redis(services: Services, connect_redis: Callable[[str], Redis]) -> Redis:
+    return connect_redis(services.redis_url)
+
+
+@pytest.fixture
+def leases(redis: Redis) -> LeaseManager:
+    """Leases under a prefix of this test's own, so no other test's leases are seen."""
+    return LeaseManager(redis, ttl=LEASE_MANAGER_TTL, prefix=f"test:{uuid.uuid4().hex}:")
