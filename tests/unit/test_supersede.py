@@ -78,6 +78,8 @@ def test_supersede_starts_a_new_epoch(state: str, lease: str | None, force: bool
     assert decision.archived.result_digest == expected_digest
     assert decision.reran_completed is (state == "completed")
     assert decision.fenced_live_attempt is (state == "in_progress" and lease == "valid")
+    # a local effect runs again in the new epoch only if it had completed
+    assert decision.effect_may_run_again is (state == "completed")
 
 
 def test_supersede_with_an_edited_request_and_a_rebind() -> None:
@@ -99,9 +101,12 @@ def test_external_effect_with_unknown_outcome_needs_force(state: str) -> None:
     assert refused == Refuse(reason=RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE)
     forced = decide_supersede(record, SupersedeRequest(external=True, force=True), NOW)
     assert isinstance(forced, Supersede)
+    assert forced.effect_may_run_again
 
 
 @pytest.mark.parametrize("state", ["failed", "conflict"])
 def test_external_effect_with_a_known_outcome_needs_no_force(state: str) -> None:
     record = make_record(state=state)
-    assert isinstance(decide_supersede(record, SupersedeRequest(external=True), NOW), Supersede)
+    decision = decide_supersede(record, SupersedeRequest(external=True), NOW)
+    assert isinstance(decision, Supersede)
+    assert not decision.effect_may_run_again
