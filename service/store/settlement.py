@@ -13,16 +13,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import (
-    Apply,
     Claim,
-    ClaimKind,
     ClaimRequest,
     Decision,
     Observation,
@@ -34,12 +31,11 @@ from service.core import (
     SupersedeDecision,
     SupersedeRequest,
     TerminalPolicy,
-    decide_claim,
-    settle,
-    with_lease,
 )
+from service.store.claims import claim_phase
 from service.store.db import reader
 from service.store.epochs import supersede_phase, sweep_phase
+from service.store.merge import Offer, settle_phase
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
@@ -53,9 +49,9 @@ from service.store.outcomes import (
     SweepPage,
 )
 from service.store.phase import PhaseRunner, RowLocked, SettlementContention
-from service.store.rows import at, record_from_row
+from service.store.rows import record_from_row
 from service.store.tables import operations
-from service.store.unit_of_work import AttemptEnd, StaleRevision, UnitOfWork, scope_predicate
+from service.store.unit_of_work import UnitOfWork, scope_predicate
 
 __all__ = [
     "AttemptRef",
@@ -73,10 +69,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("settlement.store")
-
-# What an observation is offered as: made under the row lock, with an undo for what making
-# it wrote (a local effect's savepoint), run when the core does not apply it.
-_Offer = Callable[[UnitOfWork, Record], Awaitable[tuple[Observation, Callable[[], Any] | None]]]
 
 
 class SettlementStore:
@@ -223,66 +215,26 @@ class SettlementStore:
     async def _settle(
         self,
         operation_id: uuid.UUID,
-        offer: _Offer,
+        offer: Offer,
         *,
         attempt_id: uuid.UUID | None,
         detail: dict[str, Any] | None = None,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled | None:
-        before: Record | None = None
-
-        async def phase(uow: UnitOfWork) -> Settled | None:
-            record = await uow.get_for_update(operation_id)
-            if record is None:
-                return None
-            observation, undo = await offer(uow, record)
-            now = self._clock()
-            decision = settle(record, observation, now, self._policy)
-            after = record
-            if isinstance(decision, Apply):
-                after = decision.record
-                await uow.cas_write(
-                    after,
-                    decision.expected_revision,
-                    at(now),
-                    **self._retention_of(record, after, now),
-                )
-            elif undo is not None:
-                await undo()  # the core refused the outcome: undo its effect
-            finish = None
-            if attempt_id is not None and observation.source is Source.ATTEMPT:
-                finish = AttemptEnd(
-                    attempt_id=attempt_id,
-                    outcome=observation.kind.value,
-                    status=observation.result.status if observation.result else None,
-                    error=None if isinstance(decision, Apply) else decision.reason.value,
-                    at=at(now),
-                )
-            observation_id = await uow.record_decision(
-                operation_id,
-                observation,
-                decision,
-                record.revision,
-                attempt_id=attempt_id,
-                detail=detail,
-                finish_attempt=finish,
-                notify_terminal=isinstance(decision, Apply) and after.state.terminal,
-            )
-            nonlocal before
-            before = record
-            return Settled(
-                decision=decision,
-                record=after,
-                observation=observation,
-                observation_id=observation_id,
-            )
-
-        settled = await self._runner.run(
-            f"settle {operation_id}", phase, before_commit=before_commit
+        phase = settle_phase(
+            operation_id,
+            offer,
+            attempt_id=attempt_id,
+            detail=detail,
+            clock=self._clock,
+            policy=self._policy,
+            retention=self._retention,
         )
-        if settled is not None:
-            assert before is not None
-            self._report(operation_id, before, settled)
+        found = await self._runner.run(f"settle {operation_id}", phase, before_commit=before_commit)
+        if found is None:
+            return None
+        before, settled = found
+        self._report(operation_id, before, settled)
         return settled
 
     def _report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
@@ -302,12 +254,6 @@ class SettlementStore:
                 },
             )
 
-    def _retention_of(self, before: Record, after: Record, now: float) -> dict[str, Any]:
-        """A row that becomes terminal starts its retention clock."""
-        if after.state.terminal and not before.state.terminal:
-            return {"expires_at": at(now) + timedelta(seconds=self._retention)}
-        return {}
-
     # -- claim: a new attempt -----------------------------------------------------------------
 
     async def claim(
@@ -326,42 +272,15 @@ class SettlementStore:
         for the scope; the first round inserts without the locked read (if another claimer
         inserted meanwhile the insert does nothing and the rerun locks the row).
         """
-        first_round = True
-
-        async def phase(uow: UnitOfWork) -> ClaimOutcome:
-            nonlocal first_round
-            skip_read, first_round = assume_absent and first_round, False
-            record = None if skip_read else await uow.get_for_update_by_scope(scope)
-            now = self._clock()
-            if record is not None and holds_lease:
-                record = with_lease(record, None, now)
-            decision = decide_claim(record, request, now)
-            if not isinstance(decision, Claim):
-                return ClaimOutcome(decision=decision, record=record)
-            claimed = decision.record
-            attempt_id = uuid.uuid4()
-            stamp = at(now)
-            if decision.kind is ClaimKind.NEW:
-                if not await uow.insert_operation(
-                    scope, claimed, stamp, current_attempt_id=attempt_id
-                ):
-                    raise StaleRevision(f"scope of {scope.route}: inserted by another claimer")
-            else:
-                assert record is not None and decision.expected_revision is not None
-                await uow.cas_write(
-                    claimed, decision.expected_revision, stamp, current_attempt_id=attempt_id
-                )
-                if decision.demotion is not None:
-                    demoted = settle(record, decision.demotion, now, self._policy)
-                    await uow.record_decision(
-                        uuid.UUID(claimed.tuple.operation_id),
-                        decision.demotion,
-                        demoted,
-                        record.revision,
-                    )
-            await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
-            return ClaimOutcome(decision=decision, record=claimed, attempt_id=attempt_id)
-
+        phase = claim_phase(
+            scope,
+            request,
+            lease_token=lease_token,
+            holds_lease=holds_lease,
+            assume_absent=assume_absent,
+            clock=self._clock,
+            policy=self._policy,
+        )
         outcome = await self._runner.run(f"claim {scope.route}", phase)
         if isinstance(outcome.decision, Claim):
             self._hooks.on_claimed(outcome.decision.kind.value)

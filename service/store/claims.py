@@ -1,0 +1,77 @@
+"""The claim phase: a new attempt takes the scope's operation, or learns why not.
+
+Lock the scope's row (or insert it), ask the core (``decide_claim``), CAS, and record the
+attempt; a stale ``in_progress`` row's demotion is recorded as an observation in the same
+transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+from service.core import (
+    Claim,
+    ClaimKind,
+    ClaimRequest,
+    Scope,
+    TerminalPolicy,
+    decide_claim,
+    settle,
+    with_lease,
+)
+from service.store.outcomes import ClaimOutcome
+from service.store.phase import Phase
+from service.store.rows import at
+from service.store.unit_of_work import StaleRevision, UnitOfWork
+
+__all__ = ["claim_phase"]
+
+
+def claim_phase(
+    scope: Scope,
+    request: ClaimRequest,
+    *,
+    lease_token: str | None,
+    holds_lease: bool,
+    assume_absent: bool,
+    clock: Callable[[], float],
+    policy: TerminalPolicy,
+) -> Phase[ClaimOutcome]:
+    """``assume_absent`` skips the locked read on the first round only: if another claimer
+    inserted meanwhile the insert does nothing, and the rerun locks the row."""
+    first_round = True
+
+    async def phase(uow: UnitOfWork) -> ClaimOutcome:
+        nonlocal first_round
+        skip_read, first_round = assume_absent and first_round, False
+        record = None if skip_read else await uow.get_for_update_by_scope(scope)
+        now = clock()
+        if record is not None and holds_lease:
+            record = with_lease(record, None, now)
+        decision = decide_claim(record, request, now)
+        if not isinstance(decision, Claim):
+            return ClaimOutcome(decision=decision, record=record)
+        claimed = decision.record
+        attempt_id = uuid.uuid4()
+        stamp = at(now)
+        if decision.kind is ClaimKind.NEW:
+            if not await uow.insert_operation(scope, claimed, stamp, current_attempt_id=attempt_id):
+                raise StaleRevision(f"scope of {scope.route}: inserted by another claimer")
+        else:
+            assert record is not None and decision.expected_revision is not None
+            await uow.cas_write(
+                claimed, decision.expected_revision, stamp, current_attempt_id=attempt_id
+            )
+            if decision.demotion is not None:
+                demoted = settle(record, decision.demotion, now, policy)
+                await uow.record_decision(
+                    uuid.UUID(claimed.tuple.operation_id),
+                    decision.demotion,
+                    demoted,
+                    record.revision,
+                )
+        await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
+        return ClaimOutcome(decision=decision, record=claimed, attempt_id=attempt_id)
+
+    return phase

@@ -1,0 +1,81 @@
+"""The settle phase: one observation merged into its operation's row.
+
+Lock the row, ask the core (``settle``: tuple gate, rank merge, terminal resolver), write
+with the tuple + revision CAS when it applies, and record the observation with the stage and
+disposition that decided it, in the same transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from service.core import Apply, Observation, Record, Source, TerminalPolicy, settle
+from service.store.outcomes import Settled
+from service.store.phase import Phase
+from service.store.rows import at
+from service.store.unit_of_work import AttemptEnd, UnitOfWork
+
+__all__ = ["Offer", "settle_phase"]
+
+# What an observation is offered as: made under the row lock, with an undo for what making
+# it wrote (a local effect's savepoint), run when the core does not apply it.
+Offer = Callable[[UnitOfWork, Record], Awaitable[tuple[Observation, Callable[[], Any] | None]]]
+
+
+def settle_phase(
+    operation_id: uuid.UUID,
+    offer: Offer,
+    *,
+    attempt_id: uuid.UUID | None,
+    detail: dict[str, Any] | None,
+    clock: Callable[[], float],
+    policy: TerminalPolicy,
+    retention: float,
+) -> Phase[tuple[Record, Settled] | None]:
+    """The phase returns the row as it was and the settlement, or None: no such operation."""
+
+    async def phase(uow: UnitOfWork) -> tuple[Record, Settled] | None:
+        record = await uow.get_for_update(operation_id)
+        if record is None:
+            return None
+        observation, undo = await offer(uow, record)
+        now = clock()
+        decision = settle(record, observation, now, policy)
+        after = record
+        if isinstance(decision, Apply):
+            after = decision.record
+            expiry: dict[str, Any] = {}
+            if after.state.terminal and not record.state.terminal:
+                # a row that becomes terminal starts its retention clock
+                expiry["expires_at"] = at(now) + timedelta(seconds=retention)
+            await uow.cas_write(after, decision.expected_revision, at(now), **expiry)
+        elif undo is not None:
+            await undo()  # the core refused the outcome: undo its effect
+        finish = None
+        if attempt_id is not None and observation.source is Source.ATTEMPT:
+            finish = AttemptEnd(
+                attempt_id=attempt_id,
+                outcome=observation.kind.value,
+                status=observation.result.status if observation.result else None,
+                error=None if isinstance(decision, Apply) else decision.reason.value,
+                at=at(now),
+            )
+        observation_id = await uow.record_decision(
+            operation_id,
+            observation,
+            decision,
+            record.revision,
+            attempt_id=attempt_id,
+            detail=detail,
+            finish_attempt=finish,
+            notify_terminal=isinstance(decision, Apply) and after.state.terminal,
+        )
+        settled = Settled(
+            decision=decision, record=after, observation=observation, observation_id=observation_id
+        )
+        return record, settled
+
+    return phase
