@@ -104,7 +104,7 @@ def observation_of(
     """The observation verified evidence makes: its tuple comes only from the evidence."""
     content_type = content_type_for(evidence.outcome)
     return Observation(
-        tuple=ReservationTuple(
+        reservation=ReservationTuple(
             operation_id=str(evidence.operation_id),
             request_fingerprint=evidence.request_fingerprint,
             binding_generation=evidence.binding_generation,

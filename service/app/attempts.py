@@ -297,7 +297,7 @@ def _attempt_observation(
             digest=result_digest(produced.status, produced.content_type, produced.body),
         )
     return Observation(
-        tuple=attempt.reservation,
+        reservation=attempt.reservation,
         kind=kind,
         source=Source.ATTEMPT,
         fencing_token=attempt.fencing_token,
@@ -318,13 +318,13 @@ def _attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef
     assert record is not None and claimed.attempt_id is not None
     attempt = AttemptRef(
         attempt_id=claimed.attempt_id,
-        reservation=record.tuple,
+        reservation=record.reservation,
         fencing_token=record.fencing_token,
     )
     context = ExecutionContext(
         principal=principal,
-        operation_id=uuid.UUID(record.tuple.operation_id),
-        binding_generation=record.tuple.binding_generation,
+        operation_id=uuid.UUID(record.reservation.operation_id),
+        binding_generation=record.reservation.binding_generation,
     )
     return attempt, context
 

@@ -43,7 +43,7 @@ class EvidenceIntake:
         self._external_routes = external_routes
 
     async def deliver(self, observer: Principal, signed: SignedEvidence) -> Accepted | Problem:
-        verified = bool(self._secret) and verify(signed, self._secret or "")
+        verified = self._secret is not None and verify(signed, self._secret)
         operation_id = signed.evidence.operation_id
         observation = observation_of(signed.evidence, Source.EVIDENCE, verified=verified)
         detail = {"principal_id": str(observer.id)}
@@ -75,6 +75,6 @@ class EvidenceIntake:
                 id=operation_id,
                 state=record.state.value,
                 revision=record.revision,
-                binding_generation=record.tuple.binding_generation,
+                binding_generation=record.reservation.binding_generation,
             ),
         )

@@ -117,7 +117,7 @@ class IdempotentRequests:
             return Problem(
                 "lease-unavailable",
                 "the lease store is unreachable; no new execution without a lease",
-                None if record is None else record.tuple.operation_id,
+                None if record is None else record.reservation.operation_id,
                 retry_after=True,
             )
         if lease is None:
@@ -146,7 +146,7 @@ class IdempotentRequests:
             record = await self._store.get_by_scope(scope)
         if record is None:
             return busy(scope)  # the winner has not inserted its row yet
-        operation_id = record.tuple.operation_id
+        operation_id = record.reservation.operation_id
         if wait > 0:
             async with self._waiter.wait_for(operation_id) as settled:
                 current = await self._store.get_by_scope(scope)

@@ -132,7 +132,7 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
     """Decide what a request does with the row of its scope. Pure."""
     if record is None:
         fresh = Record(
-            tuple=ReservationTuple(
+            reservation=ReservationTuple(
                 operation_id=request.new_operation_id,
                 request_fingerprint=request.request_fingerprint,
                 binding_generation=1,
@@ -145,8 +145,8 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
         )
         return Claim(kind=ClaimKind.NEW, record=fresh, expected_revision=None)
 
-    operation_id = record.tuple.operation_id
-    if record.tuple.request_fingerprint != request.request_fingerprint:
+    operation_id = record.reservation.operation_id
+    if record.reservation.request_fingerprint != request.request_fingerprint:
         return FingerprintMismatch(operation_id=operation_id)
     if record.binding != request.binding:
         return BindingMismatch(operation_id=operation_id)
@@ -164,7 +164,7 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
     if record.state is OperationState.IN_PROGRESS:
         kind = ClaimKind.DEMOTE_STALE
         demotion = Observation(
-            tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.CLAIM
+            reservation=record.reservation, kind=ObservationKind.UNKNOWN, source=Source.CLAIM
         )
     claimed = msgspec.structs.replace(
         record,
@@ -181,7 +181,7 @@ def attempt_answer(record: Record, *, stored_by_attempt: bool) -> AttemptAnswer:
 
     ``stored_by_attempt``: this attempt's own settlement applied the row's terminal outcome.
     """
-    operation_id = record.tuple.operation_id
+    operation_id = record.reservation.operation_id
     if record.state is OperationState.CONFLICT:
         return OperationConflict(operation_id=operation_id)
     if record.state.terminal:

@@ -139,7 +139,7 @@ class Record(msgspec.Struct, frozen=True):
     the shell fills it from what it knows of the lease before asking the core.
     """
 
-    tuple: ReservationTuple
+    reservation: ReservationTuple
     binding: Binding
     state: OperationState
     revision: int
@@ -193,7 +193,7 @@ class Observation(msgspec.Struct, frozen=True):
     ``verified`` is False for evidence whose signature did not verify: always quarantined.
     """
 
-    tuple: ReservationTuple
+    reservation: ReservationTuple
     kind: ObservationKind
     source: Source
     result: Result | None = None

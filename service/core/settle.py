@@ -134,7 +134,7 @@ def settle(
 def _tuple_gate(record: Record, observation: Observation) -> Decision | None:
     if not observation.verified:
         return Quarantine(reason=Reason.UNVERIFIED)
-    if observation.tuple != record.tuple:
+    if observation.reservation != record.reservation:
         return Quarantine(reason=Reason.TUPLE_MISMATCH)
     if observation.fencing_token is not None and observation.fencing_token != record.fencing_token:
         return Ignore(stage=Stage.TUPLE_GATE, reason=Reason.STALE_FENCING_TOKEN)

@@ -61,7 +61,7 @@ class RefuseReason(enum.StrEnum):
 class Archived(msgspec.Struct, frozen=True):
     """The epoch being closed, as it is archived."""
 
-    tuple: ReservationTuple
+    reservation: ReservationTuple
     binding: Binding
     final_state: OperationState
     result_digest: str | None
@@ -97,19 +97,19 @@ def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> S
     if live and not request.force:
         return Refuse(reason=RefuseReason.LIVE_ATTEMPT)
     archived = Archived(
-        tuple=record.tuple,
+        reservation=record.reservation,
         binding=record.binding,
         final_state=record.state,
         result_digest=record.result.digest if record.result is not None else None,
     )
     reservation = ReservationTuple(
-        operation_id=record.tuple.operation_id,
-        request_fingerprint=request.request_fingerprint or record.tuple.request_fingerprint,
-        binding_generation=record.tuple.binding_generation + 1,
+        operation_id=record.reservation.operation_id,
+        request_fingerprint=request.request_fingerprint or record.reservation.request_fingerprint,
+        binding_generation=record.reservation.binding_generation + 1,
     )
     fresh = msgspec.structs.replace(
         record,
-        tuple=reservation,
+        reservation=reservation,
         binding=request.binding or record.binding,
         state=OperationState.UNKNOWN,
         revision=record.revision + 1,

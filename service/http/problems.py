@@ -100,16 +100,17 @@ def problem_response(
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     if exc.detail == CLIENT_GONE:
         return _layer_error(request, exc)
-    if isinstance(exc, NotFoundException):
-        return problem_response("not-found", f"no route or resource at {request.url.path}")
-    if isinstance(exc, MethodNotAllowedException):
-        return problem_response(
-            "method-not-allowed",
-            f"{request.method} is not allowed on {request.url.path}",
-            headers=dict(exc.headers or {}),
-        )
-    if isinstance(exc, ValidationException):
-        return problem_response("validation-error", _validation_detail(exc))
+    match exc:
+        case NotFoundException():
+            return problem_response("not-found", f"no route or resource at {request.url.path}")
+        case MethodNotAllowedException():
+            return problem_response(
+                "method-not-allowed",
+                f"{request.method} is not allowed on {request.url.path}",
+                headers=dict(exc.headers or {}),
+            )
+        case ValidationException():
+            return problem_response("validation-error", _validation_detail(exc))
     if exc.status_code == 413:
         return problem_response("payload-too-large", str(exc.detail))
     for slug, (status, _) in SLUGS.items():

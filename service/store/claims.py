@@ -66,7 +66,7 @@ def claim_phase(
             if decision.demotion is not None:
                 demoted = settle(record, decision.demotion, now, policy)
                 await uow.record_decision(
-                    uuid.UUID(claimed.tuple.operation_id),
+                    uuid.UUID(claimed.reservation.operation_id),
                     decision.demotion,
                     demoted,
                     record.revision,

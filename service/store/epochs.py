@@ -69,7 +69,7 @@ def supersede_phase(
             decision.record,
             decision.expected_revision,
             at(now),
-            expected_tuple=decision.archived.tuple,
+            expected_tuple=decision.archived.reservation,
             expires_at=None,
             current_attempt_id=None,
         )
@@ -97,9 +97,9 @@ def sweep_phase(
         demoted: list[uuid.UUID] = []
         for (_, stored, _), left in zip(rows, remaining, strict=True):
             record = with_lease(stored, left, now)
-            operation_id = uuid.UUID(record.tuple.operation_id)
+            operation_id = uuid.UUID(record.reservation.operation_id)
             observation = Observation(
-                tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
+                reservation=record.reservation, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
             )
             decision = settle(record, observation, now, policy)
             if not isinstance(decision, Apply):

@@ -49,7 +49,7 @@ def record_from_row(row: Mapping[Any, Any]) -> Record:
             kinds=tuple(ObservationKind(k) for k in row["conflict"]["kinds"]),
         )
     return Record(
-        tuple=ReservationTuple(
+        reservation=ReservationTuple(
             operation_id=str(row["id"]),
             request_fingerprint=row["request_fingerprint"],
             binding_generation=row["binding_generation"],
@@ -72,8 +72,8 @@ def record_values(record: Record) -> dict[str, Any]:
     result = record.result
     conflict = record.conflict
     return {
-        "binding_generation": record.tuple.binding_generation,
-        "request_fingerprint": record.tuple.request_fingerprint,
+        "binding_generation": record.reservation.binding_generation,
+        "request_fingerprint": record.reservation.request_fingerprint,
         "bound_principal_id": uuid.UUID(record.binding.principal_id),
         "bound_credential_generation": record.binding.credential_generation,
         "state": record.state.value,

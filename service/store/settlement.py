@@ -191,12 +191,12 @@ class SettlementStore:
             uow: UnitOfWork, record: Record
         ) -> tuple[Observation, Callable[[], Any] | None]:
             if (
-                record.tuple != attempt.reservation
+                record.reservation != attempt.reservation
                 or record.fencing_token != attempt.fencing_token
                 or record.state.terminal
             ):
                 probe = Observation(
-                    tuple=attempt.reservation,
+                    reservation=attempt.reservation,
                     kind=ObservationKind.UNKNOWN,
                     source=Source.ATTEMPT,
                     fencing_token=attempt.fencing_token,
@@ -248,8 +248,8 @@ class SettlementStore:
                 "happened in both epochs",
                 extra={
                     "operation_id": str(operation_id),
-                    "observed_generation": observation.tuple.binding_generation,
-                    "current_generation": before.tuple.binding_generation,
+                    "observed_generation": observation.reservation.binding_generation,
+                    "current_generation": before.reservation.binding_generation,
                     "kind": observation.kind.value,
                 },
             )
@@ -287,7 +287,7 @@ class SettlementStore:
             log.info(
                 "operation claimed",
                 extra={
-                    "operation_id": outcome.decision.record.tuple.operation_id,
+                    "operation_id": outcome.decision.record.reservation.operation_id,
                     "claim": outcome.decision.kind.value,
                     "fencing_token": outcome.decision.record.fencing_token,
                 },
@@ -329,7 +329,7 @@ class SettlementStore:
                 "operation superseded",
                 extra={
                     "operation_id": str(operation_id),
-                    "binding_generation": decision.record.tuple.binding_generation,
+                    "binding_generation": decision.record.reservation.binding_generation,
                     "reran_completed": decision.reran_completed,
                     "fenced_live_attempt": decision.fenced_live_attempt,
                     "reason": reason,
@@ -365,8 +365,8 @@ def _stale_epoch_outcome(record: Record, observation: Observation) -> bool:
         observation.verified
         and observation.kind.terminal
         and observation.fencing_token is None
-        and observation.tuple.operation_id == record.tuple.operation_id
-        and observation.tuple.binding_generation < record.tuple.binding_generation
+        and observation.reservation.operation_id == record.reservation.operation_id
+        and observation.reservation.binding_generation < record.reservation.binding_generation
     )
 
 

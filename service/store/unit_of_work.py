@@ -144,8 +144,8 @@ class UnitOfWork:
         await self.connection.execute(
             insert(operation_epochs).values(
                 operation_id=operation_id,
-                binding_generation=archived.tuple.binding_generation,
-                request_fingerprint=archived.tuple.request_fingerprint,
+                binding_generation=archived.reservation.binding_generation,
+                request_fingerprint=archived.reservation.request_fingerprint,
                 bound_principal_id=uuid.UUID(archived.binding.principal_id),
                 bound_credential_generation=archived.binding.credential_generation,
                 final_state=archived.final_state.value,
@@ -193,7 +193,7 @@ class UnitOfWork:
         stmt = (
             pg_insert(operations)
             .values(
-                id=uuid.UUID(record.tuple.operation_id),
+                id=uuid.UUID(record.reservation.operation_id),
                 tenant=scope.tenant,
                 principal_id=scope.principal_id,
                 route=scope.route,
@@ -219,7 +219,7 @@ class UnitOfWork:
     ) -> None:
         """Write ``record`` only if the row still has ``expected_tuple`` (default: the
         record's own) and ``expected_revision``."""
-        reservation = expected_tuple or record.tuple
+        reservation = expected_tuple or record.reservation
         stmt = (
             update(operations)
             .where(
@@ -244,13 +244,13 @@ class UnitOfWork:
         now: datetime,
     ) -> None:
         """The per-attempt row: what this attempt holds (never read as authority)."""
-        operation_id = uuid.UUID(record.tuple.operation_id)
+        operation_id = uuid.UUID(record.reservation.operation_id)
         await self.connection.execute(
             insert(attempts).values(
                 id=attempt_id,
                 operation_id=operation_id,
                 fencing_token=record.fencing_token,
-                binding_generation=record.tuple.binding_generation,
+                binding_generation=record.reservation.binding_generation,
                 lease_token=lease_token,
                 lease_expires_at=to_ts(record.lease_expires_at),
                 started_at=now,
@@ -284,8 +284,8 @@ class UnitOfWork:
                 operation_id=operation_id,
                 source=observation.source.value,
                 kind=observation.kind.value,
-                binding_generation=observation.tuple.binding_generation,
-                request_fingerprint=observation.tuple.request_fingerprint,
+                binding_generation=observation.reservation.binding_generation,
+                request_fingerprint=observation.reservation.request_fingerprint,
                 fencing_token=observation.fencing_token,
                 verified=observation.verified,
                 result_status=result.status if result else None,

@@ -92,7 +92,7 @@ def claim_request(principal_id: uuid.UUID, clock: Clock, **overrides: Any) -> Cl
 
 def completed(record: Record, digest: str = "d1", **overrides: Any) -> Observation:
     """An attempt's ``completed`` report about ``record``'s reservation."""
-    return make_observation("completed", digest=digest, tuple=record.tuple, **overrides)
+    return make_observation("completed", digest=digest, reservation=record.reservation, **overrides)
 
 
 async def new_operation(
@@ -102,7 +102,7 @@ async def new_operation(
     principal_id = await make_principal(engine)
     outcome = await store.claim(make_scope(principal_id), claim_request(principal_id, clock))
     assert isinstance(outcome.decision, Claim) and outcome.record is not None
-    return outcome.record, uuid.UUID(outcome.record.tuple.operation_id)
+    return outcome.record, uuid.UUID(outcome.record.reservation.operation_id)
 
 
 async def count(engine: AsyncEngine, table: Any, *where: Any) -> int:

@@ -91,7 +91,7 @@ async def test_retry_after_lease_expiry_demotes_stale_in_progress_and_claims(
     assert second.decision.kind is ClaimKind.DEMOTE_STALE
     assert second.record is not None
     assert second.record.fencing_token == 2
-    operation_id = uuid.UUID(second.record.tuple.operation_id)
+    operation_id = uuid.UUID(second.record.reservation.operation_id)
     assert await count(engine, attempts, attempts.c.operation_id == operation_id) == 2
     recorded = await rows(engine, observations, observations.c.operation_id == operation_id)
     assert [(r["source"], r["kind"], r["stage"], r["disposition"]) for r in recorded] == [
@@ -106,7 +106,7 @@ async def test_stale_fencing_token_cannot_settle_after_takeover(
     assert first.record is not None
     clock.advance(LEASE + 1)
     await store.claim(scope, claim_request(principal_id, clock))
-    operation_id = uuid.UUID(first.record.tuple.operation_id)
+    operation_id = uuid.UUID(first.record.reservation.operation_id)
 
     late = await store.settle(operation_id, completed(first.record, fencing_token=1))
     assert late.decision.disposition.value == "ignored"
@@ -120,7 +120,7 @@ async def test_completed_then_retry_replays(
     store = SettlementStore(engine, clock=clock, retention=3600)
     first = await store.claim(scope, claim_request(principal_id, clock))
     assert first.record is not None
-    operation_id = uuid.UUID(first.record.tuple.operation_id)
+    operation_id = uuid.UUID(first.record.reservation.operation_id)
     settled = await store.settle(operation_id, completed(first.record, fencing_token=1))
     assert isinstance(settled.decision, Apply)
     assert settled.record.state is OperationState.COMPLETED
@@ -148,12 +148,12 @@ async def test_two_concurrent_settlers_lose_no_update(
         return [
             make_observation(
                 "in_progress",
-                tuple=record.tuple,
+                reservation=record.reservation,
                 fencing_token=1,
                 lease=clock.now + LEASE + i + settler / 10,
             )
             if (i + settler) % 2
-            else make_observation("unknown", tuple=record.tuple, fencing_token=1)
+            else make_observation("unknown", reservation=record.reservation, fencing_token=1)
             for i in range(rounds)
         ]
 
@@ -225,7 +225,7 @@ async def test_cas_refusal_reloads_and_reruns_all_stages(engine: AsyncEngine, cl
 
     store = RacingStore(engine, clock=clock)
     record, operation_id = await new_operation(engine, store, clock)
-    unknown = make_observation("unknown", tuple=record.tuple, fencing_token=1)
+    unknown = make_observation("unknown", reservation=record.reservation, fencing_token=1)
     settled = await store.settle(operation_id, unknown)
     # First round decided "apply unknown" on revision 1, but the row had moved to a
     # completed revision 2; the rerun sees completed and ignores the late unknown.
@@ -251,7 +251,7 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
     engine: AsyncEngine, store: SettlementStore, clock: Clock
 ) -> None:
     record, operation_id = await new_operation(engine, store, clock)
-    attempt = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.tuple, fencing_token=1)
+    attempt = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.reservation, fencing_token=1)
     account_id = uuid.uuid4()
 
     async def write_account(conn: AsyncConnection) -> None:
@@ -270,7 +270,7 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
     assert unchanged is not None and unchanged.state is OperationState.IN_PROGRESS
     assert await count(engine, observations, observations.c.operation_id == operation_id) == 0
 
-    stale = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.tuple, fencing_token=7)
+    stale = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.reservation, fencing_token=7)
 
     async def effect(conn: AsyncConnection, current: Record) -> Observation:
         await write_account(conn)

@@ -57,7 +57,7 @@ async def test_supersede_racing_a_settlement_never_mixes_epochs(
         final = await settler.get(operation_id)
         assert final is not None
         # the new epoch is clean whatever the order
-        assert final.tuple.binding_generation == 2
+        assert final.reservation.binding_generation == 2
         assert final.state is OperationState.UNKNOWN
         assert final.result is None and final.conflict is None
         assert final.fencing_token == 2

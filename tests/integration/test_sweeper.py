@@ -27,7 +27,7 @@ async def test_sweeper_demotes_dead_attempts_and_pages_past_live_ones(
         scope = make_scope(principal_id)
         outcome = await store.claim(scope, claim_request(principal_id, clock))
         assert isinstance(outcome.decision, Claim) and outcome.record
-        ids.append(uuid.UUID(outcome.record.tuple.operation_id))
+        ids.append(uuid.UUID(outcome.record.reservation.operation_id))
         if i % 2 == 0:  # these attempts are alive: their lease is in Redis
             lease = await leases.acquire(scope.lease_name())
             assert lease is not None

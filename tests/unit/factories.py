@@ -119,7 +119,7 @@ def make_record(
     if lease == "default":
         lease = "valid" if row_state is OperationState.IN_PROGRESS else None
     fields: dict[str, Any] = {
-        "tuple": make_tuple(),
+        "reservation": make_tuple(),
         "binding": make_binding(),
         "state": row_state,
         "revision": REVISION,
@@ -161,7 +161,7 @@ def make_observation(
             status = SUCCESS_STATUS if observed is ObservationKind.COMPLETED else FAILURE_STATUS
         result = make_result(digest, status)
     fields: dict[str, Any] = {
-        "tuple": reservation,
+        "reservation": reservation,
         "kind": observed,
         "source": Source.ATTEMPT,
         "result": result,

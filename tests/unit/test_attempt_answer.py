@@ -30,7 +30,7 @@ def test_a_terminal_row_is_answered_with_its_result(state: str, stored_by_attemp
     assert answer == Replay(
         result=record.result,
         state=record.state,
-        operation_id=record.tuple.operation_id,
+        operation_id=record.reservation.operation_id,
         replayed=not stored_by_attempt,
     )
 
@@ -39,7 +39,7 @@ def test_a_conflicted_row_is_answered_as_a_conflict_whoever_stored_it() -> None:
     record = make_record(state="conflict")
     for stored_by_attempt in (True, False):
         answer = attempt_answer(record, stored_by_attempt=stored_by_attempt)
-        assert answer == OperationConflict(operation_id=record.tuple.operation_id)
+        assert answer == OperationConflict(operation_id=record.reservation.operation_id)
 
 
 @pytest.mark.parametrize(("state", "lease"), [("unknown", None), ("in_progress", "valid")])
@@ -47,7 +47,7 @@ def test_an_undecided_row_is_answered_as_unsettled(state: str, lease: str | None
     record = make_record(state=state, lease=lease)
     answer = attempt_answer(record, stored_by_attempt=False)
     assert answer == Unsettled(
-        operation_id=record.tuple.operation_id,
+        operation_id=record.reservation.operation_id,
         state=record.state,
         lease_expires_at=record.lease_expires_at,
     )
@@ -59,7 +59,7 @@ def test_with_lease_sets_the_expiry_redis_reports_on_an_in_progress_row() -> Non
     assert live.lease_expires_at == NOW + 5.0
     assert live.lease_valid(NOW)
     # everything else is the row as stored
-    assert live.tuple == record.tuple and live.revision == record.revision
+    assert live.reservation == record.reservation and live.revision == record.revision
 
 
 def test_with_lease_none_means_nobody_holds_it_and_the_row_is_stale() -> None:

@@ -54,7 +54,7 @@ def test_no_row_claims_a_new_operation() -> None:
     assert decision == Claim(
         kind=ClaimKind.NEW,
         record=Record(
-            tuple=ReservationTuple(
+            reservation=ReservationTuple(
                 operation_id="op-new",
                 request_fingerprint=request.request_fingerprint,
                 binding_generation=1,
@@ -82,7 +82,7 @@ def test_new_claim_holds_a_valid_lease_at_the_time_of_claiming() -> None:
 def test_reused_key_with_another_request_is_a_fingerprint_mismatch(state: OperationState) -> None:
     record = make_record(state)
     decision = decide_claim(record, make_request(request_fingerprint=OTHER_FINGERPRINT), NOW)
-    assert decision == FingerprintMismatch(operation_id=record.tuple.operation_id)
+    assert decision == FingerprintMismatch(operation_id=record.reservation.operation_id)
 
 
 @pytest.mark.parametrize(
@@ -96,13 +96,13 @@ def test_request_under_another_binding_is_a_binding_mismatch(
 ) -> None:
     record = make_record(state)
     decision = decide_claim(record, make_request(binding=binding), NOW)
-    assert decision == BindingMismatch(operation_id=record.tuple.operation_id)
+    assert decision == BindingMismatch(operation_id=record.reservation.operation_id)
 
 
 def test_conflict_row_reports_operation_conflict() -> None:
     record = make_record("conflict")
     assert decide_claim(record, make_request(), NOW) == OperationConflict(
-        operation_id=record.tuple.operation_id
+        operation_id=record.reservation.operation_id
     )
 
 
@@ -117,7 +117,7 @@ def test_conflict_row_reports_operation_conflict() -> None:
 def test_terminal_row_replays_its_stored_result(state: OperationState, result: Result) -> None:
     record = make_record(state, result=result)
     assert decide_claim(record, make_request(), NOW) == Replay(
-        result=result, state=state, operation_id=record.tuple.operation_id
+        result=result, state=state, operation_id=record.reservation.operation_id
     )
 
 
@@ -130,7 +130,7 @@ def test_terminal_row_replays_even_with_a_stale_lease_left_on_it() -> None:
 def test_in_progress_with_a_valid_lease_is_in_progress() -> None:
     record = make_record("in_progress", lease="valid")
     assert decide_claim(record, make_request(), NOW) == InProgress(
-        operation_id=record.tuple.operation_id, lease_expires_at=RECORD_LEASE
+        operation_id=record.reservation.operation_id, lease_expires_at=RECORD_LEASE
     )
 
 
@@ -150,7 +150,9 @@ def test_stale_in_progress_is_demoted_then_claimed(lease: LeaseSpec) -> None:
             lease_expires_at=REQUEST_LEASE,
         ),
         expected_revision=REVISION,
-        demotion=Observation(tuple=record.tuple, kind=ObservationKind.UNKNOWN, source=Source.CLAIM),
+        demotion=Observation(
+            reservation=record.reservation, kind=ObservationKind.UNKNOWN, source=Source.CLAIM
+        ),
     )
 
 
@@ -162,7 +164,7 @@ def test_demotion_observation_reports_unknown_from_the_claim_on_the_rows_tuple()
     assert demotion is not None
     assert demotion.kind is ObservationKind.UNKNOWN
     assert demotion.source is Source.CLAIM
-    assert demotion.tuple == record.tuple
+    assert demotion.reservation == record.reservation
     assert demotion.fencing_token is None
     assert demotion.result is None
     assert demotion.lease_expires_at is None
@@ -195,7 +197,7 @@ def test_claim_keeps_the_reservation_and_the_binding(record: Record) -> None:
     decision = decide_claim(record, make_request(), NOW)
     assert isinstance(decision, Claim)
     claimed = decision.record
-    assert claimed.tuple == record.tuple
+    assert claimed.reservation == record.reservation
     assert claimed.binding == record.binding
     assert claimed.lease_valid(NOW)
 
@@ -206,7 +208,7 @@ def test_claimed_row_is_in_progress_for_the_next_request() -> None:
     assert isinstance(first, Claim)
     second = decide_claim(first.record, make_request(), NOW)
     assert second == InProgress(
-        operation_id=record.tuple.operation_id, lease_expires_at=REQUEST_LEASE
+        operation_id=record.reservation.operation_id, lease_expires_at=REQUEST_LEASE
     )
 
 
@@ -230,20 +232,20 @@ def test_fingerprint_mismatch_is_checked_before_binding_mismatch(state: Operatio
     record = make_record(state)
     request = make_request(request_fingerprint=OTHER_FINGERPRINT, binding=OTHER_PRINCIPAL)
     assert decide_claim(record, request, NOW) == FingerprintMismatch(
-        operation_id=record.tuple.operation_id
+        operation_id=record.reservation.operation_id
     )
 
 
 def test_binding_mismatch_is_checked_before_conflict() -> None:
     record = make_record("conflict")
     decision = decide_claim(record, make_request(binding=ROTATED_CREDENTIAL), NOW)
-    assert decision == BindingMismatch(operation_id=record.tuple.operation_id)
+    assert decision == BindingMismatch(operation_id=record.reservation.operation_id)
 
 
 def test_fingerprint_mismatch_is_checked_before_conflict() -> None:
     record = make_record("conflict")
     decision = decide_claim(record, make_request(request_fingerprint=OTHER_FINGERPRINT), NOW)
-    assert decision == FingerprintMismatch(operation_id=record.tuple.operation_id)
+    assert decision == FingerprintMismatch(operation_id=record.reservation.operation_id)
 
 
 def test_conflict_is_checked_before_replay_of_its_stored_result() -> None:

@@ -75,7 +75,7 @@ def non_terminal_records(draw: st.DrawFn) -> Record:
     return make_record(
         state,
         lease=lease,
-        tuple=draw(reservations),
+        reservation=draw(reservations),
         revision=draw(revisions),
         fencing_token=draw(fencing_tokens),
     )
@@ -87,7 +87,7 @@ def terminal_records(draw: st.DrawFn) -> Record:
         st.sampled_from([OperationState.COMPLETED, OperationState.FAILED, OperationState.CONFLICT])
     )
     common: dict[str, Any] = {
-        "tuple": draw(reservations),
+        "reservation": draw(reservations),
         "revision": draw(revisions),
         "fencing_token": draw(fencing_tokens),
     }
@@ -128,18 +128,18 @@ def observations(
     tokens = [None, record.fencing_token]
     if fencing == "any":
         tokens += [record.fencing_token - 1, record.fencing_token + 1]
-    reservation = record.tuple
+    reservation = record.reservation
     verified = True
     if foreign:
         how = draw(st.sampled_from(["unverified", "other_tuple", "both"]))
         verified = how == "other_tuple"
         if how != "unverified":
-            reservation = draw(reservations.filter(lambda other: other != record.tuple))
+            reservation = draw(reservations.filter(lambda other: other != record.reservation))
     result = None
     if kind.terminal:
         result = make_result(digest if digest is not None else draw(digests), _status(kind))
     return Observation(
-        tuple=reservation,
+        reservation=reservation,
         kind=kind,
         source=draw(sources),
         result=result,
@@ -289,7 +289,7 @@ def test_revision_strictly_increases_on_every_apply(data: st.DataObject) -> None
         if isinstance(decision, Apply):
             assert decision.expected_revision == record.revision
             assert decision.record.revision == record.revision + 1
-            assert decision.record.tuple == record.tuple
+            assert decision.record.reservation == record.reservation
             assert decision.record.binding == record.binding
             assert decision.record.fencing_token == record.fencing_token
             assert replace(decision.record, revision=record.revision) != record

@@ -647,7 +647,7 @@ def test_settle_does_not_touch_the_records_identity() -> None:
     record = make_record("in_progress", lease="expired", revision=41, fencing_token=9)
     decision = settle(record, make_observation("completed"), NOW)
     assert isinstance(decision, Apply)
-    assert decision.record.tuple == record.tuple
+    assert decision.record.reservation == record.reservation
     assert decision.record.binding == record.binding
     assert decision.record.fencing_token == 9
     assert (decision.expected_revision, decision.record.revision) == (41, 42)
@@ -682,7 +682,7 @@ def test_malformed_observation_is_rejected_on_construction(
 ) -> None:
     with pytest.raises(InvalidObservation, match=message) as raised_error:
         Observation(
-            tuple=make_tuple(),
+            reservation=make_tuple(),
             kind=kind,
             source=Source.ATTEMPT,
             result=result,

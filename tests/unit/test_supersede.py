@@ -63,16 +63,16 @@ def test_supersede_starts_a_new_epoch(state: str, lease: str | None, force: bool
 
     assert isinstance(decision, Supersede)
     new = decision.record
-    assert new.tuple.binding_generation == record.tuple.binding_generation + 1
-    assert new.tuple.operation_id == record.tuple.operation_id
-    assert new.tuple.request_fingerprint == record.tuple.request_fingerprint
+    assert new.reservation.binding_generation == record.reservation.binding_generation + 1
+    assert new.reservation.operation_id == record.reservation.operation_id
+    assert new.reservation.request_fingerprint == record.reservation.request_fingerprint
     assert new.binding == record.binding
     assert new.state is OperationState.UNKNOWN
     assert new.fencing_token == record.fencing_token + 1
     assert new.revision == record.revision + 1
     assert decision.expected_revision == record.revision
     assert (new.result, new.conflict, new.lease_expires_at) == (None, None, None)
-    assert decision.archived.tuple == record.tuple
+    assert decision.archived.reservation == record.reservation
     assert decision.archived.final_state is record.state
     expected_digest = record.result.digest if record.result else None
     assert decision.archived.result_digest == expected_digest
@@ -89,7 +89,7 @@ def test_supersede_with_an_edited_request_and_a_rebind() -> None:
         record, SupersedeRequest(request_fingerprint="e" * 64, binding=rebound), NOW
     )
     assert isinstance(decision, Supersede)
-    assert decision.record.tuple.request_fingerprint == "e" * 64
+    assert decision.record.reservation.request_fingerprint == "e" * 64
     assert decision.record.binding == rebound
     assert decision.archived.binding == record.binding
 
