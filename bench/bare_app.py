@@ -21,7 +21,6 @@ Run: ``python -m bench.bare_app --port P --workers N`` (uvicorn with the options
 from __future__ import annotations
 
 import argparse
-import inspect
 import logging
 import os
 import uuid
@@ -29,13 +28,13 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from litestar.datastructures import State
 from sqlalchemy import insert
 
 from service.config import Settings
 from service.domain import ledger
 from service.http.app import create_app
 from service.http.auth import AuthError, authenticate, require_role
+from service.http.deps import Services
 from service.http.problems import problem_response
 from service.store.principals import Role
 from service.store.tables import operations
@@ -45,13 +44,6 @@ __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
 PLAIN_ROUTE = "POST /bench/plain-transfer"
 # Stands in for a request fingerprint in the minimal operation row (never compared).
 _NO_FINGERPRINT = "0" * 64
-# ledger.transfer takes the reservation epoch once effects are kept per epoch; the minimal
-# operation row is epoch 1.
-_EPOCH = (
-    {"binding_generation": 1}
-    if "binding_generation" in inspect.signature(ledger.transfer).parameters
-    else {}
-)
 
 
 @get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
@@ -60,9 +52,9 @@ async def bare() -> dict[str, bool]:
 
 
 @post("/bench/plain-transfer", status_code=201, summary="Baseline: the ledger transaction only")
-async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     try:
-        principal = await authenticate(request)
+        principal = await authenticate(request, settlement.principals)
         require_role(principal, Role.CLIENT, Role.ADMIN)
     except AuthError as exc:
         return problem_response(exc.slug, exc.detail)
@@ -72,7 +64,7 @@ async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Respo
         return problem_response("validation-error", str(exc))
     operation_id = uuid.uuid4()
     try:
-        async with state.runtime.engine.begin() as conn:
+        async with settlement.engine.begin() as conn:
             await conn.execute(
                 insert(operations).values(
                     id=operation_id,
@@ -89,9 +81,7 @@ async def plain_transfer(request: Request[Any, Any, Any], state: State) -> Respo
                     fencing_token=1,
                 )
             )
-            made = await ledger.transfer(
-                conn, tenant=principal.tenant, operation_id=operation_id, request=body, **_EPOCH
-            )
+            made = await ledger.transfer(conn, principal.tenant, operation_id, 1, body)
     except ledger.BusinessFailure as failure:  # not expected here: every account is funded
         problem = {"type": f"/problems/{failure.slug}", "status": 422, "detail": failure.detail}
         return Response(

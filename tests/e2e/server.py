@@ -35,7 +35,10 @@ class ServerProcess:
         *,
         env: dict[str, str] | None = None,
         workers: int = 1,
+        module: tuple[str, ...] = ("service.cli", "serve"),
     ) -> None:
+        """``module``: what ``python -m`` runs (the server, or the benchmark's baseline app);
+        it is given ``--port`` and ``--workers``."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="settlement-server-", suffix=".log")  # noqa: SIM115 - closed in __exit__
@@ -47,6 +50,7 @@ class ServerProcess:
             **(env or {}),
         }
         self._workers = workers
+        self._module = module
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, wait: bool = True) -> Self:
@@ -54,8 +58,7 @@ class ServerProcess:
             [
                 sys.executable,
                 "-m",
-                "service.cli",
-                "serve",
+                *self._module,
                 "--port",
                 str(self.port),
                 "--workers",
