@@ -112,7 +112,7 @@ def app_factory() -> Litestar:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    from service.cli import GRACEFUL_SHUTDOWN
+    from service.cli import uvicorn_options
 
     parser = argparse.ArgumentParser(prog="python -m bench.bare_app")
     parser.add_argument("--host", default="127.0.0.1")
@@ -125,9 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+        **uvicorn_options(Settings.from_env()),
     )
 
 

@@ -86,6 +86,9 @@ class Settings:
     )
     failpoints: str = _setting("", "name=crash|sleep:S|error,... for crash tests.")
     log_format: str = _setting("json", "json or text.")
+    access_log: bool = _setting(
+        False, "one INFO line per request; off by default, a log line per request costs CPU."
+    )
     otel_exporter: str = _setting("none", "none, console or otlp.")
 
     @classmethod
@@ -178,6 +181,7 @@ def _policy(name: str, raw: str) -> TerminalPolicy:
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "terminal_policy": _policy,
     "enable_failpoints": _flag,
+    "access_log": _flag,
     "lease_ttl": _seconds,
     "sweep_interval": _seconds,
     "max_wait": _seconds,

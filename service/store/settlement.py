@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import (
     Claim,
+    ClaimKind,
     ClaimRequest,
     Decision,
     Observation,
@@ -284,7 +285,10 @@ class SettlementStore:
         outcome = await self._runner.run(f"claim {scope.route}", phase)
         if isinstance(outcome.decision, Claim):
             self._hooks.on_claimed(outcome.decision.kind.value)
-            log.info(
+            # a new operation is routine (DEBUG); taking over a stale or unknown one is news
+            routine = outcome.decision.kind is ClaimKind.NEW
+            log.log(
+                logging.DEBUG if routine else logging.INFO,
                 "operation claimed",
                 extra={
                     "operation_id": outcome.decision.record.reservation.operation_id,
@@ -371,7 +375,11 @@ def _stale_epoch_outcome(record: Record, observation: Observation) -> bool:
 
 
 def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: Decision) -> None:
-    level = logging.ERROR if decision.disposition.value == "conflict" else logging.INFO
+    level = logging.INFO
+    if decision.disposition.value == "conflict":
+        level = logging.ERROR
+    elif observation.source is Source.ATTEMPT and decision.disposition.value == "applied":
+        level = logging.DEBUG  # an attempt storing its own outcome is every request's routine
     log.log(
         level,
         "observation settled",
