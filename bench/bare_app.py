@@ -28,7 +28,6 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
-from sqlalchemy import insert
 
 from service.config import Settings
 from service.domain import ledger
@@ -37,13 +36,19 @@ from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.problems import problem_response
 from service.store.principals import Role
-from service.store.tables import operations
 
 __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
 
 PLAIN_ROUTE = "POST /bench/plain-transfer"
 # Stands in for a request fingerprint in the minimal operation row (never compared).
 _NO_FINGERPRINT = "0" * 64
+# The minimal operation row: the foreign-key parent of the transfer, nothing more.
+_OPERATION_ROW = """
+INSERT INTO operations (id, tenant, principal_id, route, idempotency_key, binding_generation,
+    request_fingerprint, bound_principal_id, bound_credential_generation, state, revision,
+    fencing_token)
+VALUES ($1, $2, $3, $4, $5, 1, $6, $3, $7, 'unknown', 1, 1)
+"""
 
 
 @get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
@@ -64,22 +69,16 @@ async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) 
         return problem_response("validation-error", str(exc))
     operation_id = uuid.uuid4()
     try:
-        async with settlement.engine.begin() as conn:
+        async with settlement.pool.acquire() as conn, conn.transaction():
             await conn.execute(
-                insert(operations).values(
-                    id=operation_id,
-                    tenant=principal.tenant,
-                    principal_id=principal.id,
-                    route=PLAIN_ROUTE,
-                    idempotency_key=str(operation_id),
-                    binding_generation=1,
-                    request_fingerprint=_NO_FINGERPRINT,
-                    bound_principal_id=principal.id,
-                    bound_credential_generation=principal.credential_generation,
-                    state="unknown",
-                    revision=1,
-                    fencing_token=1,
-                )
+                _OPERATION_ROW,
+                operation_id,
+                principal.tenant,
+                principal.id,
+                PLAIN_ROUTE,
+                str(operation_id),
+                _NO_FINGERPRINT,
+                principal.credential_generation,
             )
             made = await ledger.transfer(conn, principal.tenant, operation_id, 1, body)
     except ledger.BusinessFailure as failure:  # not expected here: every account is funded

@@ -208,7 +208,7 @@ def uvicorn_options(settings: Settings) -> UvicornOptions:
     httptools (measured: bench/README.md), our own logging, the access log only on request."""
     return UvicornOptions(
         loop="uvloop",
-        http="httptools",
+        http="h11",
         log_config=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),

@@ -70,7 +70,12 @@ class Settings:
     db_lock_timeout: float = _setting(
         5.0, "a row lock not granted by then fails the phase instead of queueing forever."
     )
-    db_pool_size: int = _setting(10, "connections per worker process.")
+    db_pool_size: int = _setting(
+        10, "hot-path connections (asyncpg) per worker process: requests and local effects."
+    )
+    db_cold_pool_size: int = _setting(
+        5, "SQLAlchemy connections per worker: admin, status, sweeps, observations, retries."
+    )
     redis_timeout: float = _setting(
         2.0, "socket timeout of every Redis call; Redis is liveness, so fail fast."
     )
@@ -124,7 +129,7 @@ class Settings:
         for name in ("max_wait", "late_response_window", "retention", "tombstone_retention"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 0")
-        for name in ("body_limit", "db_pool_size", "settle_max_retries"):
+        for name in ("body_limit", "db_pool_size", "db_cold_pool_size", "settle_max_retries"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
         if self.terminal_policy not in set(TerminalPolicy):
@@ -196,5 +201,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "health_timeout": _seconds,
     "body_limit": _integer,
     "db_pool_size": _integer,
+    "db_cold_pool_size": _integer,
     "settle_max_retries": _integer,
 }

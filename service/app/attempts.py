@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncConnection
+import asyncpg
 
 from service.app.answers import Answer, Problem, answer_of
 from service.app.effects import (
@@ -131,7 +131,7 @@ class Attempts:
         body: Any,
         lease: Lease,
     ) -> Answer:
-        async def effect(conn: AsyncConnection, current: Record) -> Observation:
+        async def effect(conn: asyncpg.Connection, current: Record) -> Observation:
             try:
                 produced = await execute(conn, context, body)
                 kind = ObservationKind.COMPLETED

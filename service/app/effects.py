@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.app.answers import ProblemDocument
 from service.core import ReservationTuple
@@ -61,7 +61,7 @@ class ExecutionContext:
     binding_generation: int
 
 
-LocalHandler = Callable[[AsyncConnection, ExecutionContext, Any], Awaitable[Outcome]]
+LocalHandler = Callable[[asyncpg.Connection, ExecutionContext, Any], Awaitable[Outcome]]
 ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
 
 

@@ -38,10 +38,17 @@ from service.core import (
 from service.failpoints import Failpoints
 from service.leases import LeaseManager, LeaseUnavailable
 from service.store.notify import TerminalWaiter
-from service.store.principals import Principal
+from service.store.principals import Principal, hash_key
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 
-__all__ = ["IdempotentRequests"]
+__all__ = ["IdempotentRequests", "Seen"]
+
+
+class Seen(msgspec.Struct, frozen=True):
+    """What the request's first read found: its Idempotency-Key and that scope's row."""
+
+    key: str
+    record: Record | None
 
 
 class IdempotentRequests:
@@ -62,11 +69,22 @@ class IdempotentRequests:
         self._failpoints = failpoints
         self._clock = clock
 
+    async def identify(
+        self, api_key: str, spec: IdempotentRoute, key: str
+    ) -> tuple[Principal, Seen] | None:
+        """Who holds ``api_key`` and what their scope (``spec``'s route, ``key``) holds, in
+        one statement (a replay needs no other); None for an unknown or revoked key."""
+        found = await self._store.identify(hash_key(api_key), spec.route, key)
+        if found is None:
+            return None
+        principal, record = found
+        return principal, Seen(key=key, record=record)
+
     async def handle(
         self,
         spec: IdempotentRoute,
         principal: Principal,
-        key: str,
+        seen: Seen,
         body: msgspec.Struct,
         *,
         path_params: dict[str, Any] | None = None,
@@ -74,13 +92,14 @@ class IdempotentRequests:
     ) -> Answer:
         """Execute the request once, or answer what its earlier execution settled.
 
-        ``wait``: seconds to wait for an attempt in progress to settle (``Prefer: wait``).
+        ``seen``: what :meth:`identify` read for this principal and key. ``wait``: seconds to
+        wait for an attempt in progress to settle (``Prefer: wait``).
         """
         scope = Scope(
             tenant=principal.tenant,
             principal_id=principal.id,
             route=spec.route,
-            idempotency_key=key,
+            idempotency_key=seen.key,
         )
         claim = ClaimRequest(
             request_fingerprint=fingerprint(spec.route, path_params or {}, body),
@@ -89,7 +108,7 @@ class IdempotentRequests:
             lease_expires_at=self._clock() + self._leases.ttl,
         )
         try:
-            return await self._run(spec, principal, scope, claim, body, wait)
+            return await self._run(spec, principal, scope, claim, body, wait, seen.record)
         except RowLocked:
             return busy(scope)
         except SettlementContention as exc:
@@ -103,8 +122,8 @@ class IdempotentRequests:
         claim: ClaimRequest,
         body: Any,
         wait: float,
+        record: Record | None,
     ) -> Answer:
-        record = await self._store.get_by_scope(scope)
         if record is not None:
             match decide_claim(record, claim, self._clock()):
                 case Claim() | InProgress():

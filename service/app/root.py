@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,6 +32,7 @@ from service.leases import LeaseManager, make_redis
 from service.store.db import make_engine, reader
 from service.store.migrate import ensure_current
 from service.store.notify import TerminalWaiter
+from service.store.pool import make_pool
 from service.store.principals import PrincipalStore
 from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
@@ -47,11 +49,13 @@ class Settlement:
         engine: AsyncEngine,
         redis: Redis,
         *,
+        pool: Any,
         database_url: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.pool = pool  # asyncpg: the hot path's statements and the local effects
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
         self.redis = redis
         self.metrics = Metrics()
@@ -62,8 +66,9 @@ class Settlement:
             retention=settings.retention,
             max_retries=settings.settle_max_retries,
             clock=clock,
+            pool=pool,
         )
-        self.principals = PrincipalStore(engine)
+        self.principals = PrincipalStore(engine, pool=pool)
         self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
         self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
         self.failpoints = Failpoints.from_settings(settings)
@@ -119,15 +124,19 @@ class Settlement:
         """Connect, check the schema, guarantee the bootstrap admin, start the sweeper."""
         require_endpoints(settings)
         assert settings.database_url is not None and settings.redis_url is not None
-        engine = make_engine(settings, settings.database_url)
+        engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
         redis = make_redis(settings, settings.redis_url)
+        pool = None
         try:
             await ensure_current(engine)
-            settlement = cls(settings, engine, redis, database_url=settings.database_url)
+            pool = await make_pool(settings, settings.database_url)
+            settlement = cls(settings, engine, redis, pool=pool, database_url=settings.database_url)
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:
             await redis.aclose()
+            if pool is not None:
+                await pool.close()
             await engine.dispose()
             raise
         settlement._sweeping = asyncio.create_task(settlement.sweeper.run(), name="lease-sweeper")
@@ -145,6 +154,7 @@ class Settlement:
                 await self.provider.close()
         finally:
             await self.redis.aclose()
+            await self.pool.close()
             await self.engine.dispose()
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
 from service.core import ReservationTuple
@@ -15,7 +15,7 @@ __all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
 
 
 async def _create_account(
-    conn: AsyncConnection, ctx: ExecutionContext, body: ledger.AccountRequest
+    conn: asyncpg.Connection, ctx: ExecutionContext, body: ledger.AccountRequest
 ) -> Outcome:
     account = await ledger.create_account(
         conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
@@ -24,7 +24,7 @@ async def _create_account(
 
 
 async def _transfer(
-    conn: AsyncConnection, ctx: ExecutionContext, body: ledger.TransferRequest
+    conn: asyncpg.Connection, ctx: ExecutionContext, body: ledger.TransferRequest
 ) -> Outcome:
     made = await ledger.transfer(
         conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body

@@ -1,9 +1,9 @@
 """The demo local-effect domain: accounts and transfers.
 
 A transfer's rows and both balance updates are written on the settlement transaction's
-connection, so they commit together with the operation, attempt and observation rows (or
-not at all). Account rows are locked in ascending id order, so two transfers over the same
-pair of accounts cannot deadlock.
+(asyncpg) connection in two statements, so they commit together with the operation, attempt
+and observation rows (or not at all). Account rows are locked in ascending id order, so two
+transfers over the same pair of accounts cannot deadlock.
 """
 
 from __future__ import annotations
@@ -12,12 +12,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import Annotated
 
+import asyncpg
 import msgspec
-from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.domain.currencies import ISO_4217
-from service.store.tables import accounts, transfers
 
 __all__ = [
     "Account",
@@ -92,8 +90,29 @@ def _known_currency(code: str) -> None:
         raise ValueError(f"unknown currency {code!r} (ISO 4217)")
 
 
+_CREATE_ACCOUNT = """
+INSERT INTO accounts (id, tenant, currency, balance, operation_id, binding_generation)
+VALUES ($1, $2, $3, $4, $5, $6)
+"""
+_GET_ACCOUNT = "SELECT id, currency, balance FROM accounts WHERE id = $1 AND tenant = $2"
+# both accounts, locked in ascending id order: two transfers over one pair cannot deadlock
+_LOCK_ACCOUNTS = """
+SELECT id, currency, balance FROM accounts
+ WHERE id = ANY($1::uuid[]) AND tenant = $2
+ ORDER BY id FOR UPDATE
+"""
+# both balance updates and the transfer row in one statement (one round trip)
+_MOVE = """
+WITH debit AS (UPDATE accounts SET balance = balance - $6 WHERE id = $4),
+     credit AS (UPDATE accounts SET balance = balance + $6 WHERE id = $5)
+INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
+    destination_id, amount, currency, memo, created_at)
+VALUES ($1, $2, $3, $7, $4, $5, $6, $8, $9, $10)
+"""
+
+
 async def create_account(
-    conn: AsyncConnection,
+    conn: asyncpg.Connection,
     tenant: str,
     operation_id: uuid.UUID,
     binding_generation: int,
@@ -101,31 +120,28 @@ async def create_account(
 ) -> Account:
     account_id = uuid.uuid4()
     await conn.execute(
-        insert(accounts).values(
-            id=account_id,
-            tenant=tenant,
-            currency=request.currency,
-            balance=request.opening_balance,
-            operation_id=operation_id,
-            binding_generation=binding_generation,
-        )
+        _CREATE_ACCOUNT,
+        account_id,
+        tenant,
+        request.currency,
+        request.opening_balance,
+        operation_id,
+        binding_generation,
     )
     return Account(id=account_id, currency=request.currency, balance=request.opening_balance)
 
 
-async def get_account(conn: AsyncConnection, tenant: str, account_id: uuid.UUID) -> Account | None:
-    row = (
-        await conn.execute(
-            select(accounts.c.id, accounts.c.currency, accounts.c.balance).where(
-                accounts.c.id == account_id, accounts.c.tenant == tenant
-            )
-        )
-    ).first()
-    return None if row is None else Account(id=row.id, currency=row.currency, balance=row.balance)
+async def get_account(
+    conn: asyncpg.Connection, tenant: str, account_id: uuid.UUID
+) -> Account | None:
+    row = await conn.fetchrow(_GET_ACCOUNT, account_id, tenant)
+    if row is None:
+        return None
+    return Account(id=row["id"], currency=row["currency"], balance=row["balance"])
 
 
 async def transfer(
-    conn: AsyncConnection,
+    conn: asyncpg.Connection,
     tenant: str,
     operation_id: uuid.UUID,
     binding_generation: int,
@@ -133,57 +149,39 @@ async def transfer(
 ) -> Transfer:
     """Move ``amount`` from source to destination; raises BusinessFailure for 402/404/422."""
     ordered = sorted((request.source, request.destination))
-    rows = (
-        await conn.execute(
-            select(accounts.c.id, accounts.c.currency, accounts.c.balance)
-            .where(accounts.c.id.in_(ordered), accounts.c.tenant == tenant)
-            .order_by(accounts.c.id)
-            .with_for_update()
-        )
-    ).all()
-    found = {row.id: row for row in rows}
+    rows = await conn.fetch(_LOCK_ACCOUNTS, ordered, tenant)
+    found = {row["id"]: row for row in rows}
     for role, account_id in (("source", request.source), ("destination", request.destination)):
         if account_id not in found:
             raise BusinessFailure("account-not-found", f"{role} account {account_id} not found")
     source, destination = found[request.source], found[request.destination]
     for role, row in (("source", source), ("destination", destination)):
-        if row.currency != request.currency:
+        if row["currency"] != request.currency:
             raise BusinessFailure(
                 "currency-mismatch",
-                f"{role} account holds {row.currency}, the transfer is in {request.currency}",
+                f"{role} account holds {row['currency']}, the transfer is in {request.currency}",
             )
-    if source.balance < request.amount:
+    if source["balance"] < request.amount:
         raise BusinessFailure(
             "insufficient-funds",
-            f"source balance {source.balance} is below the amount {request.amount}",
+            f"source balance {source['balance']} is below the amount {request.amount}",
         )
-    if destination.balance + request.amount > MAX_AMOUNT:
+    if destination["balance"] + request.amount > MAX_AMOUNT:
         raise BusinessFailure("balance-limit", "the destination balance would exceed the limit")
-    await conn.execute(
-        update(accounts)
-        .where(accounts.c.id == request.source)
-        .values(balance=accounts.c.balance - request.amount)
-    )
-    await conn.execute(
-        update(accounts)
-        .where(accounts.c.id == request.destination)
-        .values(balance=accounts.c.balance + request.amount)
-    )
     transfer_id = uuid.uuid4()
     created_at = datetime.now(UTC)
     await conn.execute(
-        insert(transfers).values(
-            id=transfer_id,
-            tenant=tenant,
-            operation_id=operation_id,
-            binding_generation=binding_generation,
-            source_id=request.source,
-            destination_id=request.destination,
-            amount=request.amount,
-            currency=request.currency,
-            memo=request.memo,
-            created_at=created_at,
-        )
+        _MOVE,
+        transfer_id,
+        tenant,
+        operation_id,
+        request.source,
+        request.destination,
+        request.amount,
+        binding_generation,
+        request.currency,
+        request.memo,
+        created_at,
     )
     return Transfer(
         id=transfer_id,

@@ -10,7 +10,7 @@ from litestar import Request
 from service.http.problems import ProblemError
 from service.store.principals import Principal, PrincipalStore, Role
 
-__all__ = ["AuthError", "authenticate", "require_role"]
+__all__ = ["AuthError", "authenticate", "bearer_key", "require_role", "unknown_key"]
 
 # Longest Authorization header value examined; keys are ~46 characters.
 MAX_AUTHORIZATION = 512
@@ -22,16 +22,25 @@ class AuthError(ProblemError):
 
 
 async def authenticate(request: Request[Any, Any, Any], principals: PrincipalStore) -> Principal:
+    principal = await principals.authenticate(bearer_key(request))
+    if principal is None:
+        raise unknown_key()
+    return principal
+
+
+def bearer_key(request: Request[Any, Any, Any]) -> str:
+    """The API key of the ``Authorization: Bearer`` header (its syntax only; no lookup)."""
     header = request.headers.get("authorization")
     if header is None:
         raise AuthError("unauthenticated", "missing Authorization: Bearer <api key> header")
     match = _BEARER.fullmatch(header) if len(header) <= MAX_AUTHORIZATION else None
     if match is None:
         raise AuthError("unauthenticated", "malformed Authorization header: Bearer <api key>")
-    principal = await principals.authenticate(match.group(1))
-    if principal is None:
-        raise AuthError("unauthenticated", "unknown or revoked API key")
-    return principal
+    return match.group(1)
+
+
+def unknown_key() -> AuthError:
+    return AuthError("unauthenticated", "unknown or revoked API key")
 
 
 def require_role(principal: Principal, *roles: Role) -> None:

@@ -14,11 +14,13 @@ from litestar import Request, Response
 from litestar.exceptions import ClientException
 
 from service.app.effects import IdempotentRoute
+from service.app.requests import Seen
 from service.app.root import Settlement
-from service.http.auth import AuthError, authenticate, require_role
+from service.http.auth import AuthError, authenticate, bearer_key, require_role, unknown_key
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import problem_response
 from service.http.render import prefer_wait, render, stamp_idempotency_headers
+from service.store.principals import Principal
 
 __all__ = ["handle_idempotent"]
 
@@ -30,9 +32,7 @@ async def handle_idempotent(
     path_params: dict[str, Any] | None = None,
 ) -> Response[bytes]:
     try:
-        principal = await authenticate(request, settlement.principals)
-        require_role(principal, *spec.roles)
-        key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
+        principal, seen = await _identify(request, settlement, spec)
     except (AuthError, IdempotencyKeyError) as exc:
         return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
     try:
@@ -48,9 +48,27 @@ async def handle_idempotent(
     answer = await settlement.requests.handle(
         spec,
         principal,
-        key,
+        seen,
         body,
         path_params=path_params,
         wait=prefer_wait(request.headers.get("prefer"), settlement.settings.max_wait),
     )
     return render(answer)
+
+
+async def _identify(
+    request: Request[Any, Any, Any], settlement: Settlement, spec: IdempotentRoute
+) -> tuple[Principal, Seen]:
+    """The caller and the row of their scope, in one statement. Errors come in the order a
+    client fixes them: credentials (401, 403) before the Idempotency-Key header (400)."""
+    api_key = bearer_key(request)
+    try:
+        key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
+    except IdempotencyKeyError:
+        require_role(await authenticate(request, settlement.principals), *spec.roles)
+        raise
+    found = await settlement.requests.identify(api_key, spec, key)
+    if found is None:
+        raise unknown_key()
+    require_role(found[0], *spec.roles)
+    return found

@@ -34,18 +34,14 @@ def claim_phase(
     *,
     lease_token: str | None,
     holds_lease: bool,
-    assume_absent: bool,
     clock: Callable[[], float],
     policy: TerminalPolicy,
 ) -> Phase[ClaimOutcome]:
-    """``assume_absent`` skips the locked read on the first round only: if another claimer
-    inserted meanwhile the insert does nothing, and the rerun locks the row."""
-    first_round = True
+    """A NEW claim's insert does nothing if another claimer inserted first; the rerun then
+    locks that row."""
 
     async def phase(uow: UnitOfWork) -> ClaimOutcome:
-        nonlocal first_round
-        skip_read, first_round = assume_absent and first_round, False
-        record = None if skip_read else await uow.get_for_update_by_scope(scope)
+        record = await uow.get_for_update_by_scope(scope)
         now = clock()
         if record is not None and holds_lease:
             record = with_lease(record, None, now)

@@ -8,7 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 
-__all__ = ["async_url", "make_engine", "ping", "reader"]
+__all__ = ["async_url", "make_engine", "ping", "reader", "server_settings"]
 
 
 def async_url(url: str) -> str:
@@ -29,14 +29,19 @@ def make_engine(settings: Settings, url: str, *, pool_size: int | None = None) -
         connect_args={
             "timeout": settings.db_connect_timeout,
             "command_timeout": settings.db_statement_timeout + 1,
-            "server_settings": {
-                "application_name": "settlement",
-                "statement_timeout": _ms(settings.db_statement_timeout),
-                "lock_timeout": _ms(settings.db_lock_timeout),
-                "idle_in_transaction_session_timeout": _ms(settings.db_statement_timeout * 2),
-            },
+            "server_settings": server_settings(settings),
         },
     )
+
+
+def server_settings(settings: Settings) -> dict[str, str]:
+    """Every connection's timeouts, set by PostgreSQL itself (both pools)."""
+    return {
+        "application_name": "settlement",
+        "statement_timeout": _ms(settings.db_statement_timeout),
+        "lock_timeout": _ms(settings.db_lock_timeout),
+        "idle_in_transaction_session_timeout": _ms(settings.db_statement_timeout * 2),
+    }
 
 
 def _ms(seconds: float) -> str:

@@ -8,7 +8,7 @@ disposition that decided it, in the same transaction.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,16 +18,12 @@ from service.store.phase import Phase
 from service.store.rows import at
 from service.store.unit_of_work import AttemptEnd, UnitOfWork
 
-__all__ = ["Offer", "settle_phase"]
-
-# What an observation is offered as: made under the row lock, with an undo for what making
-# it wrote (a local effect's savepoint), run when the core does not apply it.
-Offer = Callable[[UnitOfWork, Record], Awaitable[tuple[Observation, Callable[[], Any] | None]]]
+__all__ = ["settle_phase"]
 
 
 def settle_phase(
     operation_id: uuid.UUID,
-    offer: Offer,
+    observation: Observation,
     *,
     attempt_id: uuid.UUID | None,
     detail: dict[str, Any] | None,
@@ -41,7 +37,6 @@ def settle_phase(
         record = await uow.get_for_update(operation_id)
         if record is None:
             return None
-        observation, undo = await offer(uow, record)
         now = clock()
         decision = settle(record, observation, now, policy)
         after = record
@@ -52,8 +47,6 @@ def settle_phase(
                 # a row that becomes terminal starts its retention clock
                 expiry["expires_at"] = at(now) + timedelta(seconds=retention)
             await uow.cas_write(after, decision.expected_revision, at(now), **expiry)
-        elif undo is not None:
-            await undo()  # the core refused the outcome: undo its effect
         finish = None
         if attempt_id is not None and observation.source is Source.ATTEMPT:
             finish = AttemptEnd(

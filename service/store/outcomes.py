@@ -7,10 +7,19 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Protocol
 
+import asyncpg
 import msgspec
-from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.core import ClaimDecision, Decision, Observation, Record, ReservationTuple, Scope
+from service.core import (
+    ClaimDecision,
+    Decision,
+    Observation,
+    ObservationKind,
+    Record,
+    ReservationTuple,
+    Scope,
+    Source,
+)
 
 __all__ = [
     "AttemptRef",
@@ -25,9 +34,10 @@ __all__ = [
     "SweepPage",
 ]
 
-# A local effect writes its rows on the settlement transaction's connection and reports its
-# outcome (completed or failed, with the result) as an observation of the current attempt.
-LocalEffect = Callable[[AsyncConnection, Record], Awaitable[Observation]]
+# A local effect writes its rows on the settlement transaction's asyncpg connection and
+# reports its outcome (completed or failed, with the result) as an observation of the
+# current attempt.
+LocalEffect = Callable[[asyncpg.Connection, Record], Awaitable[Observation]]
 # How long each scope's lease has left in the lease store (None: nobody holds it), asked in
 # one round trip; the answer reaches the core only through ``with_lease``.
 LeaseProbe = Callable[[list[Scope]], Awaitable[list[float | None]]]
@@ -62,6 +72,16 @@ class AttemptRef(msgspec.Struct, frozen=True):
     attempt_id: uuid.UUID
     reservation: ReservationTuple
     fencing_token: int
+
+    def probe(self) -> Observation:
+        """``unknown`` under this attempt's token: what a fenced-out or late attempt settles
+        instead of its effect (the core ignores it; the observation row keeps it)."""
+        return Observation(
+            reservation=self.reservation,
+            kind=ObservationKind.UNKNOWN,
+            source=Source.ATTEMPT,
+            fencing_token=self.fencing_token,
+        )
 
 
 class ClaimOutcome(msgspec.Struct, frozen=True):

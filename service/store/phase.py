@@ -18,6 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
+import asyncpg
 from sqlalchemy.exc import DBAPIError
 
 from service.store.unit_of_work import StaleRevision, UnitOfWork
@@ -50,9 +51,13 @@ def lock_timeouts() -> Iterator[None]:
     """A lock not granted within the lock timeout is a busy row, not a server fault."""
     try:
         yield
-    except DBAPIError as exc:
+    except DBAPIError as exc:  # SQLAlchemy's pool
         if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise RowLocked("the operation row is locked by another phase") from exc
+        raise
+    except asyncpg.PostgresError as exc:  # the hot path's pool
+        if exc.sqlstate == LOCK_NOT_AVAILABLE:
+            raise RowLocked("a row is locked by another phase") from exc
         raise
 
 

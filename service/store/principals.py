@@ -12,6 +12,8 @@ import hashlib
 import hmac
 import secrets
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 from sqlalchemy import insert, select, update
@@ -79,25 +81,51 @@ def _principal(row: object) -> Principal:
     )
 
 
+def live_principal(
+    row: Mapping[Any, Any] | None, digest: bytes, prefix: str = ""
+) -> Principal | None:
+    """The principal of a row found by ``key_hash = digest`` (columns named ``prefix`` +
+    name), or None: no row, or a hash that does not match in constant time."""
+    if row is None or not hmac.compare_digest(bytes(row[prefix + "key_hash"]), digest):
+        return None
+    return Principal(
+        id=row[prefix + "id"],
+        tenant=row[prefix + "tenant"],
+        name=row[prefix + "name"],
+        role=Role(row[prefix + "role"]),
+        credential_generation=row[prefix + "credential_generation"],
+        all_tenants=row[prefix + "all_tenants"],
+    )
+
+
+# One prepared statement on the hot path's pool: every authenticated request sends it.
+_AUTHENTICATE = """
+SELECT id, tenant, name, role, key_hash, credential_generation, all_tenants
+  FROM principals WHERE key_hash = $1 AND revoked_at IS NULL
+"""
+
+
 class PrincipalStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, pool: Any = None) -> None:
+        """``pool``: the hot path's asyncpg pool; with it ``authenticate`` is one prepared
+        statement (every authenticated request sends it)."""
         self._engine = engine
         self._reader = reader(engine)
+        self._pool = pool
 
     async def authenticate(self, key: str) -> Principal | None:
         """The live principal holding ``key``, or None."""
         digest = hash_key(key)
+        if self._pool is not None:
+            async with self._pool.acquire() as conn:
+                return live_principal(await conn.fetchrow(_AUTHENTICATE, digest), digest)
         async with self._reader.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(principals).where(
-                        principals.c.key_hash == digest, principals.c.revoked_at.is_(None)
-                    )
+            found = await conn.execute(
+                select(principals).where(
+                    principals.c.key_hash == digest, principals.c.revoked_at.is_(None)
                 )
-            ).first()
-        if row is None or not hmac.compare_digest(bytes(row.key_hash), digest):
-            return None
-        return _principal(row)
+            )
+            return live_principal(found.mappings().first(), digest)
 
     async def create(
         self,

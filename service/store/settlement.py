@@ -24,7 +24,6 @@ from service.core import (
     ClaimRequest,
     Decision,
     Observation,
-    ObservationKind,
     Record,
     Refuse,
     Scope,
@@ -32,11 +31,13 @@ from service.core import (
     SupersedeDecision,
     SupersedeRequest,
     TerminalPolicy,
+    decide_claim,
 )
 from service.store.claims import claim_phase
 from service.store.db import reader
 from service.store.epochs import supersede_phase, sweep_phase
-from service.store.merge import Offer, settle_phase
+from service.store.hot import Fallback, HotPath
+from service.store.merge import settle_phase
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
@@ -50,7 +51,8 @@ from service.store.outcomes import (
     SweepPage,
 )
 from service.store.phase import PhaseRunner, RowLocked, SettlementContention
-from service.store.rows import record_from_row
+from service.store.principals import Principal
+from service.store.rows import at, record_from_row
 from service.store.tables import operations
 from service.store.unit_of_work import UnitOfWork, scope_predicate
 
@@ -82,8 +84,12 @@ class SettlementStore:
         retention: float = 86_400.0,
         max_retries: int = 16,
         clock: Callable[[], float] = time.time,
+        pool: Any = None,
     ) -> None:
+        """``pool``: the asyncpg pool of the hot path (:mod:`service.store.pool`); local
+        effects need it, and with it a new operation is claimed in one statement."""
         self._engine = engine
+        self._hot = None if pool is None else HotPath(pool)
         self._reader = reader(engine)
         self._policy = policy
         self._retention = retention
@@ -107,6 +113,15 @@ class SettlementStore:
         async with self._reader.connect() as conn:
             row = (await conn.execute(select(operations).where(*where))).mappings().first()
         return None if row is None else record_from_row(row)
+
+    async def identify(
+        self, key_hash: bytes, route: str, idempotency_key: str
+    ) -> tuple[Principal, Record | None] | None:
+        """The live principal whose key hashes to ``key_hash`` and the row of its scope for
+        (``route``, ``idempotency_key``): one statement, no transaction (the hot path)."""
+        if self._hot is None:
+            raise RuntimeError("identify needs the store's asyncpg pool")
+        return await self._hot.identify(key_hash, route, idempotency_key)
 
     async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
         """(tenant, route) of an operation, or None."""
@@ -158,18 +173,23 @@ class SettlementStore:
     ) -> Settled:
         """Merge one observation into the row, under its lock, with the tuple + revision CAS.
         An observation about no operation is recorded as quarantined, then refused."""
-
-        async def offer(
-            uow: UnitOfWork, record: Record
-        ) -> tuple[Observation, Callable[[], Any] | None]:
-            return observation, None
-
-        settled = await self._settle(operation_id, offer, attempt_id=attempt_id, detail=detail)
-        if settled is None:
+        phase = settle_phase(
+            operation_id,
+            observation,
+            attempt_id=attempt_id,
+            detail=detail,
+            clock=self._clock,
+            policy=self._policy,
+            retention=self._retention,
+        )
+        found = await self._runner.run(f"settle {operation_id}", phase)
+        if found is None:
             await self.record_refused(
                 operation_id, observation, "unknown-operation", detail, attempt_id
             )
             raise OperationNotFound(str(operation_id))
+        before, settled = found
+        self._report(operation_id, before, settled)
         return settled
 
     async def settle_local(
@@ -180,63 +200,32 @@ class SettlementStore:
         *,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled:
-        """Run a local effect and settle its outcome in one transaction.
+        """Run a local effect and settle its outcome in one transaction (the hot path).
 
-        The effect runs in a savepoint only while ``attempt`` holds the current fencing token
-        of a non-terminal row; its rows are rolled back unless the core applies its outcome.
-        A fenced-out or late attempt settles a probe (``unknown`` with its token) instead,
-        which the core ignores: the stale worker's effect never commits.
+        The effect runs only while ``attempt`` holds the current fencing token of a
+        non-terminal row, and commits only if the core applies its outcome. A fenced-out or
+        late attempt settles a probe (``unknown`` with its token) instead, which the core
+        ignores: the stale worker's effect never commits.
         """
-
-        async def offer(
-            uow: UnitOfWork, record: Record
-        ) -> tuple[Observation, Callable[[], Any] | None]:
-            if (
-                record.reservation != attempt.reservation
-                or record.fencing_token != attempt.fencing_token
-                or record.state.terminal
-            ):
-                probe = Observation(
-                    reservation=attempt.reservation,
-                    kind=ObservationKind.UNKNOWN,
-                    source=Source.ATTEMPT,
-                    fencing_token=attempt.fencing_token,
-                )
-                return probe, None
-            savepoint = await uow.connection.begin_nested()
-            return await effect(uow.connection, record), savepoint.rollback
-
-        settled = await self._settle(
-            operation_id, offer, attempt_id=attempt.attempt_id, before_commit=before_commit
-        )
-        if settled is None:
-            raise OperationNotFound(str(operation_id))
-        return settled
-
-    async def _settle(
-        self,
-        operation_id: uuid.UUID,
-        offer: Offer,
-        *,
-        attempt_id: uuid.UUID | None,
-        detail: dict[str, Any] | None = None,
-        before_commit: Callable[[], Awaitable[None]] | None = None,
-    ) -> Settled | None:
-        phase = settle_phase(
+        if self._hot is None:
+            raise RuntimeError("local effects need the store's asyncpg pool")
+        done = await self._hot.settle_own(
             operation_id,
-            offer,
-            attempt_id=attempt_id,
-            detail=detail,
+            attempt,
+            effect,
             clock=self._clock,
             policy=self._policy,
             retention=self._retention,
+            before_commit=before_commit,
         )
-        found = await self._runner.run(f"settle {operation_id}", phase, before_commit=before_commit)
-        if found is None:
-            return None
-        before, settled = found
-        self._report(operation_id, before, settled)
-        return settled
+        match done:
+            case None:
+                raise OperationNotFound(str(operation_id))
+            case Fallback(observation=observation):
+                return await self.settle(operation_id, observation, attempt_id=attempt.attempt_id)
+            case (before, settled):
+                self._report(operation_id, before, settled)
+                return settled
 
     def _report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
         observation, decision = settled.observation, settled.decision
@@ -270,19 +259,30 @@ class SettlementStore:
 
         ``holds_lease``: the caller holds the scope's lease, so the row's own attempt cannot
         (a row still in_progress is stale). ``assume_absent``: the caller just read no row
-        for the scope; the first round inserts without the locked read (if another claimer
-        inserted meanwhile the insert does nothing and the rerun locks the row).
+        for the scope; the new row and its attempt are inserted in one statement without a
+        locked read (if another claimer inserted meanwhile, nothing is written and the
+        locked claim runs instead).
         """
+        if assume_absent and self._hot is not None:
+            now = self._clock()
+            decision = decide_claim(None, request, now)
+            assert isinstance(decision, Claim)  # no row: always a NEW claim
+            attempt_id = uuid.uuid4()
+            if await self._hot.claim_new(scope, decision.record, attempt_id, lease_token, at(now)):
+                return self._claimed(
+                    ClaimOutcome(decision=decision, record=decision.record, attempt_id=attempt_id)
+                )
         phase = claim_phase(
             scope,
             request,
             lease_token=lease_token,
             holds_lease=holds_lease,
-            assume_absent=assume_absent,
             clock=self._clock,
             policy=self._policy,
         )
-        outcome = await self._runner.run(f"claim {scope.route}", phase)
+        return self._claimed(await self._runner.run(f"claim {scope.route}", phase))
+
+    def _claimed(self, outcome: ClaimOutcome) -> ClaimOutcome:
         if isinstance(outcome.decision, Claim):
             self._hooks.on_claimed(outcome.decision.kind.value)
             # a new operation is routine (DEBUG); taking over a stale or unknown one is news

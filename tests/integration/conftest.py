@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -13,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from service.config import Settings
 from service.leases import LeaseManager, make_redis
 from service.store.db import async_url
+from service.store.pool import make_pool
 from service.store.settlement import SettlementStore
 from tests.conftest import Services
 from tests.integration.factories import Clock, Scope, make_principal, make_scope
@@ -54,8 +56,16 @@ def engine(open_engine: Callable[[], AsyncEngine]) -> AsyncEngine:
 
 
 @pytest.fixture
-def store(engine: AsyncEngine, clock: Clock) -> SettlementStore:
-    return SettlementStore(engine, clock=clock)
+async def pool(migrated_url: str) -> AsyncIterator[Any]:
+    """The hot path's asyncpg pool on the migrated database, closed when the test ends."""
+    made = await make_pool(Settings.from_env({}), migrated_url, size=POOL_SIZE)
+    yield made
+    await made.close()
+
+
+@pytest.fixture
+def store(engine: AsyncEngine, clock: Clock, pool: Any) -> SettlementStore:
+    return SettlementStore(engine, clock=clock, pool=pool)
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ async def get_account(
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
     require_role(principal, Role.CLIENT, Role.ADMIN)
-    async with settlement.reader.connect() as conn:
+    async with settlement.pool.acquire() as conn:
         account = await ledger.get_account(conn, principal.tenant, account_id)
     if account is None:
         return problem_response("not-found", f"no account {account_id}")

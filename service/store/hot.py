@@ -1,0 +1,271 @@
+"""The statements every request sends, prepared on asyncpg (:mod:`service.store.pool`).
+
+* :meth:`HotPath.identify`: the caller's principal and its scope's row in one statement, no
+  transaction around it: a replay needs nothing else from PostgreSQL.
+* :meth:`HotPath.claim_new`: a new operation row and its attempt row in one statement (its
+  own transaction), for a scope that had no row; None when another claimer inserted first.
+* :meth:`HotPath.settle_own`: a local effect and its settlement in one transaction: lock the
+  row, run the effect, ask the core, then write the row (CAS on tuple + revision), the
+  observation, the attempt's end and the ``Prefer: wait`` wake-up in one statement.
+
+The rules are the store's (DESIGN §4): the row is locked before the core decides, every
+authoritative write is a CAS on the reservation tuple and revision, and what the core did
+not apply never commits (the transaction is rolled back; the caller then records the
+observation through the general settle path, without the effect).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from service.core import Apply, Observation, Record, Scope, TerminalPolicy, settle
+from service.store.outcomes import AttemptRef, LocalEffect, Settled
+from service.store.phase import lock_timeouts
+from service.store.principals import Principal, live_principal
+from service.store.rows import at, record_from_row, record_values, to_ts
+from service.store.unit_of_work import TERMINAL_CHANNEL, StaleRevision
+
+__all__ = ["Fallback", "HotPath"]
+
+_RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
+    o.bound_credential_generation, o.state, o.revision, o.fencing_token, o.lease_expires_at,
+    o.result_status, o.result_content_type, o.result_body, o.result_digest, o.conflict"""
+
+_IDENTIFY = f"""
+SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
+       p.key_hash AS p_key_hash, p.credential_generation AS p_credential_generation,
+       p.all_tenants AS p_all_tenants, {_RECORD}
+  FROM principals p
+  LEFT JOIN operations o
+    ON o.tenant = p.tenant AND o.principal_id = p.id AND o.route = $2
+   AND o.idempotency_key = $3
+ WHERE p.key_hash = $1 AND p.revoked_at IS NULL
+"""
+
+_CLAIM_NEW = """
+WITH claimed AS (
+    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
+        binding_generation, request_fingerprint, bound_principal_id,
+        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
+        lease_expires_at, created_at, updated_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)
+    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
+    RETURNING id
+)
+INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
+    lease_expires_at, started_at)
+SELECT $13, id, $12, $6, $16, $14, $15 FROM claimed
+RETURNING operation_id
+"""
+
+_LOCK = f"SELECT {_RECORD} FROM operations o WHERE o.id = $1 FOR UPDATE"
+
+# $1-$4: the CAS (id, fingerprint, generation, revision); $5-$19: the row after;
+# $20-$31: the observation; $32: the attempt.
+_FINISH = """
+WITH written AS (
+    UPDATE operations
+       SET binding_generation = $5, request_fingerprint = $6, bound_principal_id = $7,
+           bound_credential_generation = $8, state = $9, revision = $10, fencing_token = $11,
+           lease_expires_at = $12, result_status = $13, result_content_type = $14,
+           result_body = $15, result_digest = $16, conflict = $17, updated_at = $18,
+           expires_at = COALESCE($19, expires_at)
+     WHERE id = $1 AND request_fingerprint = $2 AND binding_generation = $3 AND revision = $4
+    RETURNING id
+), recorded AS (
+    INSERT INTO observations (operation_id, source, kind, binding_generation,
+        request_fingerprint, fencing_token, verified, result_status, result_digest,
+        lease_expires_at, stage, disposition, reason, revision_before, revision_after,
+        attempt_id)
+    SELECT id, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $4, $10, $32
+      FROM written
+    RETURNING id
+), closed AS (
+    UPDATE attempts SET finished_at = $18, outcome = $21, response_status = $26
+     WHERE id = $32 AND EXISTS (SELECT 1 FROM written)
+)
+SELECT id{notify} FROM recorded
+"""
+_FINISH_TERMINAL = _FINISH.format(notify=f", pg_notify('{TERMINAL_CHANNEL}', $1::text)")
+_FINISH_OPEN = _FINISH.format(notify="")
+
+
+class Fallback(msgspec.Struct, frozen=True):
+    """The hot path settled nothing (its transaction rolled back): ``observation`` is what
+    the attempt reports instead, to be recorded through the general settle path."""
+
+    observation: Observation
+
+
+class HotPath:
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    async def identify(
+        self, key_hash: bytes, route: str, idempotency_key: str
+    ) -> tuple[Principal, Record | None] | None:
+        """The live principal holding the key whose hash is ``key_hash``, and the row of its
+        scope (route, key) if there is one; None for an unknown or revoked key."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(_IDENTIFY, key_hash, route, idempotency_key)
+        principal = live_principal(row, key_hash, prefix="p_")
+        if principal is None:
+            return None
+        return principal, None if row["id"] is None else record_from_row(row)
+
+    async def claim_new(
+        self,
+        scope: Scope,
+        record: Record,
+        attempt_id: uuid.UUID,
+        lease_token: str | None,
+        now: datetime,
+    ) -> bool:
+        """Insert ``record`` (the core's NEW claim) and its attempt; False when the scope
+        already has a row (another claimer won; nothing was written)."""
+        binding = record.binding
+        async with self._pool.acquire() as conn:
+            inserted = await conn.fetchval(
+                _CLAIM_NEW,
+                uuid.UUID(record.reservation.operation_id),
+                scope.tenant,
+                scope.principal_id,
+                scope.route,
+                scope.idempotency_key,
+                record.reservation.binding_generation,
+                record.reservation.request_fingerprint,
+                uuid.UUID(binding.principal_id),
+                binding.credential_generation,
+                record.state.value,
+                record.revision,
+                record.fencing_token,
+                attempt_id,
+                to_ts(record.lease_expires_at),
+                now,
+                lease_token,
+            )
+        return inserted is not None
+
+    async def settle_own(
+        self,
+        operation_id: uuid.UUID,
+        attempt: AttemptRef,
+        effect: LocalEffect,
+        *,
+        clock: Callable[[], float],
+        policy: TerminalPolicy,
+        retention: float,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Record, Settled] | Fallback | None:
+        """Run ``effect`` for ``attempt`` and settle its outcome, in one transaction.
+
+        Returns the row before and the settlement; a :class:`Fallback` when the row is not
+        this attempt's to settle (fenced out, another epoch, already terminal: the effect
+        does not run) or the core did not apply the outcome (the effect is rolled back);
+        None when there is no such operation.
+        """
+        with lock_timeouts():
+            async with self._pool.acquire() as conn:
+                try:
+                    async with conn.transaction():
+                        row = await conn.fetchrow(_LOCK, operation_id)
+                        if row is None:
+                            return None
+                        record = record_from_row(row)
+                        if not _owns(attempt, record):
+                            return Fallback(attempt.probe())
+                        observation = await effect(conn, record)
+                        now = clock()
+                        decision = settle(record, observation, now, policy)
+                        if not isinstance(decision, Apply):
+                            raise _NotApplied(observation)
+                        after = decision.record
+                        expires = None
+                        if after.state.terminal and not record.state.terminal:
+                            expires = at(now) + timedelta(seconds=retention)
+                        observation_id = await conn.fetchval(
+                            _FINISH_TERMINAL if after.state.terminal else _FINISH_OPEN,
+                            *_finish_args(record, after, observation, decision, at(now)),
+                            expires,
+                            *_observation_args(observation, decision),
+                            attempt.attempt_id,
+                        )
+                        if observation_id is None:  # not possible under the row lock
+                            raise StaleRevision(f"operation {operation_id}: CAS refused")
+                        if before_commit is not None:
+                            await before_commit()
+                        settled = Settled(
+                            decision=decision,
+                            record=after,
+                            observation=observation,
+                            observation_id=observation_id,
+                        )
+                        return record, settled
+                except _NotApplied as refused:
+                    return Fallback(refused.observation)
+
+
+class _NotApplied(Exception):
+    """Rolls the hot transaction back: the core did not apply the effect's outcome."""
+
+    def __init__(self, observation: Observation) -> None:
+        super().__init__("outcome not applied")
+        self.observation = observation
+
+
+def _owns(attempt: AttemptRef, record: Record) -> bool:
+    """The row is still this attempt's: same epoch, its fencing token, not terminal."""
+    return (
+        record.reservation == attempt.reservation
+        and record.fencing_token == attempt.fencing_token
+        and not record.state.terminal
+    )
+
+
+def _finish_args(
+    before: Record, after: Record, observation: Observation, decision: Apply, now: datetime
+) -> tuple[Any, ...]:
+    values = record_values(after)
+    return (
+        uuid.UUID(before.reservation.operation_id),
+        before.reservation.request_fingerprint,
+        before.reservation.binding_generation,
+        decision.expected_revision,
+        values["binding_generation"],
+        values["request_fingerprint"],
+        values["bound_principal_id"],
+        values["bound_credential_generation"],
+        values["state"],
+        values["revision"],
+        values["fencing_token"],
+        values["lease_expires_at"],
+        values["result_status"],
+        values["result_content_type"],
+        values["result_body"],
+        values["result_digest"],
+        values["conflict"],
+        now,
+    )
+
+
+def _observation_args(observation: Observation, decision: Apply) -> tuple[Any, ...]:
+    result = observation.result
+    return (
+        observation.source.value,
+        observation.kind.value,
+        observation.reservation.binding_generation,
+        observation.reservation.request_fingerprint,
+        observation.fencing_token,
+        observation.verified,
+        result.status if result else None,
+        result.digest if result else None,
+        to_ts(observation.lease_expires_at),
+        decision.stage.value,
+        decision.disposition.value,
+        decision.reason.value,
+    )
