@@ -204,11 +204,16 @@ class UvicornOptions(TypedDict):
 
 
 def uvicorn_options(settings: Settings) -> UvicornOptions:
-    """How every server process of ours runs under uvicorn (the bench's apps too): uvloop and
-    httptools (measured: bench/README.md), our own logging, the access log only on request."""
+    """How every server process of ours runs under uvicorn (the bench's apps too).
+
+    uvloop: measured 0.20 -> 0.09 ms CPU per bare request, 10.7 -> 7.7 ms per new operation.
+    h11, not httptools: httptools halves the bare request's CPU again, but it answers a header
+    value with a control character (an Idempotency-Key of "\x1f") with a plain-text 400
+    before the app sees it; with h11 every bad header gets its problem document.
+    """
     return UvicornOptions(
         loop="uvloop",
-        http="h11",
+        http="h11",  # see above
         log_config=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),

@@ -126,8 +126,12 @@ class IdempotentRequests:
     ) -> Answer:
         if record is not None:
             match decide_claim(record, claim, self._clock()):
-                case Claim() | InProgress():
+                case Claim():
                     pass  # take the lease, then decide again under the row lock
+                case InProgress():
+                    # the claim-time lease has not run out: its attempt holds the lease (or
+                    # died holding it), so the answer needs no round trip to Redis
+                    return await self._in_progress(scope, claim, record, wait)
                 case answered:
                     return answer_of(answered)
         try:
