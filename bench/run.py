@@ -7,6 +7,9 @@ Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, the
 * the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
   for ``bare`` and ``plain-transfer`` (and, with BENCH_LOG_COST=1, ``new`` at log levels INFO
   and WARNING in turn, twice: what the per-request log lines cost);
+* the peer (``python -m bench.peer_app``, same uvicorn options and workers): the same transfer
+  behind aws-lambda-powertools' idempotency on Redis, for ``powertools-replay`` and
+  ``powertools-new``;
 * pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``.
 
 One scenario at a time, nothing else of the bench running meanwhile. Prints one table and

@@ -267,6 +267,17 @@ class Stack:
             f"baseline-server-{log_level.lower()}.log",
         )
 
+    def peer_server(self, workers: int, principal_id: str) -> ServerProcess:
+        """``python -m bench.peer_app``: the Powertools peer, under the same uvicorn options;
+        its operation rows name ``principal_id`` (it authenticates nobody)."""
+        return self._bench_app(
+            "bench.peer_app",
+            "bench.peer_app",
+            workers,
+            self.server_env(BENCH_PEER_PRINCIPAL=principal_id),
+            "peer-server.log",
+        )
+
     def _bench_app(
         self, module: str, name: str, workers: int, env: dict[str, str], log_name: str
     ) -> ServerProcess:
