@@ -76,6 +76,7 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
     ratios = {
         "new / powertools-new": ratio("new", "powertools-new"),
         "replay / powertools-replay": ratio("replay", "powertools-replay"),
+        "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),
         "new / pgbench-new": ratio("new", "pgbench-new"),

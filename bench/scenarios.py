@@ -322,7 +322,8 @@ def log_cost(runner: Runner, stack: Stack, fixture: Fixture) -> None:
 
 
 def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
-    """The server's own SQL of one new transfer and of one replay, driven by pgbench."""
+    """The server's own SQL of one new transfer and of one replay, and the least SQL of a
+    transfer, driven by pgbench."""
     cfg = runner.config
     variables = {
         "key_hash": fixture.key_hash,
@@ -336,6 +337,13 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     for name, script, what in (
         ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
         ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),
+        (
+            "pgbench-min",
+            "min.sql",
+            "the least SQL of a transfer (7 statements: BEGIN, the operation row the "
+            "transfers foreign key needs, lock both accounts, two updates, the transfer row, "
+            "COMMIT)",
+        ),
     ):
         say(f"{name}: {what}")
         result, usage = runner.measure(
