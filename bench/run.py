@@ -7,7 +7,11 @@ Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, the
 * the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
   for ``bare`` and ``plain-transfer`` (and, with BENCH_LOG_COST=1, ``new`` at log levels INFO
   and WARNING in turn, twice: what the per-request log lines cost);
-* pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``.
+* the peer (``python -m bench.peer_app``, same uvicorn options and workers): the same transfer
+  behind aws-lambda-powertools' idempotency on Redis, for ``powertools-replay`` and
+  ``powertools-new``;
+* pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``, and the least
+  SQL of a transfer for ``pgbench-min``.
 
 One scenario at a time, nothing else of the bench running meanwhile. Prints one table and
 the ratios and writes them to ``bench/results/<date>.json``; logs go to

@@ -93,6 +93,8 @@ class Runner:
         self.rows: list[Row] = []
         # bytes the server logged during the last wrk run kept
         self.last_log_bytes = 0
+        # every wrk run of the last wrk scenario: its warm-up, then each measured attempt
+        self.last_runs: list[LoadResult] = []
         self._attempts: list[tuple[float, str]] = []
 
     def run(self, scenarios: Sequence[Scenario]) -> Runner:
@@ -133,8 +135,11 @@ class Runner:
         cfg = self.config
         url = server.base_url + "/"
         log = self.session.log_dir / "wrk.log"
+        self.last_runs = []
         if cfg.warmup > 0:
-            run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
+            self.last_runs.append(
+                run_wrk(url, script, args, duration=cfg.warmup, connections=cfg.connections)
+            )
         attempts: list[tuple[LoadResult, Usage, int]] = []
         for attempt in range(1 + BALANCE_RETRIES):
             log_before = server.log_path.stat().st_size
@@ -151,6 +156,7 @@ class Runner:
                 ),
             )
             attempts.append((result, usage, server.log_path.stat().st_size - log_before))
+            self.last_runs.append(result)
             if _skew(usage) <= MAX_SKEW:
                 break
             if attempt < BALANCE_RETRIES:

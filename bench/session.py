@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import fixtures
 from bench.client import send_all
-from bench.fixtures import Fixture
+from bench.fixtures import TRANSFERS, Fixture
 from bench.loadgen import ensure_wrk
 from bench.stack import ServerProcess, Stack
 from bench.usage import machine_busy_seconds
@@ -72,19 +72,22 @@ def main(run: Callable[[str], object]) -> int:
 
 def seed(fixture: Fixture, server: ServerProcess, n: int) -> None:
     """``n`` completed transfers with keys replay-1..N (pairs in turn), for replay and status."""
-    fixture.seed_requests = [
-        fixture.transfer_request(server.port, f"replay-{i}", (i - 1) % fixtures.PAIRS + 1)
-        for i in range(1, n + 1)
-    ]
-    began = time.monotonic()
-    answers = asyncio.run(
-        send_all(server.port, fixture.seed_requests, concurrency=SEED_CONCURRENCY)
-    )
-    bad = [status for status, _, _ in answers if status != 201]
-    if bad or len(answers) != n:
-        raise RuntimeError(f"seeding failed: {len(answers)} answers, statuses {set(bad)}")
+    fixture.seed_requests = fixture.seed_transfers(server.port, TRANSFERS, "replay", n)
+    answers = send_seed(server, fixture.seed_requests)
     fixture.operation_ids = [headers["operation-id"] for _, headers, _ in answers]
-    say(f"seeded {n} completed transfers in {time.monotonic() - began:.1f}s")
+
+
+def send_seed(
+    server: ServerProcess, requests: list[bytes]
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """Send each seeding request once; every answer must be a 201."""
+    began = time.monotonic()
+    answers = asyncio.run(send_all(server.port, requests, concurrency=SEED_CONCURRENCY))
+    bad = [status for status, _, _ in answers if status != 201]
+    if bad or len(answers) != len(requests):
+        raise RuntimeError(f"seeding failed: {len(answers)} answers, statuses {set(bad)}")
+    say(f"seeded {len(requests)} completed transfers in {time.monotonic() - began:.1f}s")
+    return answers
 
 
 class Session:

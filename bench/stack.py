@@ -259,13 +259,35 @@ class Stack:
 
     def baseline_server(self, workers: int, *, log_level: str = "INFO") -> ServerProcess:
         """``python -m bench.bare_app``: the same app and uvicorn options, plus baselines."""
-        port = free_port()
-        argv = [sys.executable, "-m", "bench.bare_app", "--port", str(port)]
-        return ServerProcess(
+        return self._bench_app(
+            "bench.bare_app",
             f"bench.bare_app (log level {log_level})",
-            [*argv, "--workers", str(workers)],
+            workers,
+            self.server_env(BENCH_LOG_LEVEL=log_level),
+            f"baseline-server-{log_level.lower()}.log",
+        )
+
+    def peer_server(self, workers: int, principal_id: str) -> ServerProcess:
+        """``python -m bench.peer_app``: the Powertools peer, under the same uvicorn options;
+        its operation rows name ``principal_id`` (it authenticates nobody)."""
+        return self._bench_app(
+            "bench.peer_app",
+            "bench.peer_app",
+            workers,
+            self.server_env(BENCH_PEER_PRINCIPAL=principal_id),
+            "peer-server.log",
+        )
+
+    def _bench_app(
+        self, module: str, name: str, workers: int, env: dict[str, str], log_name: str
+    ) -> ServerProcess:
+        """One of the bench's apps, served by ``bench.serve`` as ``settlement serve`` is."""
+        port = free_port()
+        return ServerProcess(
+            name,
+            [sys.executable, "-m", module, "--port", str(port), "--workers", str(workers)],
             port=port,
             workers=workers,
-            env=self.server_env(BENCH_LOG_LEVEL=log_level),
-            log_path=self.log_dir / f"baseline-server-{log_level.lower()}.log",
+            env=env,
+            log_path=self.log_dir / log_name,
         )
