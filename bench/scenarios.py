@@ -335,8 +335,13 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     work = runner.session.log_dir
     log = work / "pgbench.log"
     for name, script, what in (
-        ("pgbench-new", "new.sql", "the SQL of one new transfer (23 statements)"),
-        ("pgbench-read", "read.sql", "the SQL of one replay (6 statements)"),
+        (
+            "pgbench-new",
+            "new.sql",
+            "the SQL of one new transfer (8 statements: identify, claim, BEGIN, lock the "
+            "row, lock both accounts, move, finish, COMMIT)",
+        ),
+        ("pgbench-read", "read.sql", "the SQL of one replay (1 statement)"),
         (
             "pgbench-min",
             "min.sql",

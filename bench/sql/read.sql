@@ -1,18 +1,16 @@
--- pgbench: the SQL of one replay of POST /v1/transfers, as the server sends it (read from
--- PostgreSQL's statement log): authenticate, then the one indexed read of the scope, each in
--- its own BEGIN ... ROLLBACK. Run with -M prepared, as asyncpg prepares every statement.
+-- pgbench: the SQL of one replay of POST /v1/transfers, as the server sends it
+-- (service/store/hot.py): the principal and its scope's row in one statement, no
+-- transaction. Run with -M prepared, as asyncpg prepares every statement.
 -- Variables (-D): key_hash (hex), tenant, principal, seeded (keys replay-1 .. replay-N).
 \set i random(1, :seeded)
-BEGIN;
-SELECT id, tenant, name, role, key_hash, credential_generation, all_tenants, created_at, revoked_at
-  FROM principals WHERE key_hash = decode(:key_hash, 'hex') AND revoked_at IS NULL;
-ROLLBACK;
-BEGIN;
-SELECT id, tenant, principal_id, route, idempotency_key, binding_generation, request_fingerprint,
-       bound_principal_id, bound_credential_generation, state, revision, fencing_token,
-       current_attempt_id, lease_expires_at, result_status, result_content_type, result_body,
-       result_digest, conflict, created_at, updated_at, expires_at
-  FROM operations
- WHERE tenant = :tenant AND principal_id = :principal::uuid AND route = 'POST /v1/transfers'
-   AND idempotency_key = 'replay-' || :i::text;
-ROLLBACK;
+SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
+       p.key_hash AS p_key_hash, p.credential_generation AS p_credential_generation,
+       p.all_tenants AS p_all_tenants, o.id, o.binding_generation, o.request_fingerprint,
+       o.bound_principal_id, o.bound_credential_generation, o.state, o.revision,
+       o.fencing_token, o.lease_expires_at, o.result_status, o.result_content_type,
+       o.result_body, o.result_digest, o.conflict
+  FROM principals p
+  LEFT JOIN operations o
+    ON o.tenant = p.tenant AND o.principal_id = p.id AND o.route = 'POST /v1/transfers'
+   AND o.idempotency_key = 'replay-' || :i::text
+ WHERE p.key_hash = decode(:key_hash, 'hex') AND p.revoked_at IS NULL;
