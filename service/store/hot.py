@@ -171,43 +171,84 @@ class HotPath:
         """
         with lock_timeouts():
             async with self._pool.acquire() as conn:
-                try:
-                    async with conn.transaction():
-                        row = await conn.fetchrow(_LOCK, operation_id)
-                        if row is None:
-                            return None
-                        record = record_from_row(row)
-                        if not _owns(attempt, record):
-                            return Fallback(attempt.probe())
-                        observation = await effect(conn, record)
-                        now = clock()
-                        decision = settle(record, observation, now, policy)
-                        if not isinstance(decision, Apply):
-                            raise _NotApplied(observation)
-                        after = decision.record
-                        expires = None
-                        if after.state.terminal and not record.state.terminal:
-                            expires = at(now) + timedelta(seconds=retention)
-                        observation_id = await conn.fetchval(
-                            _FINISH_TERMINAL if after.state.terminal else _FINISH_OPEN,
-                            *_finish_args(record, after, observation, decision, at(now)),
-                            expires,
-                            *_observation_args(observation, decision),
-                            attempt.attempt_id,
+                # First without the row lock, on the row as the attempt's claim wrote it:
+                # the finishing CAS proves the row is still exactly that. Should the CAS
+                # find the row moved on, everything rolls back and the locked round decides.
+                rounds = (attempt.claimed, None) if attempt.claimed is not None else (None,)
+                for claimed in rounds:
+                    try:
+                        return await self._settle_own_once(
+                            conn,
+                            operation_id,
+                            attempt,
+                            claimed,
+                            effect,
+                            clock=clock,
+                            policy=policy,
+                            retention=retention,
+                            before_commit=before_commit,
                         )
-                        if observation_id is None:  # not possible under the row lock
-                            raise StaleRevision(f"operation {operation_id}: CAS refused")
-                        if before_commit is not None:
-                            await before_commit()
-                        settled = Settled(
-                            decision=decision,
-                            record=after,
-                            observation=observation,
-                            observation_id=observation_id,
-                        )
-                        return record, settled
-                except _NotApplied as refused:
-                    return Fallback(refused.observation)
+                    except _NotApplied as refused:
+                        return Fallback(refused.observation)
+                    except _Moved:
+                        continue
+        raise StaleRevision(f"operation {operation_id}: CAS refused under the row lock")
+
+    async def _settle_own_once(
+        self,
+        conn: Any,
+        operation_id: uuid.UUID,
+        attempt: AttemptRef,
+        claimed: Record | None,
+        effect: LocalEffect,
+        *,
+        clock: Callable[[], float],
+        policy: TerminalPolicy,
+        retention: float,
+        before_commit: Callable[[], Awaitable[None]] | None,
+    ) -> tuple[Record, Settled] | Fallback | None:
+        """One transaction: the row (``claimed``, or read under its lock), the effect, the
+        core's decision and the finishing statement."""
+        async with conn.transaction():
+            record = claimed
+            if record is None:
+                row = await conn.fetchrow(_LOCK, operation_id)
+                if row is None:
+                    return None
+                record = record_from_row(row)
+                if not _owns(attempt, record):
+                    return Fallback(attempt.probe())
+            observation = await effect(conn, record)
+            now = clock()
+            decision = settle(record, observation, now, policy)
+            if not isinstance(decision, Apply):
+                raise _NotApplied(observation)
+            after = decision.record
+            expires = None
+            if after.state.terminal and not record.state.terminal:
+                expires = at(now) + timedelta(seconds=retention)
+            observation_id = await conn.fetchval(
+                _FINISH_TERMINAL if after.state.terminal else _FINISH_OPEN,
+                *_finish_args(record, after, decision, at(now)),
+                expires,
+                *_observation_args(observation, decision),
+                attempt.attempt_id,
+            )
+            if observation_id is None:
+                raise _Moved  # the CAS found another revision: roll back, lock, decide again
+            if before_commit is not None:
+                await before_commit()
+            settled = Settled(
+                decision=decision,
+                record=after,
+                observation=observation,
+                observation_id=observation_id,
+            )
+            return record, settled
+
+
+class _Moved(Exception):
+    """Rolls the hot transaction back: the row is no longer the one the attempt claimed."""
 
 
 class _NotApplied(Exception):
@@ -227,9 +268,7 @@ def _owns(attempt: AttemptRef, record: Record) -> bool:
     )
 
 
-def _finish_args(
-    before: Record, after: Record, observation: Observation, decision: Apply, now: datetime
-) -> tuple[Any, ...]:
+def _finish_args(before: Record, after: Record, decision: Apply, now: datetime) -> tuple[Any, ...]:
     values = record_values(after)
     return (
         uuid.UUID(before.reservation.operation_id),

@@ -72,6 +72,8 @@ class AttemptRef(msgspec.Struct, frozen=True):
     attempt_id: uuid.UUID
     reservation: ReservationTuple
     fencing_token: int
+    claimed: Record | None = None
+    """the row as this attempt's own claim wrote it, when the attempt has it"""
 
     def probe(self) -> Observation:
         """``unknown`` under this attempt's token: what a fenced-out or late attempt settles

@@ -1,0 +1,186 @@
+"""The hot path's statements (service/store/hot.py) against real PostgreSQL: the principal
+and its scope's row in one read, a new claim in one statement, and a local effect settled in
+one transaction, first without the row lock and, when the row moved on, under it."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.core import (
+    Claim,
+    ObservationKind,
+    OperationState,
+    Record,
+    Scope,
+    Source,
+    Supersede,
+)
+from service.core import Observation as CoreObservation
+from service.store.settlement import AttemptRef, SettlementStore
+from service.store.tables import accounts, attempts, observations, operations, principals
+from tests.integration.factories import (
+    Clock,
+    claim_request,
+    completed,
+    count,
+    make_principal,
+    rows,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def key_hash(principal_id: uuid.UUID) -> bytes:
+    """The key hash ``make_principal`` gives a principal."""
+    return hashlib.sha256(principal_id.bytes).digest()
+
+
+async def claimed(store: SettlementStore, scope: Scope, clock: Clock) -> AttemptRef:
+    """A NEW claim through the one-statement insert, as the server makes it."""
+    outcome = await store.claim(
+        scope, claim_request(scope.principal_id, clock), lease_token="t", assume_absent=True
+    )
+    assert isinstance(outcome.decision, Claim) and outcome.record is not None
+    assert outcome.attempt_id is not None
+    return AttemptRef(
+        attempt_id=outcome.attempt_id,
+        reservation=outcome.record.reservation,
+        fencing_token=outcome.record.fencing_token,
+        claimed=outcome.record,
+    )
+
+
+def account_writer(account_id: uuid.UUID, runs: list[int]) -> Any:
+    """A local effect that writes one account row and reports completed; counts its runs."""
+
+    async def effect(conn: Any, current: Record) -> CoreObservation:
+        runs.append(1)
+        await conn.execute(
+            "INSERT INTO accounts (id, tenant, currency, balance) VALUES ($1, 'acme', 'EUR', 1)",
+            account_id,
+        )
+        return completed(current, fencing_token=current.fencing_token)
+
+    return effect
+
+
+async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    digest = key_hash(scope.principal_id)
+    found = await store.identify(digest, scope.route, scope.idempotency_key)
+    assert found is not None
+    principal, record = found
+    assert (principal.id, principal.tenant, record) == (scope.principal_id, "acme", None)
+
+    attempt = await claimed(store, scope, clock)
+    found = await store.identify(digest, scope.route, scope.idempotency_key)
+    assert found is not None and found[1] == attempt.claimed
+    # another route or key of the same principal is another scope
+    other = await store.identify(digest, "POST /v1/accounts", scope.idempotency_key)
+    assert other is not None and other[1] is None
+    # a wrong key, and a revoked one, identify nobody
+    assert await store.identify(b"\x00" * 32, scope.route, scope.idempotency_key) is None
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(principals)
+            .where(principals.c.id == scope.principal_id)
+            .values(revoked_at=datetime.now(UTC))
+        )
+    assert await store.identify(digest, scope.route, scope.idempotency_key) is None
+
+
+async def test_a_second_new_claim_of_a_scope_writes_nothing_and_locks_the_row_instead(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    first = await claimed(store, scope, clock)
+    # the second claimer read no row too, but the first inserted meanwhile: its one-statement
+    # insert does nothing and the locked claim answers from the row (a live lease: busy)
+    second = await store.claim(
+        scope, claim_request(scope.principal_id, clock), lease_token="u", assume_absent=True
+    )
+    assert not isinstance(second.decision, Claim)
+    scoped = operations.c.idempotency_key == scope.idempotency_key
+    assert await count(engine, operations, scoped) == 1
+    assert first.claimed is not None
+    op = uuid.UUID(first.claimed.reservation.operation_id)
+    assert await count(engine, attempts, attempts.c.operation_id == op) == 1
+
+
+async def test_an_unmoved_row_is_settled_without_the_lock_round(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    account_id, runs = uuid.uuid4(), []
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
+    assert runs == [1]
+    assert await count(engine, accounts, accounts.c.id == account_id) == 1
+    (observed,) = await rows(engine, observations, observations.c.operation_id == op)
+    assert (observed["disposition"], observed["revision_before"], observed["revision_after"]) == (
+        "applied",
+        1,
+        2,
+    )
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert (attempt_row["outcome"], attempt_row["finished_at"] is not None) == ("completed", True)
+
+
+async def test_a_row_demoted_meanwhile_is_settled_in_the_locked_round_and_written_once(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    # the sweeper found the lease gone and demoted the row (same epoch, same fencing token)
+    clock.advance(60)
+    demotion = CoreObservation(
+        reservation=attempt.reservation, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
+    )
+    assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
+    account_id, runs = uuid.uuid4(), []
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    # the first run's CAS missed (revision 2, not 1) and rolled back; the locked round ran it
+    # again on the current row: one account row, the completed outcome applied over unknown
+    assert runs == [1, 1]
+    assert await count(engine, accounts, accounts.c.id == account_id) == 1
+    assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
+
+
+async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+
+    async def nobody_holds(scopes: list[Scope]) -> list[float | None]:
+        return [None for _ in scopes]
+
+    admin = await make_principal(engine)
+    superseded = await store.supersede(
+        op,
+        reason="test",
+        admin_id=admin,
+        request_fingerprint=None,
+        rebind=False,
+        force=True,
+        lease_remaining=nobody_holds,
+    )
+    assert isinstance(superseded, Supersede)
+    account_id, runs = uuid.uuid4(), []
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    # the first run's CAS missed and rolled back; the locked round saw another epoch and
+    # settled the attempt's probe (ignored) without running the effect again
+    assert runs == [1]
+    assert await count(engine, accounts, accounts.c.id == account_id) == 0
+    assert settled.decision.disposition.value in ("ignored", "quarantined")
+    current = await store.get(op)
+    assert current is not None and current.state is OperationState.UNKNOWN
+    assert current.reservation.binding_generation == 2
