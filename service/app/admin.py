@@ -52,7 +52,7 @@ class SupersedeBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 class Superseded(msgspec.Struct):
     operation: OperationView
-    effect_may_run_again: bool  # completed before, or an external outcome unknown
+    effect_may_run_again: bool  # completed or in conflict before, or an external outcome unknown
     fenced_live_attempt: bool
 
 
@@ -68,6 +68,12 @@ _REFUSALS: dict[RefuseReason, tuple[str, str, str | None]] = {
         "operation-in-progress",
         "an attempt holds a live lease; pass force: true to fence it out",
         "in_progress",
+    ),
+    RefuseReason.CONFLICT_NEEDS_FORCE: (
+        "supersede-needs-force",
+        "the operation is in conflict: at least one observation says the effect happened, "
+        "so superseding it may let the effect run again; pass force: true to do that",
+        "conflict",
     ),
     RefuseReason.COMPLETED_NEEDS_FORCE: (
         "supersede-needs-force",

@@ -4,6 +4,9 @@ Rules, first match wins:
 
     row completed, without force             -> Refuse COMPLETED_NEEDS_FORCE (the effect
                                                 could run again: that must be asked for)
+    row in conflict, without force           -> Refuse CONFLICT_NEEDS_FORCE (a conflict holds
+                                                a completed outcome, or two different
+                                                failures: the effect may have happened)
     external effect whose outcome is not known
       (row unknown or in_progress), no force -> Refuse OUTCOME_UNKNOWN_NEEDS_FORCE (the old
                                                 epoch may have taken effect downstream under
@@ -18,7 +21,8 @@ Rules, first match wins:
                                                 out), state unknown, result/conflict/lease
                                                 cleared, revision + 1.
                                                 ``effect_may_run_again`` when the row was
-                                                completed, or an external outcome unknown.
+                                                completed or in conflict, or an external
+                                                outcome unknown.
 
 Anything the old epoch still reports (a late answer, evidence, a stale worker's commit)
 names the old tuple or token and is quarantined or ignored by ``settle``.
@@ -54,6 +58,7 @@ class SupersedeRequest(msgspec.Struct, frozen=True):
 
 class RefuseReason(enum.StrEnum):
     COMPLETED_NEEDS_FORCE = "completed-needs-force"
+    CONFLICT_NEEDS_FORCE = "conflict-needs-force"
     OUTCOME_UNKNOWN_NEEDS_FORCE = "outcome-unknown-needs-force"
     LIVE_ATTEMPT = "live-attempt"
 
@@ -74,8 +79,8 @@ class Supersede(msgspec.Struct, frozen=True, tag="supersede"):
     reran_completed: bool
     fenced_live_attempt: bool
     effect_may_run_again: bool
-    """completed before, or an external effect whose outcome was not known: the new epoch
-    may make the effect happen a second time"""
+    """completed or in conflict before, or an external effect whose outcome was not known:
+    the new epoch may make the effect happen a second time"""
 
 
 class Refuse(msgspec.Struct, frozen=True, tag="refuse"):
@@ -88,9 +93,12 @@ SupersedeDecision = Supersede | Refuse
 def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> SupersedeDecision:
     """Decide a supersede of ``record``. Pure."""
     completed = record.state is OperationState.COMPLETED
+    conflicted = record.state is OperationState.CONFLICT
     live = record.lease_valid(now)
     if completed and not request.force:
         return Refuse(reason=RefuseReason.COMPLETED_NEEDS_FORCE)
+    if conflicted and not request.force:
+        return Refuse(reason=RefuseReason.CONFLICT_NEEDS_FORCE)
     undecided = record.state in (OperationState.UNKNOWN, OperationState.IN_PROGRESS)
     if request.external and undecided and not request.force:
         return Refuse(reason=RefuseReason.OUTCOME_UNKNOWN_NEEDS_FORCE)
@@ -124,5 +132,5 @@ def decide_supersede(record: Record, request: SupersedeRequest, now: float) -> S
         archived=archived,
         reran_completed=completed,
         fenced_live_attempt=live,
-        effect_may_run_again=completed or (request.external and undecided),
+        effect_may_run_again=completed or conflicted or (request.external and undecided),
     )

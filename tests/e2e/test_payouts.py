@@ -471,3 +471,39 @@ def test_killed_in_flight_payout_is_swept_and_retried_once(
 def _swallow(call: Any) -> None:
     with contextlib.suppress(httpx.HTTPError):
         call()
+
+
+def test_a_conflict_is_not_superseded_without_force_so_a_retry_never_pays_again(
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    observer_key: str,
+) -> None:
+    provider.arm("error_5xx")
+    unknown = payout(payout_server.base_url, client_key, "p-conflict-supersede")
+    operation_id = unknown.headers["operation-id"]
+    view = status(payout_server.base_url, client_key, operation_id)
+    other_observer = new_principal(payout_server.base_url, role="observer")["api_key"]
+    observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_a"))
+    observe(payout_server.base_url, other_observer, evidence_for(view, reference="pay_b"))
+    assert status(payout_server.base_url, client_key, operation_id)["state"] == "conflict"
+    path = f"{payout_server.base_url}/admin/v1/operations/{operation_id}/supersede"
+
+    refused = httpx.post(path, json={"reason": "x"}, headers=auth(ADMIN_KEY), timeout=30)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["type"] == "/problems/supersede-needs-force"
+    assert refused.json()["state"] == "conflict"
+    retry = payout(payout_server.base_url, client_key, "p-conflict-supersede")
+    assert retry.json()["type"] == "/problems/operation-conflict"
+    assert paid() == 0  # the evidence said it paid: nothing may pay again unasked
+
+    forced = httpx.post(
+        path, json={"reason": "x", "force": True}, headers=auth(ADMIN_KEY), timeout=30
+    )
+    assert forced.status_code == 200, forced.text
+    assert forced.json()["effect_may_run_again"] is True
+    again = payout(payout_server.base_url, client_key, "p-conflict-supersede")
+    assert again.status_code == 201, again.text
+    assert paid() == 1  # asked for with force: the new epoch pays under its own sink key
+    assert provider.counts(f"{operation_id}:2")["count"] == 1

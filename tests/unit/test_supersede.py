@@ -21,15 +21,20 @@ from .factories import NOW, make_record, make_result
     ("state", "lease", "force", "expected"),
     [
         ("completed", None, False, RefuseReason.COMPLETED_NEEDS_FORCE),
+        ("conflict", None, False, RefuseReason.CONFLICT_NEEDS_FORCE),
         ("in_progress", "valid", False, RefuseReason.LIVE_ATTEMPT),
     ],
 )
 def test_supersede_is_refused_without_force(
     state: str, lease: str | None, force: bool, expected: RefuseReason
 ) -> None:
-    kwargs = {"result": make_result()} if state == "completed" else {}
+    kwargs = {"result": make_result()} if state in ("completed", "conflict") else {}
     record = make_record(state=state, lease=lease, **kwargs)
     assert decide_supersede(record, SupersedeRequest(force=force), NOW) == Refuse(reason=expected)
+    # and an external effect's conflict too: a payout in conflict has paid at least once
+    external = SupersedeRequest(force=force, external=True)
+    if state == "conflict":
+        assert decide_supersede(record, external, NOW) == Refuse(reason=expected)
 
 
 @pytest.mark.parametrize(
@@ -38,7 +43,7 @@ def test_supersede_is_refused_without_force(
         ("unknown", None, False),
         ("in_progress", "expired", False),
         ("failed", None, False),
-        ("conflict", None, False),
+        ("conflict", None, True),
         ("completed", None, True),
         ("in_progress", "valid", True),
     ],
@@ -78,8 +83,8 @@ def test_supersede_starts_a_new_epoch(state: str, lease: str | None, force: bool
     assert decision.archived.result_digest == expected_digest
     assert decision.reran_completed is (state == "completed")
     assert decision.fenced_live_attempt is (state == "in_progress" and lease == "valid")
-    # a local effect runs again in the new epoch only if it had completed
-    assert decision.effect_may_run_again is (state == "completed")
+    # a local effect may run again in the new epoch if it had completed (or was in conflict)
+    assert decision.effect_may_run_again is (state in ("completed", "conflict"))
 
 
 def test_supersede_with_an_edited_request_and_a_rebind() -> None:
@@ -104,9 +109,17 @@ def test_external_effect_with_unknown_outcome_needs_force(state: str) -> None:
     assert forced.effect_may_run_again
 
 
-@pytest.mark.parametrize("state", ["failed", "conflict"])
-def test_external_effect_with_a_known_outcome_needs_no_force(state: str) -> None:
-    record = make_record(state=state)
+def test_external_effect_that_failed_needs_no_force() -> None:
+    record = make_record(state="failed")
     decision = decide_supersede(record, SupersedeRequest(external=True), NOW)
     assert isinstance(decision, Supersede)
     assert not decision.effect_may_run_again
+
+
+def test_external_effect_in_conflict_needs_force_and_may_pay_again() -> None:
+    record = make_record(state="conflict")
+    refused = decide_supersede(record, SupersedeRequest(external=True), NOW)
+    assert refused == Refuse(reason=RefuseReason.CONFLICT_NEEDS_FORCE)
+    forced = decide_supersede(record, SupersedeRequest(external=True, force=True), NOW)
+    assert isinstance(forced, Supersede)
+    assert forced.effect_may_run_again
