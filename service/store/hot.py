@@ -23,7 +23,15 @@ from typing import Any
 
 import msgspec
 
-from service.core import Apply, Observation, Record, Scope, TerminalPolicy, settle
+from service.core import (
+    Apply,
+    Observation,
+    ObservationKind,
+    Record,
+    Scope,
+    TerminalPolicy,
+    settle,
+)
 from service.store.outcomes import AttemptRef, LocalEffect, Settled
 from service.store.phase import lock_timeouts
 from service.store.principals import Principal, live_principal
@@ -166,8 +174,9 @@ class HotPath:
 
         Returns the row before and the settlement; a :class:`Fallback` when the row is not
         this attempt's to settle (fenced out, another epoch, already terminal: the effect
-        does not run) or the core did not apply the outcome (the effect is rolled back);
-        None when there is no such operation.
+        does not run), when the outcome is ``failed`` (a business failure: whatever the
+        effect wrote before failing is rolled back) or when the core did not apply the
+        outcome (the effect is rolled back); None when there is no such operation.
         """
         with lock_timeouts():
             async with self._pool.acquire() as conn:
@@ -219,6 +228,10 @@ class HotPath:
                 if not _owns(attempt, record):
                     return Fallback(attempt.probe())
             observation = await effect(conn, record)
+            if observation.kind is ObservationKind.FAILED:
+                # a failed outcome is one where the effect did not happen: nothing it wrote
+                # before failing may commit, so it is settled without them
+                raise _NotApplied(observation)
             now = clock()
             decision = settle(record, observation, now, policy)
             if not isinstance(decision, Apply):

@@ -33,6 +33,7 @@ from tests.integration.factories import (
     make_principal,
     rows,
 )
+from tests.unit.factories import make_observation
 
 pytestmark = pytest.mark.integration
 
@@ -184,3 +185,26 @@ async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
     current = await store.get(op)
     assert current is not None and current.state is OperationState.UNKNOWN
     assert current.reservation.binding_generation == 2
+
+
+async def test_a_business_failure_is_stored_without_what_the_effect_wrote_before_it(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    account_id = uuid.uuid4()
+
+    async def writes_then_fails(conn: Any, current: Record) -> CoreObservation:
+        await conn.execute(
+            "INSERT INTO accounts (id, tenant, currency, balance) VALUES ($1, 'acme', 'EUR', 1)",
+            account_id,
+        )
+        return make_observation(
+            "failed", reservation=current.reservation, fencing_token=current.fencing_token
+        )
+
+    settled = await store.settle_local(op, attempt, writes_then_fails)
+    assert settled.record.state is OperationState.FAILED
+    assert await count(engine, accounts, accounts.c.id == account_id) == 0
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert attempt_row["outcome"] == "failed"
