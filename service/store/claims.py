@@ -60,12 +60,24 @@ def claim_phase(
                 claimed, decision.expected_revision, stamp, current_attempt_id=attempt_id
             )
             if decision.demotion is not None:
+                # The demotion and the claim are one write (r -> r + 1, in_progress under the
+                # new token): the audit row says so, rather than name an "unknown" revision
+                # the row never had.
                 demoted = settle(record, decision.demotion, now, policy)
-                await uow.record_decision(
+                await uow.record_observation(
                     uuid.UUID(claimed.reservation.operation_id),
                     decision.demotion,
-                    demoted,
-                    record.revision,
+                    stage=demoted.stage.value,
+                    disposition=demoted.disposition.value,
+                    reason=demoted.reason.value,
+                    revision_before=record.revision,
+                    revision_after=claimed.revision,
+                    attempt_id=attempt_id,
+                    detail={
+                        "written_with_claim": True,
+                        "state_after": claimed.state.value,
+                        "fencing_token_after": claimed.fencing_token,
+                    },
                 )
         await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
         return ClaimOutcome(decision=decision, record=claimed, attempt_id=attempt_id)

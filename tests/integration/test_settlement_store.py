@@ -98,6 +98,16 @@ async def test_retry_after_lease_expiry_demotes_stale_in_progress_and_claims(
     assert [(r["source"], r["kind"], r["stage"], r["disposition"]) for r in recorded] == [
         ("claim", "unknown", "B", "applied")
     ]
+    # the audit row tells the truth: one write r -> r + 1 that left the row in_progress under
+    # the new token (no "unknown" revision ever existed), made by the new attempt's claim
+    (demotion,) = recorded
+    assert (demotion["revision_before"], demotion["revision_after"]) == (1, 2)
+    assert demotion["attempt_id"] == second.attempt_id
+    assert demotion["detail"] == {
+        "written_with_claim": True,
+        "state_after": "in_progress",
+        "fencing_token_after": 2,
+    }
 
 
 async def test_stale_fencing_token_cannot_settle_after_takeover(
