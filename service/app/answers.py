@@ -25,6 +25,7 @@ from service.core import (
     Replay,
     Result,
     Scope,
+    Superseded,
     Unsettled,
 )
 
@@ -94,6 +95,15 @@ def answer_of(decision: ClaimDecision | AttemptAnswer) -> Answer:
                 "incompatible outcomes were observed; see the status resource",
                 op,
                 state="conflict",
+            )
+        case Superseded(operation_id=op, binding_generation=epoch, state=state):
+            return Problem(
+                "operation-superseded",
+                f"an admin started epoch {epoch} of this operation while this attempt ran; "
+                "what this attempt saw is kept as an observation of its own epoch. Retry "
+                "with the same key to run (or replay) the new epoch",
+                op,
+                state=state.value,
             )
         case InProgress(operation_id=op) | Unsettled(operation_id=op):
             return Problem(

@@ -171,7 +171,7 @@ class Attempts:
             )
         await self._failpoints.hit("effect.after_commit")
         await self._failpoints.hit("settle.after")
-        return answer_of(_answer_after(settled))
+        return answer_of(_answer_after(settled, attempt))
 
     # -- external -----------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class Attempts:
             )
         await self._failpoints.hit("effect.after_commit")
         await self._failpoints.hit("settle.after")
-        return answer_of(_answer_after(settled))
+        return answer_of(_answer_after(settled, attempt))
 
     # -- endings without an outcome -----------------------------------------------------------
 
@@ -237,7 +237,7 @@ class Attempts:
         settled = await self._store.settle(
             uuid.UUID(op), _attempt_observation(attempt), attempt_id=attempt.attempt_id
         )
-        match _answer_after(settled):
+        match _answer_after(settled, attempt):
             case Unsettled():
                 return Problem(
                     "operation-outcome-unknown",
@@ -260,7 +260,9 @@ class Attempts:
             record = await self._store.get(uuid.UUID(op))
         if record is not None:
             answer = attempt_answer(
-                record, stored_by_attempt=record.fencing_token == attempt.fencing_token
+                record,
+                stored_by_attempt=record.fencing_token == attempt.fencing_token,
+                epoch=attempt.reservation.binding_generation,
             )
             if not isinstance(answer, Unsettled):
                 return answer_of(answer)
@@ -305,11 +307,13 @@ def _attempt_observation(
     )
 
 
-def _answer_after(settled: Settled) -> AttemptAnswer:
+def _answer_after(settled: Settled, attempt: AttemptRef) -> AttemptAnswer:
     """What the row says after this attempt's own settlement: ``replayed`` unless it stored
-    the outcome."""
+    the outcome; superseded if the row is of a later epoch than the attempt."""
     stored = isinstance(settled.decision, Apply) and settled.record.state.terminal
-    return attempt_answer(settled.record, stored_by_attempt=stored)
+    return attempt_answer(
+        settled.record, stored_by_attempt=stored, epoch=attempt.reservation.binding_generation
+    )
 
 
 def _attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef, ExecutionContext]:

@@ -50,6 +50,7 @@ __all__ = [
     "InProgress",
     "OperationConflict",
     "Replay",
+    "Superseded",
     "Unsettled",
     "attempt_answer",
     "decide_claim",
@@ -122,10 +123,19 @@ class Unsettled(msgspec.Struct, frozen=True, tag="unsettled"):
     lease_expires_at: float | None
 
 
+class Superseded(msgspec.Struct, frozen=True, tag="superseded"):
+    """An admin started a new epoch while the attempt ran: its outcome (if any) belongs to
+    the old epoch, kept as an observation; the row is the new epoch's."""
+
+    operation_id: str
+    binding_generation: int
+    state: OperationState
+
+
 ClaimDecision = (
     Claim | Replay | FingerprintMismatch | BindingMismatch | OperationConflict | InProgress
 )
-AttemptAnswer = Replay | OperationConflict | Unsettled
+AttemptAnswer = Replay | OperationConflict | Unsettled | Superseded
 
 
 def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> ClaimDecision:
@@ -176,12 +186,22 @@ def decide_claim(record: Record | None, request: ClaimRequest, now: float) -> Cl
     return Claim(kind=kind, record=claimed, expected_revision=record.revision, demotion=demotion)
 
 
-def attempt_answer(record: Record, *, stored_by_attempt: bool) -> AttemptAnswer:
+def attempt_answer(
+    record: Record, *, stored_by_attempt: bool, epoch: int | None = None
+) -> AttemptAnswer:
     """What an attempt answers from the row after it settled, gave up or lost its lease. Pure.
 
     ``stored_by_attempt``: this attempt's own settlement applied the row's terminal outcome.
+    ``epoch``: the attempt's binding generation; a row of a later one was superseded while
+    the attempt ran (first match: whatever the new epoch holds is not this attempt's).
     """
     operation_id = record.reservation.operation_id
+    if epoch is not None and record.reservation.binding_generation > epoch:
+        return Superseded(
+            operation_id=operation_id,
+            binding_generation=record.reservation.binding_generation,
+            state=record.state,
+        )
     if record.state is OperationState.CONFLICT:
         return OperationConflict(operation_id=operation_id)
     if record.state.terminal:

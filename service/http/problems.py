@@ -47,6 +47,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "binding-mismatch": (409, "Reservation bound to another credential"),
     "operation-in-progress": (409, "Operation in progress"),
     "operation-conflict": (409, "Operation outcome in conflict"),
+    "operation-superseded": (409, "Operation superseded while this attempt ran"),
     "operation-outcome-unknown": (504, "Operation outcome unknown"),
     "idempotency-key-expired": (410, "Idempotency key expired"),
     "lease-unavailable": (503, "Lease store unavailable"),

@@ -3,6 +3,7 @@ say afterwards. Real server processes, PostgreSQL, Redis and provider."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -264,3 +265,52 @@ def test_admin_work_list_pages_and_is_tenant_scoped(
         f"{base}/admin/v1/operations", params={"state": "done"}, headers=auth(ADMIN_KEY)
     )
     assert bad.status_code == 400
+
+
+def test_a_payout_that_answers_after_a_forced_supersede_says_so(
+    app_database: str, epoch_server: ServerProcess, provider: ProviderProcess
+) -> None:
+    base = epoch_server.base_url
+    key = new_principal(base)["api_key"]
+    body = {"beneficiary": "ACME", "amount": 300, "currency": "EUR"}
+    headers = {**auth(key), "Idempotency-Key": "superseded-in-flight"}
+    provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 0.7))  # answers in time
+    answers: list[httpx.Response] = []
+    call = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(f"{base}/v1/payouts", json=body, headers=headers, timeout=30)
+        )
+    )
+    call.start()
+    claimed = "SELECT count(*) FROM operations WHERE idempotency_key = 'superseded-in-flight'"
+    deadline = time.monotonic() + 5
+    while scalar(app_database, claimed) == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    operation_id = scalar(
+        app_database,
+        "SELECT id::text FROM operations WHERE idempotency_key = 'superseded-in-flight'",
+    )
+    superseded = admin(
+        base, f"/admin/v1/operations/{operation_id}/supersede", {"reason": "x", "force": True}
+    )
+    assert superseded.status_code == 200, superseded.text
+    assert superseded.json()["fenced_live_attempt"] is True
+    call.join(30)
+
+    (answer,) = answers
+    # the lease was revoked and the attempt told what happened: not "in progress"
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["type"] == "/problems/operation-superseded"
+    assert answer.json()["operation_id"] == operation_id
+    # the old epoch's payment still lands under its own sink key, and is kept as an
+    # observation of that epoch (quarantined: the row is epoch 2's)
+    kept = (
+        "SELECT count(*) FROM observations WHERE operation_id = :op AND binding_generation = 1"
+        " AND kind = 'completed' AND disposition = 'quarantined'"
+    )
+    deadline = time.monotonic() + 10
+    while scalar(app_database, kept, op=operation_id) == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scalar(app_database, kept, op=operation_id) == 1
+    assert provider.counts(f"{operation_id}:1")["count"] == 1
+    assert status(base, key, operation_id)["binding_generation"] == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import pytest
 
 from service.core import (
@@ -13,6 +14,7 @@ from service.core import (
     OperationConflict,
     Replay,
     Scope,
+    Superseded,
     Unsettled,
     attempt_answer,
     decide_claim,
@@ -93,3 +95,20 @@ def test_the_lease_name_is_a_digest_unique_per_scope_part() -> None:
         Scope(tenant="t", principal_id=principal, route="POST /x", idempotency_key="k2"),
     ]
     assert len({other.lease_name() for other in others} | {name}) == len(others) + 1
+
+
+@pytest.mark.parametrize("state", ["unknown", "in_progress", "completed", "conflict"])
+def test_a_row_of_a_later_epoch_is_answered_as_superseded_whatever_it_holds(state: str) -> None:
+    record = make_record(state=state)
+    later = msgspec.structs.replace(
+        record,
+        reservation=msgspec.structs.replace(record.reservation, binding_generation=2),
+    )
+    answer = attempt_answer(later, stored_by_attempt=False, epoch=1)
+    assert answer == Superseded(
+        operation_id=record.reservation.operation_id,
+        binding_generation=2,
+        state=later.state,
+    )
+    # the attempt's own epoch is answered by the row as usual
+    assert not isinstance(attempt_answer(later, stored_by_attempt=False, epoch=2), Superseded)
