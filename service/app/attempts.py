@@ -53,14 +53,26 @@ from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager
+from service.store.db import PoolTimeout
 from service.store.principals import Principal
-from service.store.settlement import AttemptRef, ClaimOutcome, Settled, SettlementStore
+from service.store.settlement import (
+    AttemptRef,
+    ClaimOutcome,
+    RowLocked,
+    Settled,
+    SettlementStore,
+)
 
 __all__ = ["Attempts"]
 
 log = logging.getLogger("settlement.attempts")
 
 T = TypeVar("T")
+
+
+# What a local attempt meets when the database is busy, not broken: a row lock not granted in
+# the lock timeout, or no pooled connection within the connect timeout.
+BUSY = (RowLocked, TimeoutError, PoolTimeout)
 
 
 class _Ended(enum.Enum):
@@ -159,6 +171,20 @@ class Attempts:
             return await self._after_lost_lease(attempt)
         try:
             settled = work.result()
+        except BUSY as exc:
+            # a row the effect needs stayed locked, or no connection came free: nothing was
+            # written (the transaction rolled back); the attempt gives up so a retry runs
+            op = str(context.operation_id)
+            log.warning("attempt found the database busy", extra={"operation_id": op})
+            await self._give_up(attempt)
+            return Problem(
+                "service-unavailable",
+                f"the database was busy ({type(exc).__name__}); nothing was written; "
+                "retry with the same key",
+                op,
+                state="unknown",
+                retry_after=True,
+            )
         except Exception:
             log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
             await self._give_up(attempt)

@@ -20,8 +20,10 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
+from service.leases import LeaseUnavailable
+from service.store.db import PoolTimeout
 from service.store.principals import PrincipalExists
-from service.store.settlement import OperationNotFound, SettlementContention
+from service.store.settlement import OperationNotFound, RowLocked, SettlementContention
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
@@ -71,11 +73,18 @@ class ProblemError(Exception):
         self.detail = detail
 
 
-# exception type -> slug, for errors raised below the HTTP layer
-ERROR_SLUGS: dict[type[BaseException], str] = {
-    OperationNotFound: "not-found",
-    PrincipalExists: "principal-exists",
-    SettlementContention: "service-unavailable",
+# exception type -> (slug, answer with Retry-After), for errors raised below the HTTP layer;
+# the first matching type wins
+ERROR_SLUGS: dict[type[BaseException], tuple[str, bool]] = {
+    OperationNotFound: ("not-found", False),
+    PrincipalExists: ("principal-exists", False),
+    SettlementContention: ("service-unavailable", True),
+    # a row lock not granted within the lock timeout: another phase holds the operation
+    RowLocked: ("operation-in-progress", True),
+    LeaseUnavailable: ("lease-unavailable", True),
+    # no pooled database connection within the connect timeout (SQLAlchemy's, asyncpg's)
+    PoolTimeout: ("service-unavailable", True),
+    TimeoutError: ("service-unavailable", True),
 }
 
 
@@ -136,9 +145,10 @@ def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
         # the client hung up while its body was read: nothing to answer, nothing broken
         log.info("client disconnected", extra={"path": request.url.path})
         return problem_response("validation-error", "the client disconnected")
-    for kind, slug in ERROR_SLUGS.items():
+    for kind, (slug, retry) in ERROR_SLUGS.items():
         if isinstance(exc, kind):
-            return problem_response(slug, str(exc))
+            detail = str(exc) or f"{slug.replace('-', ' ')}; retry"
+            return problem_response(slug, detail, headers={"Retry-After": "1"} if retry else None)
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response("internal-error", "the server failed; the request may be retried")
 

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
 
-__all__ = ["async_url", "make_engine", "ping", "reader", "server_settings"]
+__all__ = [
+    "PoolTimeout",
+    "async_url",
+    "make_engine",
+    "ping",
+    "reader",
+    "server_settings",
+]
+
+# PoolTimeout: no connection of SQLAlchemy's pool came free within its timeout.
 
 
 def async_url(url: str) -> str:

@@ -18,7 +18,7 @@ from sqlalchemy.engine import make_url
 from service.config import Settings
 from service.store.db import server_settings
 
-__all__ = ["make_pool", "plain_dsn"]
+__all__ = ["HotPool", "make_pool", "plain_dsn"]
 
 
 def plain_dsn(url: str) -> str:
@@ -27,9 +27,25 @@ def plain_dsn(url: str) -> str:
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-async def make_pool(settings: Settings, url: str, *, size: int | None = None) -> Any:
+class HotPool:
+    """asyncpg's pool, with the one acquire timeout every caller gets: a request never waits
+    for a connection longer than ``db_connect_timeout`` (then TimeoutError: 503)."""
+
+    def __init__(self, pool: Any, acquire_timeout: float) -> None:
+        self._pool = pool
+        self._timeout = acquire_timeout
+
+    def acquire(self) -> Any:
+        """``async with pool.acquire() as conn:``"""
+        return self._pool.acquire(timeout=self._timeout)
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+
+async def make_pool(settings: Settings, url: str, *, size: int | None = None) -> HotPool:
     """An asyncpg pool of ``size`` (default ``db_pool_size``) connections."""
-    return await asyncpg.create_pool(
+    pool = await asyncpg.create_pool(
         plain_dsn(url),
         min_size=1,
         max_size=size or settings.db_pool_size,
@@ -39,6 +55,7 @@ async def make_pool(settings: Settings, url: str, *, size: int | None = None) ->
         init=_init,
         reset=_keep_session,
     )
+    return HotPool(pool, settings.db_connect_timeout)
 
 
 async def _init(conn: Any) -> None:
