@@ -58,9 +58,13 @@ class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("a failed outcome carries a 4xx status")
 
 
+# HMAC-SHA256 in lower-case hex: exactly 64 characters, so "$" cannot let a newline in.
+Signature = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]+$", min_length=64, max_length=64)]
+
+
 class SignedEvidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     evidence: Evidence
-    signature: str
+    signature: Signature
 
 
 def canonical(value: Any) -> bytes:
@@ -90,7 +94,7 @@ def sign(evidence: Evidence, secret: str) -> str:
 def verify(signed: SignedEvidence, secret: str) -> bool:
     """Constant-time check of the signature, then of the digest the evidence claims."""
     expected = sign(signed.evidence, secret)
-    if not hmac.compare_digest(expected, signed.signature):
+    if not hmac.compare_digest(expected.encode(), signed.signature.encode()):
         return False
     ev = signed.evidence
     body = stored_body(ev.result)

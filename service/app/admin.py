@@ -133,8 +133,8 @@ class Admin:
                 return Problem("validation-error", f"route {view.route} has no schema")
             try:
                 request = msgspec.json.decode(bytes(body.request), type=spec.body_type)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                return Problem("validation-error", f"request: {exc}")
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+                return Problem("validation-error", f"request: {exc or 'nested too deeply'}")
             edited = fingerprint(spec.route, {}, request)
         spec = self._routes.get(view.route)
         decision = await self._store.supersede(

@@ -231,9 +231,9 @@ class Attempts:
             signed = call.result()
         except ProviderUnavailable as exc:
             return await self._outcome_unknown(attempt, str(exc))
-        except Exception as exc:  # a bug is not an outcome
+        except Exception:  # a bug is not an outcome; its details go to the log, not the client
             log.exception("external call failed", extra={"operation_id": op})
-            return await self._outcome_unknown(attempt, repr(exc))
+            return await self._outcome_unknown(attempt, "the call failed")
         await self._failpoints.hit("effect.before_commit")
         observation = observation_of(signed.evidence, Source.ATTEMPT)
         try:
@@ -265,9 +265,9 @@ class Attempts:
         )
         match _answer_after(settled, attempt):
             case Unsettled():
-                return Problem(
+                return Problem(  # why goes to the log above, not to the client
                     "operation-outcome-unknown",
-                    f"the provider gave no definitive answer ({why}); "
+                    "the provider gave no definitive answer in time; "
                     "retry with the same key: the provider never pays twice",
                     op,
                     state="unknown",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, Response
 from litestar.exceptions import ClientException
 
@@ -17,8 +16,9 @@ from service.app.effects import IdempotentRoute
 from service.app.requests import Seen
 from service.app.root import Settlement
 from service.http.auth import AuthError, authenticate, bearer_key, require_role, unknown_key
+from service.http.bodies import decode_json
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
-from service.http.problems import problem_response
+from service.http.problems import ProblemError, problem_response
 from service.http.render import prefer_wait, render, stamp_idempotency_headers
 from service.store.principals import Principal
 
@@ -42,9 +42,9 @@ async def handle_idempotent(
             raise
         return stamp_idempotency_headers(problem_response("payload-too-large", str(exc.detail)))
     try:
-        body = msgspec.json.decode(raw, type=spec.body_type)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return stamp_idempotency_headers(problem_response("validation-error", str(exc)))
+        body = decode_json(raw, spec.body_type)
+    except ProblemError as exc:
+        return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
     answer = await settlement.requests.handle(
         spec,
         principal,

@@ -96,6 +96,8 @@ def problem_response(
     **fields: Any,
 ) -> Response[bytes]:
     status, title = SLUGS[slug]
+    if status == 401:  # RFC 9110 section 11.6.1: a 401 names the scheme it wants
+        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="settlement"'}
     body = ProblemDocument(
         type=f"/problems/{slug}", title=title, status=status, detail=detail, **fields
     )

@@ -36,6 +36,7 @@ def make_engine(settings: Settings, url: str, *, pool_size: int | None = None) -
         max_overflow=0,
         pool_timeout=settings.db_connect_timeout,
         pool_pre_ping=False,
+        hide_parameters=True,  # bound values (key hashes, bodies) stay out of error logs
         connect_args={
             "timeout": settings.db_connect_timeout,
             "command_timeout": settings.db_statement_timeout + 1,

@@ -250,6 +250,9 @@ def test_provider_5xx_is_unknown_then_retry_pays_once(
     provider.arm("error_5xx")
     failed = payout(payout_server.base_url, client_key, "p-5xx")
     assert failed.status_code == 504
+    # what the provider said stays in the log: the client gets no internals
+    detail = failed.json()["detail"]
+    assert "503" not in detail and "provider answered" not in detail and "Error" not in detail
     view = status(payout_server.base_url, client_key, failed.headers["operation-id"])
     assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
     assert paid() == 0

@@ -5,14 +5,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-import msgspec
 from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from service.app.admin import PrincipalRequest, SupersedeBody
 from service.http.auth import authenticate, require_role
+from service.http.bodies import decode_json
 from service.http.deps import Services
-from service.http.problems import problem_response
+from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
 from service.store.principals import Principal, Role
 
@@ -35,9 +35,9 @@ async def create_principal(
 ) -> Response[bytes]:
     admin = await _admin(request, settlement)
     try:
-        body = msgspec.json.decode(await request.body(), type=PrincipalRequest)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return problem_response("validation-error", str(exc))
+        body = decode_json(await request.body(), PrincipalRequest)
+    except ProblemError as exc:
+        return problem_response(exc.slug, exc.detail)
     created = await settlement.admin.create_principal(admin, body)
     return render_json_or_problem(created, status_code=201)
 
@@ -60,9 +60,9 @@ async def supersede_operation(
 ) -> Response[bytes]:
     admin = await _admin(request, settlement)
     try:
-        body = msgspec.json.decode(await request.body(), type=SupersedeBody)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return problem_response("validation-error", str(exc))
+        body = decode_json(await request.body(), SupersedeBody)
+    except ProblemError as exc:
+        return problem_response(exc.slug, exc.detail)
     return render_json_or_problem(await settlement.admin.supersede(admin, operation_id, body))
 
 

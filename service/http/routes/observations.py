@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, post
 
 from service.evidence import SignedEvidence
 from service.http.auth import authenticate, require_role
+from service.http.bodies import decode_json
 from service.http.deps import Services
-from service.http.problems import problem_response
+from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
 from service.store.principals import Role
 
@@ -24,9 +24,9 @@ async def post_observation(
     principal = await authenticate(request, settlement.principals)
     require_role(principal, Role.OBSERVER)
     try:
-        signed = msgspec.json.decode(await request.body(), type=SignedEvidence)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        return problem_response("validation-error", str(exc))
+        signed = decode_json(await request.body(), SignedEvidence)
+    except ProblemError as exc:
+        return problem_response(exc.slug, exc.detail)
     return render_json_or_problem(
         await settlement.evidence.deliver(principal, signed), status_code=202
     )

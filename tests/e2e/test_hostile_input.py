@@ -1,0 +1,76 @@
+"""Hostile input the earlier suites did not send: each is a 4xx problem document that changes
+nothing (and a 401 names its scheme)."""
+
+from __future__ import annotations
+
+import httpx
+
+from tests.e2e.client import ADMIN_KEY, auth, count_rows, new_principal
+from tests.e2e.server import ServerProcess
+
+PROBLEM = "application/problem+json"
+# 2 KB of nesting: deeper than msgspec recurses
+DEEP = b"[" * 1000 + b"]" * 1000
+
+
+def problem_of(response: httpx.Response, status: int, slug: str) -> None:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == PROBLEM
+    assert response.json()["type"] == f"/problems/{slug}"
+
+
+def test_a_401_names_the_bearer_scheme(server: ServerProcess) -> None:
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic x"}):
+        answer = httpx.get(f"{server.base_url}/v1/operations?key=k", headers=headers)
+        problem_of(answer, 401, "unauthenticated")
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_json_nested_too_deeply_is_a_400_everywhere(
+    server: ServerProcess, app_database: str
+) -> None:
+    base = server.base_url
+    client = new_principal(base)["api_key"]
+    observer = new_principal(base, role="observer")["api_key"]
+    before = count_rows(app_database)
+    sends = [
+        (f"{base}/v1/observations", auth(observer), DEEP),
+        (f"{base}/v1/observations", auth(observer), b'{"evidence":' + DEEP + b"}"),
+        (f"{base}/admin/v1/principals", auth(ADMIN_KEY), DEEP),
+        (
+            f"{base}/admin/v1/operations/00000000-0000-4000-8000-000000000001/supersede",
+            auth(ADMIN_KEY),
+            b'{"reason":"x","request":' + DEEP + b"}",
+        ),
+        (f"{base}/v1/transfers", {**auth(client), "Idempotency-Key": "deep"}, DEEP),
+        (f"{base}/v1/accounts", {**auth(client), "Idempotency-Key": "deep"}, DEEP),
+    ]
+    for url, headers, body in sends:
+        answer = httpx.post(url, content=body, headers=headers, timeout=30)
+        assert answer.status_code in (400, 404), (url, answer.status_code, answer.text)
+        assert answer.headers["content-type"] == PROBLEM
+    assert count_rows(app_database) == before
+
+
+def test_a_signature_that_is_not_lower_case_hex_is_a_400(
+    server: ServerProcess, app_database: str
+) -> None:
+    observer = new_principal(server.base_url, role="observer")["api_key"]
+    evidence = {
+        "operation_id": "00000000-0000-4000-8000-000000000001",
+        "binding_generation": 1,
+        "request_fingerprint": "0" * 64,
+        "outcome": "completed",
+        "result": {"status": 201, "body": {}},
+        "result_digest": "0" * 64,
+        "issued_at": "2026-12-03T00:00:00Z",
+    }
+    before = count_rows(app_database)
+    for signature in ("\u00e9" * 64, "A" * 64, "0" * 63, "0" * 64 + "\n", "\u0660" * 64):
+        answer = httpx.post(
+            f"{server.base_url}/v1/observations",
+            json={"evidence": evidence, "signature": signature},
+            headers=auth(observer),
+        )
+        problem_of(answer, 400, "validation-error")
+    assert count_rows(app_database) == before
