@@ -6,6 +6,7 @@ An admin acts in its own tenant; the bootstrap admin (``all_tenants``) in every 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Annotated
 
 import msgspec
@@ -16,7 +17,7 @@ from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
 from service.core import Refuse, RefuseReason, Scope
 from service.leases import LeaseManager
-from service.store.principals import Principal, PrincipalStore, Role
+from service.store.principals import BOOTSTRAP_TENANT, Principal, PrincipalStore, Role
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
 from service.store.worklist import BadCursor, WorkPage, list_operations
@@ -41,6 +42,13 @@ class PrincipalCreated(msgspec.Struct):
     role: str
     credential_generation: int
     api_key: str
+
+
+class PrincipalRevoked(msgspec.Struct):
+    id: uuid.UUID
+    tenant: str
+    name: str
+    revoked_at: datetime
 
 
 class SupersedeBody(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -103,6 +111,8 @@ class Admin:
     async def create_principal(
         self, admin: Principal, body: PrincipalRequest
     ) -> PrincipalCreated | Problem:
+        if body.tenant == BOOTSTRAP_TENANT:
+            return Problem("forbidden", f"tenant {BOOTSTRAP_TENANT!r} is reserved")
         if not admin.may_act_in(body.tenant):
             return Problem("forbidden", f"this admin may not act in tenant {body.tenant!r}")
         principal, key = await self._principals.create(body.tenant, body.name, body.role)
@@ -111,13 +121,35 @@ class Admin:
     async def rotate_principal(
         self, admin: Principal, principal_id: uuid.UUID
     ) -> PrincipalCreated | Problem:
-        target = await self._principals.get(principal_id)
-        if target is None or not admin.may_act_in(target.tenant):
+        if not await self._may_manage(admin, principal_id):
             return Problem("not-found", f"no principal {principal_id}")
         rotated = await self._principals.rotate(principal_id)
         if rotated is None:
             return Problem("not-found", f"no live principal {principal_id}")
         return _created(*rotated)
+
+    async def revoke_principal(
+        self, admin: Principal, principal_id: uuid.UUID
+    ) -> PrincipalRevoked | Problem:
+        """The principal's key stops working at once, for good (a new principal is made to
+        replace it)."""
+        if not await self._may_manage(admin, principal_id):
+            return Problem("not-found", f"no principal {principal_id}")
+        revoked = await self._principals.revoke(principal_id)
+        if revoked is None:
+            return Problem("not-found", f"no live principal {principal_id}")
+        principal, at = revoked
+        return PrincipalRevoked(
+            id=principal.id, tenant=principal.tenant, name=principal.name, revoked_at=at
+        )
+
+    async def _may_manage(self, admin: Principal, principal_id: uuid.UUID) -> bool:
+        """An admin manages the principals of its tenant; an all-tenant principal (the
+        bootstrap admin) only another all-tenant one does. Others are not found."""
+        target = await self._principals.get(principal_id)
+        if target is None or not admin.may_act_in(target.tenant):
+            return False
+        return admin.all_tenants or not target.all_tenants
 
     async def supersede(
         self, admin: Principal, operation_id: uuid.UUID, body: SupersedeBody

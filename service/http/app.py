@@ -21,6 +21,7 @@ from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
     list_work,
+    revoke_principal,
     rotate_principal,
     supersede_operation,
 )
@@ -70,6 +71,7 @@ def create_app(settings: Settings) -> Litestar:
             get_operation_by_key,
             create_principal,
             rotate_principal,
+            revoke_principal,
             supersede_operation,
             list_work,
             post_payout,

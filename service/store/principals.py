@@ -10,13 +10,15 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import logging
 import secrets
 import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,6 +38,8 @@ __all__ = [
 KEY_PREFIX = "sk_"
 # 32 random bytes: far past the 128 bits an API key needs against guessing.
 KEY_BYTES = 32
+log = logging.getLogger("settlement.principals")
+
 BOOTSTRAP_TENANT = "system"
 BOOTSTRAP_NAME = "bootstrap-admin"
 
@@ -193,8 +197,25 @@ class PrincipalStore:
             ).first()
         return None if row is None else (_principal(row), key)
 
+    async def revoke(self, principal_id: uuid.UUID) -> tuple[Principal, datetime] | None:
+        """Revoke a live principal: its key stops working at once. None if none is live."""
+        async with self._engine.begin() as conn:
+            row = (
+                await conn.execute(
+                    update(principals)
+                    .where(principals.c.id == principal_id, principals.c.revoked_at.is_(None))
+                    .values(revoked_at=func.now())
+                    .returning(*principals.c)
+                )
+            ).first()
+        return None if row is None else (_principal(row), row.revoked_at)
+
     async def ensure_bootstrap_admin(self, key: str) -> Principal:
-        """Guarantee an all-tenant admin whose key is ``key`` (idempotent across restarts)."""
+        """Guarantee an all-tenant admin, made with ``key`` if there is none yet.
+
+        An existing one is left as it is: a key rotated or revoked after a compromise stays
+        rotated or revoked across restarts (the setting only seeds the first key).
+        """
         async with self._engine.begin() as conn:
             row = (
                 await conn.execute(
@@ -207,11 +228,13 @@ class PrincipalStore:
                 )
             ).first()
             if row is not None:
-                await conn.execute(
-                    update(principals)
-                    .where(principals.c.id == row.id)
-                    .values(key_hash=hash_key(key), revoked_at=None)
-                )
+                if row.revoked_at is not None or not hmac.compare_digest(
+                    bytes(row.key_hash), hash_key(key)
+                ):
+                    log.warning(
+                        "the bootstrap admin's key was rotated or revoked: "
+                        "SETTLEMENT_BOOTSTRAP_ADMIN_KEY is not its key and is not restored"
+                    )
                 return _principal(row)
         try:
             principal, _ = await self.create(

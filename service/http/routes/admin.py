@@ -16,7 +16,13 @@ from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
 from service.store.principals import Principal, Role
 
-__all__ = ["create_principal", "list_work", "rotate_principal", "supersede_operation"]
+__all__ = [
+    "create_principal",
+    "list_work",
+    "revoke_principal",
+    "rotate_principal",
+    "supersede_operation",
+]
 
 WORK_STATES = ("unknown", "conflict", "in_progress")
 # Largest page of the work list.
@@ -48,6 +54,14 @@ async def rotate_principal(
 ) -> Response[bytes]:
     admin = await _admin(request, settlement)
     return render_json_or_problem(await settlement.admin.rotate_principal(admin, principal_id))
+
+
+@post("/admin/v1/principals/{principal_id:uuid}/revoke", status_code=200, summary="Revoke a key")
+async def revoke_principal(
+    request: Request[Any, Any, Any], settlement: Services, principal_id: FromPath[uuid.UUID]
+) -> Response[bytes]:
+    admin = await _admin(request, settlement)
+    return render_json_or_problem(await settlement.admin.revoke_principal(admin, principal_id))
 
 
 @post(
