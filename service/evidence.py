@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 
-Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}(?!\n)$")]
 
 
 class EvidenceResult(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -58,8 +58,9 @@ class Evidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError("a failed outcome carries a 4xx status")
 
 
-# HMAC-SHA256 in lower-case hex: exactly 64 characters, so "$" cannot let a newline in.
-Signature = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]+$", min_length=64, max_length=64)]
+# HMAC-SHA256 in lower-case hex. Every pattern here ends in "(?!\n)$": "$" alone also
+# matches before a final newline.
+Signature = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}(?!\n)$")]
 
 
 class SignedEvidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -24,8 +24,8 @@ from service.store.worklist import BadCursor, WorkPage, list_operations
 
 __all__ = ["Admin", "PrincipalCreated", "PrincipalRequest", "SupersedeBody", "Superseded"]
 
-Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}$")]
-Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}$")]
+Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}(?!\n)$")]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}(?!\n)$")]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
 
 
@@ -199,6 +199,11 @@ class Admin:
     async def work_list(
         self, admin: Principal, state: str, tenant: str | None, limit: int, after: str | None
     ) -> WorkPage | Problem:
+        if tenant is not None:
+            try:
+                tenant = msgspec.convert(tenant, Tenant)
+            except msgspec.ValidationError as exc:
+                return Problem("validation-error", f"tenant: {exc}")
         if tenant is None and not admin.all_tenants:
             tenant = admin.tenant
         if tenant is not None and not admin.may_act_in(tenant):

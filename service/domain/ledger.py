@@ -34,7 +34,7 @@ MEMO_LIMIT = 512
 # PostgreSQL text cannot hold U+0000: refuse it at validation (400), not at INSERT (500).
 NO_NUL = "^[^\x00]*$"
 
-Currency = Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$", description="ISO 4217 code")]
+Currency = Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}(?!\n)$", description="ISO 4217 code")]
 Amount = Annotated[int, msgspec.Meta(gt=0, le=MAX_AMOUNT)]
 Balance = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
 

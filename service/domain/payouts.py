@@ -27,13 +27,13 @@ MAX_PAYOUT = 10**15
 # Largest provider answer read into memory; evidence is a few hundred bytes.
 MAX_PROVIDER_ANSWER = 64 * 1024
 
-Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}$")]
+Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}(?!\n)$")]
 
 
 class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     beneficiary: Beneficiary
     amount: Annotated[int, msgspec.Meta(gt=0, le=MAX_PAYOUT)]
-    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}$")]
+    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}(?!\n)$")]
 
     def __post_init__(self) -> None:
         if self.currency not in ISO_4217:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 import msgspec
 from sqlalchemy import and_, or_, select
@@ -32,6 +32,11 @@ class WorkItem(msgspec.Struct):
     updated_at: datetime
 
 
+# A cursor's timestamp is a row's created_at: anything outside these is not one of ours.
+CURSOR_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
+CURSOR_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+
+
 class WorkPage(msgspec.Struct):
     items: list[WorkItem]
     next: str | None
@@ -43,10 +48,15 @@ def _cursor(item: WorkItem) -> str:
 
 
 def _parse(cursor: str) -> tuple[datetime, uuid.UUID]:
+    """A cursor this module made: an aware timestamp PostgreSQL can hold, and an id."""
     try:
         created, ident = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        return datetime.fromisoformat(created), uuid.UUID(ident)
-    except (ValueError, UnicodeDecodeError) as exc:
+        moment = datetime.fromisoformat(created)
+        if moment.tzinfo is None or not CURSOR_EARLIEST <= moment <= CURSOR_LATEST:
+            raise ValueError("timestamp out of range")
+        # PostgreSQL compares in UTC; an odd offset (+23:59) must not reach the driver
+        return moment.astimezone(UTC), uuid.UUID(ident)
+    except (ValueError, UnicodeDecodeError, OverflowError) as exc:
         raise BadCursor("malformed cursor") from exc
 
 

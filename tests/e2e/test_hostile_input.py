@@ -3,6 +3,8 @@ nothing (and a 401 names its scheme)."""
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 
 from tests.e2e.client import ADMIN_KEY, auth, count_rows, new_principal
@@ -74,3 +76,34 @@ def test_a_signature_that_is_not_lower_case_hex_is_a_400(
         )
         problem_of(answer, 400, "validation-error")
     assert count_rows(app_database) == before
+
+
+def test_work_list_parameters_postgresql_cannot_hold_are_a_400(server: ServerProcess) -> None:
+    def cursor(created: str) -> str:
+        raw = f"{created}|00000000-0000-4000-8000-000000000001".encode()
+        return base64.urlsafe_b64encode(raw).decode()
+
+    bad = [
+        {"tenant": "\x00"},
+        {"tenant": "acme\n"},
+        {"tenant": "x" * 129},
+        {"after": cursor("9999-12-31T23:59:59.999999+00:00")},
+        {"after": cursor("0001-01-01T00:00:00-23:59")},
+        {"after": cursor("2026-12-03T00:00:00")},  # no offset
+        {"after": cursor("2026-12-03T00:00:00+99:00")},
+        {"after": "%%%"},
+    ]
+    for params in bad:
+        answer = httpx.get(
+            f"{server.base_url}/admin/v1/operations",
+            params={"state": "unknown", **params},
+            headers=auth(ADMIN_KEY),
+        )
+        problem_of(answer, 400, "validation-error")
+    # a good cursor with an odd but valid offset pages on
+    fine = httpx.get(
+        f"{server.base_url}/admin/v1/operations",
+        params={"state": "unknown", "after": cursor("2026-12-03T00:00:00+05:45")},
+        headers=auth(ADMIN_KEY),
+    )
+    assert fine.status_code == 200, fine.text
