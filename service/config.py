@@ -91,6 +91,9 @@ class Settings:
     )
     failpoints: str = _setting("", "name=crash|sleep:S|error,... for crash tests.")
     log_format: str = _setting("json", "json or text.")
+    metrics_role: str = _setting(
+        "none", "who may read /metrics: none (anyone: a scraper on a private network) or a role."
+    )
     access_log: bool = _setting(
         False, "one INFO line per request; off by default, a log line per request costs CPU."
     )
@@ -136,6 +139,8 @@ class Settings:
             raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
         if self.log_format not in ("json", "text"):
             raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or text")
+        if self.metrics_role not in ("none", "admin", "observer", "client"):
+            raise ConfigError(f"{PREFIX}METRICS_ROLE must be none, admin, observer or client")
         if self.otel_exporter not in ("none", "console", "otlp"):
             raise ConfigError(f"{PREFIX}OTEL_EXPORTER must be none, console or otlp")
         for name in ("database_url", "redis_url"):

@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
-from litestar import Response, get
+from litestar import Request, Response, get
 
+from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
+from service.http.problems import problem_response
 from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
+from service.store.principals import Role
 
 __all__ = ["health", "metrics"]
 
@@ -52,6 +56,14 @@ async def health(settlement: Services) -> Response[Health]:
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
-async def metrics(settlement: Services) -> str:
-    """Prometheus text exposition of this process's counters."""
-    return settlement.metrics.render()
+async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
+    """Prometheus text exposition of this process's counters; with SETTLEMENT_METRICS_ROLE
+    set, only for an API key of that role (or an admin)."""
+    wanted = settlement.settings.metrics_role
+    if wanted != "none":
+        try:
+            principal = await authenticate(request, settlement.principals)
+            require_role(principal, Role(wanted), Role.ADMIN)
+        except AuthError as exc:
+            return problem_response(exc.slug, exc.detail)
+    return Response(settlement.metrics.render().encode(), media_type="text/plain; version=0.0.4")

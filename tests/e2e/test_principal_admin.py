@@ -73,3 +73,17 @@ def test_a_rotated_bootstrap_key_survives_a_restart(services: Services) -> None:
         new = httpx.get(f"{second.base_url}{probe}", headers=auth(new_key))
         assert new.status_code == 200, new.text
         assert "not restored" in second.output()
+
+
+def test_metrics_can_require_a_role(services: Services, app_database: str) -> None:
+    env = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_METRICS_ROLE": "observer"}
+    with ServerProcess(app_database, services.redis_url, env=env) as guarded:
+        base = guarded.base_url
+        assert httpx.get(f"{base}/metrics").status_code == 401
+        client = new_principal(base)["api_key"]
+        assert httpx.get(f"{base}/metrics", headers=auth(client)).status_code == 403
+        observer = new_principal(base, role="observer")["api_key"]
+        for key in (observer, ADMIN_KEY):
+            scraped = httpx.get(f"{base}/metrics", headers=auth(key))
+            assert scraped.status_code == 200, scraped.text
+            assert "settlement_claims_total" in scraped.text
