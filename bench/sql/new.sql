@@ -37,7 +37,7 @@ SELECT current_attempt_id, id, 1, 1, md5(:k::text), now() + interval '10 seconds
   FROM claimed
 RETURNING operation_id AS op, id AS att \gset
 -- settle: lock the row, the transfer (lock both accounts, then one statement), then the row,
--- the observation, the attempt's end and the wake-up in one statement
+-- the observation and the attempt's end in one statement (the wake-up is a Redis PUBLISH)
 BEGIN;
 SELECT o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
        o.bound_credential_generation, o.state, o.revision, o.fencing_token, o.lease_expires_at,
@@ -82,5 +82,5 @@ WITH written AS (
     UPDATE attempts SET finished_at = now(), outcome = 'completed', response_status = 201
      WHERE id = :att::uuid AND EXISTS (SELECT 1 FROM written)
 )
-SELECT id, pg_notify('settlement_terminal', :op) FROM recorded;
+SELECT id FROM recorded;
 COMMIT;

@@ -14,7 +14,6 @@ Everything returned is an :data:`~service.app.answers.Answer` for HTTP to render
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import Callable
@@ -36,8 +35,7 @@ from service.core import (
     decide_claim,
 )
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, LeaseUnavailable
-from service.store.notify import TerminalWaiter
+from service.leases import LeaseManager, LeaseUnavailable, Wakeups
 from service.store.principals import Principal, hash_key
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 
@@ -57,14 +55,14 @@ class IdempotentRequests:
         *,
         store: SettlementStore,
         leases: LeaseManager,
-        waiter: TerminalWaiter,
+        wakeups: Wakeups,
         attempts: Attempts,
         failpoints: Failpoints,
         clock: Callable[[], float],
     ) -> None:
         self._store = store
         self._leases = leases
-        self._waiter = waiter
+        self._wakeups = wakeups
         self._attempts = attempts
         self._failpoints = failpoints
         self._clock = clock
@@ -171,12 +169,13 @@ class IdempotentRequests:
             return busy(scope)  # the winner has not inserted its row yet
         operation_id = record.reservation.operation_id
         if wait > 0:
-            async with self._waiter.wait_for(operation_id) as settled:
-                current = await self._store.get_by_scope(scope)
-                if current is not None and not current.state.terminal:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(settled, wait)
+            current = None
+            async with self._wakeups.wait_for(operation_id) as settled:
+                if settled is not None:  # subscribed: re-read, then wait for the wake-up
                     current = await self._store.get_by_scope(scope)
+                    if current is not None and not current.state.terminal:
+                        await settled(wait)
+                        current = await self._store.get_by_scope(scope)
             if current is not None and current.state.terminal:
                 decided = answer_of(decide_claim(current, claim, self._clock()))
                 return with_preference(decided, f"wait={wait:g}")

@@ -28,10 +28,9 @@ from service.app.sweeper import Sweeper
 from service.config import ConfigError, Settings
 from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, make_redis
+from service.leases import LeaseManager, Wakeups, make_redis
 from service.store.db import make_engine, reader
 from service.store.migrate import ensure_current
-from service.store.notify import TerminalWaiter
 from service.store.pool import make_pool
 from service.store.principals import PrincipalStore
 from service.store.settlement import SettlementStore
@@ -50,7 +49,6 @@ class Settlement:
         redis: Redis,
         *,
         pool: Any,
-        database_url: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
@@ -59,9 +57,10 @@ class Settlement:
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
         self.redis = redis
         self.metrics = Metrics()
+        self.wakeups = Wakeups(redis)
         self.store = SettlementStore(
             engine,
-            hooks=self.metrics,
+            hooks=_StoreHooks(self.metrics, self.wakeups),
             policy=settings.terminal_policy,
             retention=settings.retention,
             max_retries=settings.settle_max_retries,
@@ -70,7 +69,6 @@ class Settlement:
         )
         self.principals = PrincipalStore(engine, pool=pool)
         self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
-        self.waiter = TerminalWaiter(database_url, connect_timeout=settings.db_connect_timeout)
         self.failpoints = Failpoints.from_settings(settings)
         self.provider: ProviderClient | None = None
         if settings.provider_url and settings.provider_secret:
@@ -89,7 +87,7 @@ class Settlement:
         self.requests = IdempotentRequests(
             store=self.store,
             leases=self.leases,
-            waiter=self.waiter,
+            wakeups=self.wakeups,
             attempts=Attempts(
                 store=self.store,
                 leases=self.leases,
@@ -130,7 +128,7 @@ class Settlement:
         try:
             await ensure_current(engine)
             pool = await make_pool(settings, settings.database_url)
-            settlement = cls(settings, engine, redis, pool=pool, database_url=settings.database_url)
+            settlement = cls(settings, engine, redis, pool=pool)
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:
@@ -149,13 +147,35 @@ class Settlement:
                 await self._sweeping
         try:
             await self.late.close()
-            await self.waiter.close()
+            await self.wakeups.close()
             if self.provider is not None:
                 await self.provider.close()
         finally:
             await self.redis.aclose()
             await self.pool.close()
             await self.engine.dispose()
+
+
+class _StoreHooks:
+    """What the store reports: counted by the metrics; a settlement that made an operation
+    terminal (committed) wakes the requests waiting for it."""
+
+    def __init__(self, metrics: Metrics, wakeups: Wakeups) -> None:
+        self._metrics = metrics
+        self._wakeups = wakeups
+
+    def on_settled(self, source: str, disposition: str) -> None:
+        self._metrics.on_settled(source, disposition)
+
+    def on_claimed(self, kind: str) -> None:
+        self._metrics.on_claimed(kind)
+
+    def on_stale_epoch_outcome(self) -> None:
+        self._metrics.on_stale_epoch_outcome()
+
+    def on_terminal(self, operation_id: str) -> None:
+        self._metrics.on_terminal(operation_id)
+        self._wakeups.announce(operation_id)
 
 
 def require_endpoints(settings: Settings) -> None:

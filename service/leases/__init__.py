@@ -2,5 +2,14 @@
 
 from service.leases.client import make_redis, ping
 from service.leases.lease import Heartbeat, Lease, LeaseManager, LeaseUnavailable
+from service.leases.wakeups import Wakeups
 
-__all__ = ["Heartbeat", "Lease", "LeaseManager", "LeaseUnavailable", "make_redis", "ping"]
+__all__ = [
+    "Heartbeat",
+    "Lease",
+    "LeaseManager",
+    "LeaseUnavailable",
+    "Wakeups",
+    "make_redis",
+    "ping",
+]

@@ -6,7 +6,7 @@
   own transaction), for a scope that had no row; None when another claimer inserted first.
 * :meth:`HotPath.settle_own`: a local effect and its settlement in one transaction: lock the
   row, run the effect, ask the core, then write the row (CAS on tuple + revision), the
-  observation, the attempt's end and the ``Prefer: wait`` wake-up in one statement.
+  observation and the attempt's end in one statement.
 
 The rules are the store's (DESIGN §4): the row is locked before the core decides, every
 authoritative write is a CAS on the reservation tuple and revision, and what the core did
@@ -36,7 +36,7 @@ from service.store.outcomes import AttemptRef, LocalEffect, Settled
 from service.store.phase import lock_timeouts
 from service.store.principals import Principal, live_principal
 from service.store.rows import at, record_from_row, record_values, to_ts
-from service.store.unit_of_work import TERMINAL_CHANNEL, StaleRevision
+from service.store.unit_of_work import StaleRevision
 
 __all__ = ["Fallback", "HotPath"]
 
@@ -97,10 +97,8 @@ WITH written AS (
     UPDATE attempts SET finished_at = $18, outcome = $21, response_status = $26
      WHERE id = $32 AND EXISTS (SELECT 1 FROM written)
 )
-SELECT id{notify} FROM recorded
+SELECT id FROM recorded
 """
-_FINISH_TERMINAL = _FINISH.format(notify=f", pg_notify('{TERMINAL_CHANNEL}', $1::text)")
-_FINISH_OPEN = _FINISH.format(notify="")
 
 
 class Fallback(msgspec.Struct, frozen=True):
@@ -241,7 +239,7 @@ class HotPath:
             if after.state.terminal and not record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
             observation_id = await conn.fetchval(
-                _FINISH_TERMINAL if after.state.terminal else _FINISH_OPEN,
+                _FINISH,
                 *_finish_args(record, after, decision, at(now)),
                 expires,
                 *_observation_args(observation, decision),

@@ -64,7 +64,6 @@ def settle_phase(
             attempt_id=attempt_id,
             detail=detail,
             finish_attempt=finish,
-            notify_terminal=isinstance(decision, Apply) and after.state.terminal,
         )
         settled = Settled(
             decision=decision, record=after, observation=observation, observation_id=observation_id

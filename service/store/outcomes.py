@@ -101,6 +101,9 @@ class SettlementHooks(Protocol):
 
     def on_stale_epoch_outcome(self) -> None: ...
 
+    def on_terminal(self, operation_id: str) -> None:
+        """``operation_id`` became terminal and that is committed (``Prefer: wait`` wakes)."""
+
 
 class NoHooks:
     def on_stale_epoch_outcome(self) -> None:
@@ -110,4 +113,7 @@ class NoHooks:
         return None
 
     def on_claimed(self, kind: str) -> None:
+        return None
+
+    def on_terminal(self, operation_id: str) -> None:
         return None

@@ -231,6 +231,8 @@ class SettlementStore:
         observation, decision = settled.observation, settled.decision
         _log_decision(operation_id, observation, decision)
         self._hooks.on_settled(observation.source.value, decision.disposition.value)
+        if settled.record.state.terminal and not before.state.terminal:
+            self._hooks.on_terminal(str(operation_id))
         if _stale_epoch_outcome(before, observation):
             self._hooks.on_stale_epoch_outcome()
             log.error(

@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
-from sqlalchemy import func, insert, select, tuple_, update
+from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -26,10 +26,7 @@ from service.store.tables import (
     principals,
 )
 
-__all__ = ["TERMINAL_CHANNEL", "AttemptEnd", "StaleRevision", "UnitOfWork", "scope_predicate"]
-
-# LISTEN/NOTIFY channel that carries the id of each operation that became terminal.
-TERMINAL_CHANNEL = "settlement_terminal"
+__all__ = ["AttemptEnd", "StaleRevision", "UnitOfWork", "scope_predicate"]
 
 
 class AttemptEnd(msgspec.Struct, frozen=True):
@@ -270,12 +267,10 @@ class UnitOfWork:
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
         finish_attempt: AttemptEnd | None = None,
-        notify_terminal: bool = False,
     ) -> int:
         """Insert the observation row with the stage and disposition that decided it.
 
-        In the same statement (one round trip): close the attempt row (``finish_attempt``)
-        and wake ``Prefer: wait`` waiters on commit (``notify_terminal``).
+        In the same statement (one round trip): close the attempt row (``finish_attempt``).
         """
         result = observation.result
         inserted = (
@@ -317,8 +312,6 @@ class UnitOfWork:
                 .cte("closed")
             )
             stmt = stmt.add_cte(closed)
-        if notify_terminal:
-            stmt = stmt.add_columns(func.pg_notify(TERMINAL_CHANNEL, str(operation_id)))
         return int((await self.connection.execute(stmt)).first()[0])  # type: ignore[index]
 
     async def record_decision(

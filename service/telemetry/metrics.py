@@ -11,6 +11,7 @@ _HELP = {
     "settlement_observations_total": "Observations settled, by source and disposition.",
     "settlement_conflicts_total": "Operations that entered or grew a conflict.",
     "settlement_claims_total": "Claims of operations for a new attempt, by kind.",
+    "settlement_terminal_total": "Operations that became terminal (completed, failed, conflict).",
     "settlement_sweeper_demotions_total": "In-progress operations demoted by the sweeper.",
     "settlement_late_responses_total": "Provider answers settled after their attempt gave up.",
     "settlement_stale_epoch_outcomes_total": (
@@ -52,6 +53,9 @@ class Metrics:
 
     def on_claimed(self, kind: str) -> None:
         self.inc("settlement_claims_total", kind=kind)
+
+    def on_terminal(self, operation_id: str) -> None:
+        self.inc("settlement_terminal_total")
 
     def render(self) -> str:
         lines: list[str] = []
