@@ -338,8 +338,8 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         (
             "pgbench-new",
             "new.sql",
-            "the SQL of one new transfer (8 statements: identify, claim, BEGIN, lock the "
-            "row, lock both accounts, move, finish, COMMIT)",
+            "the SQL of one new transfer (7 statements: identify, claim, BEGIN, lock both "
+            "accounts, move, finish, COMMIT)",
         ),
         ("pgbench-read", "read.sql", "the SQL of one replay (1 statement)"),
         (

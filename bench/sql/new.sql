@@ -36,13 +36,10 @@ INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease
 SELECT current_attempt_id, id, 1, 1, md5(:k::text), now() + interval '10 seconds', now()
   FROM claimed
 RETURNING operation_id AS op, id AS att \gset
--- settle: lock the row, the transfer (lock both accounts, then one statement), then the row,
--- the observation and the attempt's end in one statement (the wake-up is a Redis PUBLISH)
+-- settle: the transfer (lock both accounts, then one statement), then the row (a CAS on the
+-- claimed revision: no separate lock of the row), the observation and the attempt's end in
+-- one statement (the wake-up is a Redis PUBLISH)
 BEGIN;
-SELECT o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
-       o.bound_credential_generation, o.state, o.revision, o.fencing_token, o.lease_expires_at,
-       o.result_status, o.result_content_type, o.result_body, o.result_digest, o.conflict
-  FROM operations o WHERE o.id = :op::uuid FOR UPDATE;
 SELECT id, currency, balance FROM accounts
  WHERE id = ANY(ARRAY[('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
                       ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid])
