@@ -71,8 +71,9 @@ T = TypeVar("T")
 
 
 # What a local attempt meets when the database is busy, not broken: a row lock not granted in
-# the lock timeout, or no pooled connection within the connect timeout.
-BUSY = (RowLocked, TimeoutError, PoolTimeout)
+# the lock timeout, no pooled connection within the connect timeout, or a deadlock PostgreSQL
+# broke by aborting this transaction (two attempts of one operation after a lease takeover).
+BUSY = (RowLocked, TimeoutError, PoolTimeout, asyncpg.exceptions.DeadlockDetectedError)
 
 
 class _Ended(enum.Enum):
