@@ -73,6 +73,9 @@ class Settings:
     db_pool_size: int = _setting(
         10, "hot-path connections (asyncpg) per worker process: requests and local effects."
     )
+    max_running_per_principal: int = _setting(
+        8, "idempotent requests one principal runs at once per worker; more wait, then 429."
+    )
     db_cold_pool_size: int = _setting(
         5, "SQLAlchemy connections per worker: admin, status, sweeps, observations, retries."
     )
@@ -132,7 +135,14 @@ class Settings:
         for name in ("max_wait", "late_response_window", "retention", "tombstone_retention"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 0")
-        for name in ("body_limit", "db_pool_size", "db_cold_pool_size", "settle_max_retries"):
+        at_least_one = (
+            "body_limit",
+            "db_pool_size",
+            "db_cold_pool_size",
+            "max_running_per_principal",
+            "settle_max_retries",
+        )
+        for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
         if self.terminal_policy not in set(TerminalPolicy):
@@ -207,5 +217,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "body_limit": _integer,
     "db_pool_size": _integer,
     "db_cold_pool_size": _integer,
+    "max_running_per_principal": _integer,
     "settle_max_retries": _integer,
 }

@@ -14,9 +14,10 @@ Everything returned is an :data:`~service.app.answers.Answer` for HTTP to render
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import msgspec
@@ -39,7 +40,41 @@ from service.leases import LeaseManager, LeaseUnavailable, Wakeups
 from service.store.principals import Principal, hash_key
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 
-__all__ = ["IdempotentRequests", "Seen"]
+__all__ = ["IdempotentRequests", "NoSlot", "Seen", "Slots"]
+
+
+class NoSlot(Exception):
+    """No slot of this principal came free in time."""
+
+
+class Slots:
+    """Per key (a principal), at most ``size`` holders at once in this process; a holder
+    waits up to ``wait`` seconds for a slot. Idle keys are forgotten."""
+
+    def __init__(self, size: int, wait: float) -> None:
+        self._size = size
+        self._wait = wait
+        self._held: dict[uuid.UUID, tuple[asyncio.Semaphore, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: uuid.UUID) -> AsyncIterator[None]:
+        semaphore, users = self._held.get(key, (asyncio.Semaphore(self._size), 0))
+        self._held[key] = (semaphore, users + 1)
+        try:
+            try:
+                await asyncio.wait_for(semaphore.acquire(), self._wait)
+            except TimeoutError:
+                raise NoSlot(str(key)) from None
+            try:
+                yield
+            finally:
+                semaphore.release()
+        finally:
+            semaphore, users = self._held[key]
+            if users == 1:
+                del self._held[key]
+            else:
+                self._held[key] = (semaphore, users - 1)
 
 
 class Seen(msgspec.Struct, frozen=True):
@@ -59,13 +94,19 @@ class IdempotentRequests:
         attempts: Attempts,
         failpoints: Failpoints,
         clock: Callable[[], float],
+        per_principal: int,
+        slot_wait: float,
     ) -> None:
+        """``per_principal``: idempotent requests one principal may have running at once in
+        this process; more wait up to ``slot_wait`` seconds for a slot, then get 429. So one
+        client cannot take every connection of the pool from the others."""
         self._store = store
         self._leases = leases
         self._wakeups = wakeups
         self._attempts = attempts
         self._failpoints = failpoints
         self._clock = clock
+        self._slots = Slots(per_principal, slot_wait)
 
     async def identify(
         self, api_key: str, spec: IdempotentRoute, key: str
@@ -105,8 +146,32 @@ class IdempotentRequests:
             new_operation_id=str(uuid.uuid4()),
             lease_expires_at=self._clock() + self._leases.ttl,
         )
+        replay = seen.record is not None and seen.record.state.terminal  # answered from the row
+        if replay:
+            return await self._answer(spec, principal, scope, claim, body, wait, seen.record)
         try:
-            return await self._run(spec, principal, scope, claim, body, wait, seen.record)
+            async with self._slots.hold(principal.id):
+                return await self._answer(spec, principal, scope, claim, body, wait, seen.record)
+        except NoSlot:
+            return Problem(
+                "too-many-requests",
+                "this principal's requests have used all their slots in this process for "
+                "too long; retry shortly",
+                retry_after=True,
+            )
+
+    async def _answer(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        claim: ClaimRequest,
+        body: Any,
+        wait: float,
+        record: Record | None,
+    ) -> Answer:
+        try:
+            return await self._run(spec, principal, scope, claim, body, wait, record)
         except RowLocked:
             return busy(scope)
         except SettlementContention as exc:

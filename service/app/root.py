@@ -98,6 +98,8 @@ class Settlement:
             ),
             failpoints=self.failpoints,
             clock=clock,
+            per_principal=settings.max_running_per_principal,
+            slot_wait=settings.db_connect_timeout,
         )
         self.evidence = EvidenceIntake(
             self.store,

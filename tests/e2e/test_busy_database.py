@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -94,3 +95,47 @@ def test_a_supersede_of_a_locked_operation_row_is_a_409_with_retry_after(
     assert answer.json()["type"] == "/problems/operation-in-progress"
     assert answer.headers["retry-after"]
     assert balance(server.base_url, key, source) == 90
+
+
+def test_one_principal_cannot_take_every_connection(services: Services, app_database: str) -> None:
+    slow = {
+        **ENV,
+        "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": "2",
+        "SETTLEMENT_DB_CONNECT_TIMEOUT": "0.3",
+        "SETTLEMENT_ENABLE_FAILPOINTS": "1",
+        "SETTLEMENT_FAILPOINTS": "effect.before_commit=sleep:1.5",
+    }
+    with ServerProcess(app_database, services.redis_url, env=slow) as server:
+        greedy = new_principal(server.base_url)["api_key"]
+        # an account pair per request: they must not wait on each other's row locks
+        pairs = [
+            (new_account(server.base_url, greedy, 100), new_account(server.base_url, greedy, 0))
+            for _ in range(3)
+        ]
+        other = new_principal(server.base_url)["api_key"]
+        other_source = new_account(server.base_url, other, 100)
+        other_destination = new_account(server.base_url, other, 0)
+        answers: list[httpx.Response] = []
+
+        def send(i: int) -> None:
+            answers.append(transfer(server.base_url, greedy, f"greedy-{i}", *pairs[i], 1))
+
+        running = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        for thread in running:
+            thread.start()
+        time.sleep(0.5)  # both are inside their effect now
+        # the third waits for a slot up to the connect timeout (0.3 s here), then is refused
+        refused = transfer(server.base_url, greedy, "greedy-2", *pairs[2], 1)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["type"] == "/problems/too-many-requests"
+        assert refused.headers["retry-after"]
+        # another principal is not held back by the first one's requests
+        fine = transfer(server.base_url, other, "other-1", other_source, other_destination, 1)
+        assert fine.status_code == 201, fine.text
+        for thread in running:
+            thread.join(30)
+        assert sorted(a.status_code for a in answers) == [201, 201]
+        # the refused key ran nothing: its retry executes it now
+        retry = transfer(server.base_url, greedy, "greedy-2", *pairs[2], 1)
+        assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "false"
+        assert [balance(server.base_url, greedy, source) for source, _ in pairs] == [99, 99, 99]
