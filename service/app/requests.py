@@ -36,7 +36,7 @@ from service.core import (
     decide_claim,
 )
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, LeaseUnavailable, Wakeups
+from service.leases import Lease, LeaseManager, LeaseUnavailable, Wakeups
 from service.store.principals import Principal, hash_key
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 
@@ -61,10 +61,13 @@ class Slots:
         semaphore, users = self._held.get(key, (asyncio.Semaphore(self._size), 0))
         self._held[key] = (semaphore, users + 1)
         try:
-            try:
-                await asyncio.wait_for(semaphore.acquire(), self._wait)
-            except TimeoutError:
-                raise NoSlot(str(key)) from None
+            if semaphore.locked():  # wait (a task) only when no slot is free
+                try:
+                    await asyncio.wait_for(semaphore.acquire(), self._wait)
+                except TimeoutError:
+                    raise NoSlot(str(key)) from None
+            else:
+                await semaphore.acquire()
             try:
                 yield
             finally:
@@ -146,12 +149,12 @@ class IdempotentRequests:
             new_operation_id=str(uuid.uuid4()),
             lease_expires_at=self._clock() + self._leases.ttl,
         )
-        replay = seen.record is not None and seen.record.state.terminal  # answered from the row
-        if replay:
-            return await self._answer(spec, principal, scope, claim, body, wait, seen.record)
         try:
-            async with self._slots.hold(principal.id):
-                return await self._answer(spec, principal, scope, claim, body, wait, seen.record)
+            return await self._run(spec, principal, scope, claim, body, wait, seen.record)
+        except RowLocked:
+            return busy(scope)
+        except SettlementContention as exc:
+            return Problem("service-unavailable", str(exc), retry_after=True)
         except NoSlot:
             return Problem(
                 "too-many-requests",
@@ -159,23 +162,6 @@ class IdempotentRequests:
                 "too long; retry shortly",
                 retry_after=True,
             )
-
-    async def _answer(
-        self,
-        spec: IdempotentRoute,
-        principal: Principal,
-        scope: Scope,
-        claim: ClaimRequest,
-        body: Any,
-        wait: float,
-        record: Record | None,
-    ) -> Answer:
-        try:
-            return await self._run(spec, principal, scope, claim, body, wait, record)
-        except RowLocked:
-            return busy(scope)
-        except SettlementContention as exc:
-            return Problem("service-unavailable", str(exc), retry_after=True)
 
     async def _run(
         self,
@@ -209,20 +195,35 @@ class IdempotentRequests:
         if lease is None:
             return await self._in_progress(scope, claim, record, wait)
         try:
-            claimed = await self._store.claim(
-                scope,
-                claim,
-                lease_token=lease.token,
-                holds_lease=True,
-                assume_absent=record is None,
-            )
-            if not isinstance(claimed.decision, Claim):
-                return answer_of(claimed.decision)
-            await self._failpoints.hit("claim.after")
-            return await self._attempts.run(spec, principal, body, claimed, lease)
+            # only an executing attempt takes one of the principal's slots: a replay or a 409
+            # never waits for one
+            async with self._slots.hold(principal.id):
+                return await self._execute(spec, principal, scope, claim, body, record, lease)
         finally:
             with contextlib.suppress(LeaseUnavailable):
                 await self._leases.release(lease)
+
+    async def _execute(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        claim: ClaimRequest,
+        body: Any,
+        record: Record | None,
+        lease: Lease,
+    ) -> Answer:
+        claimed = await self._store.claim(
+            scope,
+            claim,
+            lease_token=lease.token,
+            holds_lease=True,
+            assume_absent=record is None,
+        )
+        if not isinstance(claimed.decision, Claim):
+            return answer_of(claimed.decision)
+        await self._failpoints.hit("claim.after")
+        return await self._attempts.run(spec, principal, body, claimed, lease)
 
     async def _in_progress(
         self, scope: Scope, claim: ClaimRequest, record: Record | None, wait: float
