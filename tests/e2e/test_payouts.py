@@ -281,6 +281,21 @@ def test_decline_is_a_stored_402_and_recorded_once(
     assert paid() == 0
 
 
+def conflicting_evidence(
+    server: ServerProcess, provider: ProviderProcess, client_key: str, observer_key: str, key: str
+) -> tuple[str, dict[str, Any], tuple[httpx.Response, httpx.Response]]:
+    """A payout left unknown (provider 5xx), then two observers' different completed
+    evidence for it: the operation id, its status view, and the two answers."""
+    provider.arm("error_5xx")
+    unknown = payout(server.base_url, client_key, key)
+    operation_id = unknown.headers["operation-id"]
+    view = status(server.base_url, client_key, operation_id)
+    other_observer = new_principal(server.base_url, role="observer")["api_key"]
+    one = observe(server.base_url, observer_key, evidence_for(view, reference="pay_a"))
+    two = observe(server.base_url, other_observer, evidence_for(view, reference="pay_b"))
+    return operation_id, view, (one, two)
+
+
 def test_conflicting_evidence_is_surfaced_never_overwritten(
     paid: Callable[[], int],
     payout_server: ServerProcess,
@@ -288,15 +303,10 @@ def test_conflicting_evidence_is_surfaced_never_overwritten(
     client_key: str,
     observer_key: str,
 ) -> None:
-    provider.arm("error_5xx")
-    unknown = payout(payout_server.base_url, client_key, "p-conflict")
-    operation_id = unknown.headers["operation-id"]
-    view = status(payout_server.base_url, client_key, operation_id)
-    other_observer = new_principal(payout_server.base_url, role="observer")["api_key"]
     conflicts_before = metric(payout_server.base_url, "settlement_conflicts_total")
-
-    one = observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_a"))
-    two = observe(payout_server.base_url, other_observer, evidence_for(view, reference="pay_b"))
+    operation_id, view, (one, two) = conflicting_evidence(
+        payout_server, provider, client_key, observer_key, "p-conflict"
+    )
 
     assert one.status_code == 202 and one.json()["disposition"] == "applied"
     assert two.status_code == 202 and two.json()["disposition"] == "conflict"
@@ -483,13 +493,9 @@ def test_a_conflict_is_not_superseded_without_force_so_a_retry_never_pays_again(
     client_key: str,
     observer_key: str,
 ) -> None:
-    provider.arm("error_5xx")
-    unknown = payout(payout_server.base_url, client_key, "p-conflict-supersede")
-    operation_id = unknown.headers["operation-id"]
-    view = status(payout_server.base_url, client_key, operation_id)
-    other_observer = new_principal(payout_server.base_url, role="observer")["api_key"]
-    observe(payout_server.base_url, observer_key, evidence_for(view, reference="pay_a"))
-    observe(payout_server.base_url, other_observer, evidence_for(view, reference="pay_b"))
+    operation_id, _, _ = conflicting_evidence(
+        payout_server, provider, client_key, observer_key, "p-conflict-supersede"
+    )
     assert status(payout_server.base_url, client_key, operation_id)["state"] == "conflict"
     path = f"{payout_server.base_url}/admin/v1/operations/{operation_id}/supersede"
 
