@@ -31,6 +31,7 @@ from service.core import (
     Claim,
     ClaimRequest,
     InProgress,
+    OperationState,
     Record,
     Scope,
     decide_claim,
@@ -245,6 +246,16 @@ class IdempotentRequests:
             if current is not None and current.state.terminal:
                 decided = answer_of(decide_claim(current, claim, self._clock()))
                 return with_preference(decided, f"wait={wait:g}")
+            if current is not None and current.state is OperationState.UNKNOWN:
+                # the attempt ended without an outcome while we waited: say so, at once
+                return Problem(
+                    "operation-in-progress",
+                    "the attempt ended without an outcome; retry with the same key to run it",
+                    operation_id,
+                    state=current.state.value,
+                    retry_after=True,
+                    location=f"/v1/operations/{operation_id}",
+                )
         return answer_of(
             InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at or 0.0)
         )

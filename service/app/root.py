@@ -159,8 +159,9 @@ class Settlement:
 
 
 class _StoreHooks:
-    """What the store reports: counted by the metrics; a settlement that made an operation
-    terminal (committed) wakes the requests waiting for it."""
+    """What the store reports: counted by the metrics; a committed settlement that made an
+    operation terminal, or ended its attempt without an outcome, wakes the requests waiting
+    for it."""
 
     def __init__(self, metrics: Metrics, wakeups: Wakeups) -> None:
         self._metrics = metrics
@@ -175,8 +176,8 @@ class _StoreHooks:
     def on_stale_epoch_outcome(self) -> None:
         self._metrics.on_stale_epoch_outcome()
 
-    def on_terminal(self, operation_id: str) -> None:
-        self._metrics.on_terminal(operation_id)
+    def on_progress_ended(self, operation_id: str, terminal: bool) -> None:
+        self._metrics.on_progress_ended(operation_id, terminal)
         self._wakeups.announce(operation_id)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import asyncpg
 import msgspec
 
 from service.core import (
@@ -198,6 +199,12 @@ class HotPath:
                     except _NotApplied as refused:
                         return Fallback(refused.observation)
                     except _Moved:
+                        continue
+                    except asyncpg.UniqueViolationError:
+                        if claimed is None:
+                            raise
+                        # lock-free round: the effect's row of this epoch exists already, so
+                        # another attempt took the operation over; the locked round decides
                         continue
         raise StaleRevision(f"operation {operation_id}: CAS refused under the row lock")
 

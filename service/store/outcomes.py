@@ -101,8 +101,9 @@ class SettlementHooks(Protocol):
 
     def on_stale_epoch_outcome(self) -> None: ...
 
-    def on_terminal(self, operation_id: str) -> None:
-        """``operation_id`` became terminal and that is committed (``Prefer: wait`` wakes)."""
+    def on_progress_ended(self, operation_id: str, terminal: bool) -> None:
+        """``operation_id`` became terminal, or its attempt ended without an outcome (the
+        row left ``in_progress``), and that is committed: ``Prefer: wait`` wakes."""
 
 
 class NoHooks:
@@ -115,5 +116,5 @@ class NoHooks:
     def on_claimed(self, kind: str) -> None:
         return None
 
-    def on_terminal(self, operation_id: str) -> None:
+    def on_progress_ended(self, operation_id: str, terminal: bool) -> None:
         return None

@@ -1,10 +1,12 @@
 """The settlement store: the one write path for authoritative operation state.
 
-Every write is an atomic phase run by :class:`PhaseRunner`: lock the row
-(``get_for_update``), ask the pure core, write with a CAS on reservation tuple + revision,
-and record the observation (with the stage and disposition that decided it) in the same
-transaction. A refused CAS reruns the whole phase on a fresh read; it never assigns blindly.
-Claim, settle, local settle, supersede and sweep are thin callers of that one runner.
+Every write is an atomic phase: lock the row (``get_for_update``), ask the pure core, write
+with a CAS on reservation tuple + revision, and record the observation (with the stage and
+disposition that decided it) in the same transaction. A refused CAS reruns the whole phase on
+a fresh read; it never assigns blindly. Claim, settle, supersede and sweep are thin callers of
+the one :class:`PhaseRunner`; a new claim and a local settlement take the hot path
+(:mod:`service.store.hot`), which keeps the same CAS (a local settlement first decides on
+the row as its claim wrote it, and the CAS proves it unmoved).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from service.core import (
     ClaimRequest,
     Decision,
     Observation,
+    OperationState,
     Record,
     Refuse,
     Scope,
@@ -231,8 +234,11 @@ class SettlementStore:
         observation, decision = settled.observation, settled.decision
         _log_decision(operation_id, observation, decision)
         self._hooks.on_settled(observation.source.value, decision.disposition.value)
-        if settled.record.state.terminal and not before.state.terminal:
-            self._hooks.on_terminal(str(operation_id))
+        after = settled.record.state
+        became_terminal = after.terminal and not before.state.terminal
+        left_progress = before.state is OperationState.IN_PROGRESS and after is not before.state
+        if became_terminal or left_progress:
+            self._hooks.on_progress_ended(str(operation_id), after.terminal)
         if _stale_epoch_outcome(before, observation):
             self._hooks.on_stale_epoch_outcome()
             log.error(

@@ -54,8 +54,9 @@ class Metrics:
     def on_claimed(self, kind: str) -> None:
         self.inc("settlement_claims_total", kind=kind)
 
-    def on_terminal(self, operation_id: str) -> None:
-        self.inc("settlement_terminal_total")
+    def on_progress_ended(self, operation_id: str, terminal: bool) -> None:
+        if terminal:
+            self.inc("settlement_terminal_total")
 
     def render(self) -> str:
         lines: list[str] = []

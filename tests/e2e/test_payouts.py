@@ -516,3 +516,30 @@ def test_a_conflict_is_not_superseded_without_force_so_a_retry_never_pays_again(
     assert again.status_code == 201, again.text
     assert paid() == 1  # asked for with force: the new epoch pays under its own sink key
     assert provider.counts(f"{operation_id}:2")["count"] == 1
+
+
+def test_a_waiting_request_hears_at_once_when_the_attempt_ends_without_an_outcome(
+    payout_server: ServerProcess, provider: ProviderProcess, client_key: str
+) -> None:
+    provider.arm("delay", delay_ms=int(PROVIDER_TIMEOUT * 1000 * 3))  # past the timeout
+    first: list[httpx.Response] = []
+    call = threading.Thread(
+        target=lambda: first.append(payout(payout_server.base_url, client_key, "p-wait-unknown"))
+    )
+    call.start()
+    time.sleep(PROVIDER_TIMEOUT / 3)  # the attempt is calling the provider now
+    started = time.monotonic()
+    waited = httpx.post(
+        f"{payout_server.base_url}/v1/payouts",
+        json={"beneficiary": "ACME Supplies", "amount": 500, "currency": "EUR"},
+        headers={**auth(client_key), "Idempotency-Key": "p-wait-unknown", "Prefer": "wait=8"},
+        timeout=30,
+    )
+    elapsed = time.monotonic() - started
+    call.join(30)
+    assert first[0].status_code == 504
+    # woken when the attempt gave up (about PROVIDER_TIMEOUT), not after the 8 s asked for,
+    # and told the real state
+    assert elapsed < 5, elapsed
+    assert waited.status_code == 409, waited.text
+    assert waited.json()["state"] == "unknown"

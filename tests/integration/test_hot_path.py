@@ -208,3 +208,50 @@ async def test_a_business_failure_is_stored_without_what_the_effect_wrote_before
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
     (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
     assert attempt_row["outcome"] == "failed"
+
+
+async def test_a_taken_over_attempt_whose_effect_collides_is_ignored_not_an_error(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    stale = await claimed(store, scope, clock)
+    op = uuid.UUID(stale.reservation.operation_id)
+
+    def opens_the_account(runs: list[int]) -> Any:
+        """The epoch's one account (unique per operation and epoch), like POST /v1/accounts."""
+
+        async def effect(conn: Any, current: Record) -> CoreObservation:
+            runs.append(1)
+            await conn.execute(
+                "INSERT INTO accounts (id, tenant, currency, balance, operation_id,"
+                " binding_generation) VALUES ($1, 'acme', 'EUR', 0, $2, 1)",
+                uuid.uuid4(),
+                op,
+            )
+            return completed(current, fencing_token=current.fencing_token)
+
+        return effect
+
+    # the lease ran out; a retry took the operation over and completed it
+    clock.advance(60)
+    taken = await store.claim(
+        scope, claim_request(scope.principal_id, clock), lease_token="v", holds_lease=True
+    )
+    assert isinstance(taken.decision, Claim) and taken.record is not None
+    assert taken.attempt_id is not None
+    owner = AttemptRef(
+        attempt_id=taken.attempt_id,
+        reservation=taken.record.reservation,
+        fencing_token=taken.record.fencing_token,
+        claimed=taken.record,
+    )
+    done = await store.settle_local(op, owner, opens_the_account([]))
+    assert done.record.state is OperationState.COMPLETED
+    # the stale attempt's lock-free round collides with that account row: not a 500, its
+    # report is settled (and ignored) and the row stays the owner's
+    runs: list[int] = []
+    late = await store.settle_local(op, stale, opens_the_account(runs))
+    assert runs == [1]
+    assert late.decision.disposition.value == "ignored"
+    assert await count(engine, accounts, accounts.c.operation_id == op) == 1
+    current = await store.get(op)
+    assert current is not None and current.state is OperationState.COMPLETED
