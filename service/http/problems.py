@@ -150,8 +150,13 @@ def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
         return problem_response("validation-error", "the client disconnected")
     for kind, (slug, retry) in ERROR_SLUGS.items():
         if isinstance(exc, kind):
-            detail = str(exc) or f"{slug.replace('-', ' ')}; retry"
-            return problem_response(slug, detail, headers={"Retry-After": "1"} if retry else None)
+            if not retry:  # a refusal about the request itself: its message is the answer
+                return problem_response(slug, str(exc))
+            # a busy or unreachable dependency: its message (addresses, pool internals) goes
+            # to the log, the client gets what to do
+            log.warning("dependency busy", extra={"slug": slug, "error": repr(exc)})
+            detail = f"{slug.replace('-', ' ')}: a dependency is busy or unreachable; retry"
+            return problem_response(slug, detail, headers={"Retry-After": "1"})
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response("internal-error", "the server failed; the request may be retried")
 

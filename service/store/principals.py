@@ -153,16 +153,21 @@ class PrincipalStore:
             ).first()
             if existing is not None:
                 raise PrincipalExists(f"principal {name!r} already exists in tenant {tenant!r}")
-            await conn.execute(
-                insert(principals).values(
-                    id=principal_id,
-                    tenant=tenant,
-                    name=name,
-                    role=role.value,
-                    key_hash=hash_key(key),
-                    all_tenants=all_tenants,
+            try:
+                await conn.execute(
+                    insert(principals).values(
+                        id=principal_id,
+                        tenant=tenant,
+                        name=name,
+                        role=role.value,
+                        key_hash=hash_key(key),
+                        all_tenants=all_tenants,
+                    )
                 )
-            )
+            except IntegrityError as exc:  # a concurrent create of the same (tenant, name)
+                raise PrincipalExists(
+                    f"principal {name!r} already exists in tenant {tenant!r}"
+                ) from exc
         principal = Principal(
             id=principal_id,
             tenant=tenant,
@@ -210,7 +215,7 @@ class PrincipalStore:
             ).first()
         return None if row is None else (_principal(row), row.revoked_at)
 
-    async def ensure_bootstrap_admin(self, key: str) -> Principal:
+    async def ensure_bootstrap_admin(self, key: str, *, retried: bool = False) -> Principal:
         """Guarantee an all-tenant admin, made with ``key`` if there is none yet.
 
         An existing one is left as it is: a key rotated or revoked after a compromise stays
@@ -241,6 +246,9 @@ class PrincipalStore:
                 BOOTSTRAP_TENANT, BOOTSTRAP_NAME, Role.ADMIN, key=key, all_tenants=True
             )
         except (PrincipalExists, IntegrityError):
-            # another worker of the same server created it first: take the update path
-            return await self.ensure_bootstrap_admin(key)
+            # another worker of the same server created it first: read it once more (a
+            # second failure means the key is another principal's: stop, do not loop)
+            if retried:
+                raise
+            return await self.ensure_bootstrap_admin(key, retried=True)
         return principal
