@@ -109,7 +109,8 @@ class SettlementStore:
         return await self._read_one(operations.c.id == operation_id)
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
-        """The replay path's one indexed read (no lock)."""
+        """The scope's row, one indexed read without a lock (the request's first read is
+        ``identify``; this one is for re-reads, e.g. after a Prefer: wait)."""
         return await self._read_one(*scope_predicate(scope))
 
     async def _read_one(self, *where: Any) -> Record | None:
