@@ -42,7 +42,7 @@ async def handle_idempotent(
             raise
         return stamp_idempotency_headers(problem_response("payload-too-large", str(exc.detail)))
     try:
-        body = decode_json(raw, spec.body_type)
+        body = decode_json(raw, spec.body_type, request.headers.get("content-type"))
     except ProblemError as exc:
         return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
     answer = await settlement.requests.handle(

@@ -56,6 +56,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "not-found": (404, "Not found"),
     "method-not-allowed": (405, "Method not allowed"),
     "payload-too-large": (413, "Payload too large"),
+    "unsupported-media-type": (415, "Unsupported media type"),
     "too-many-requests": (429, "Too many requests running for this principal"),
     "invalid-evidence": (422, "Evidence signature does not verify"),
     "service-unavailable": (503, "Service unavailable"),

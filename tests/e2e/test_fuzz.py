@@ -40,7 +40,7 @@ from tests.contract import (
     transfer_bodies,
     transfer_is_valid,
 )
-from tests.e2e.client import new_account, new_principal
+from tests.e2e.client import ADMIN_KEY, new_account, new_principal
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -55,6 +55,7 @@ FUZZ = settings(
 REQUEST_TIMEOUT = 10.0
 
 PROBLEM = "application/problem+json"
+JSON_TYPE = ("Content-Type", "application/json")
 # Business outcomes of the ledger routes: terminal `failed`, stored and replayed (rows written).
 BUSINESS = {
     "insufficient-funds": 402,
@@ -200,6 +201,7 @@ CONTENT_TYPES = st.sampled_from(
         None,
     ]
 )
+JSON_CONTENT_TYPES = ("application/json",)
 IDEMPOTENT_ROUTES = st.sampled_from(["/v1/accounts", "/v1/transfers"])
 
 
@@ -251,7 +253,9 @@ def test_arbitrary_bytes_bodies_get_a_documented_answer(
     response = post_body(http, ledger, route, content, content_type)
     slug = assert_idempotent_answer(response, before, rows())
     event(f"{route}: {response.status_code} {slug or ''}")
-    if route == "/v1/transfers":  # no byte string names two accounts of this tenant
+    if content_type not in JSON_CONTENT_TYPES:  # refused before a byte is decoded
+        assert slug == "unsupported-media-type", show(response)
+    elif route == "/v1/transfers":  # no byte string names two accounts of this tenant
         assert slug == "validation-error", show(response)
 
 
@@ -299,7 +303,7 @@ def test_transfer_body_mutations_are_validated_by_the_contract(
     response = http.post(
         "/v1/transfers",
         content=encode_json(body, ascii_only),
-        headers=[bearer(ledger.key), ("Idempotency-Key", uuid.uuid4().hex)],
+        headers=[bearer(ledger.key), ("Idempotency-Key", uuid.uuid4().hex), JSON_TYPE],
     )
 
     after = rows()
@@ -352,7 +356,7 @@ def test_idempotency_key_values_are_judged_by_the_rule(
     response = http.post(
         "/v1/accounts",
         content=b'{"currency":"EUR"}',
-        headers=[bearer(key_caller.key)] + [("Idempotency-Key", raw)] * copies,
+        headers=[bearer(key_caller.key), JSON_TYPE] + [("Idempotency-Key", raw)] * copies,
     )
 
     slug = assert_idempotent_answer(response, before, rows())
@@ -541,6 +545,154 @@ def test_operation_key_queries_get_a_problem_or_the_own_operation(
         assert (response.status_code, slug) == (400, "validation-error"), show(response)
 
 
+# -- 6. every route, every role, hostile everything -----------------------------------------
+
+# (method, path template) of every route the server serves; {id} is a path parameter.
+EVERY_ROUTE = [
+    ("GET", "/health"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/accounts"),
+    ("GET", "/v1/accounts/{id}"),
+    ("POST", "/v1/transfers"),
+    ("POST", "/v1/payouts"),
+    ("GET", "/v1/operations"),
+    ("GET", "/v1/operations/{id}"),
+    ("POST", "/v1/observations"),
+    ("POST", "/admin/v1/principals"),
+    ("POST", "/admin/v1/principals/{id}/rotate"),
+    ("POST", "/admin/v1/principals/{id}/revoke"),
+    ("POST", "/admin/v1/operations/{id}/supersede"),
+    ("GET", "/admin/v1/operations"),
+]
+# Field names the routes' schemas know, so generated objects reach their validators.
+FIELD_NAMES = [
+    "source", "destination", "amount", "currency", "memo", "opening_balance", "beneficiary",
+    "tenant", "name", "role", "reason", "force", "rebind", "request", "evidence", "signature",
+    "operation_id", "binding_generation", "request_fingerprint", "outcome", "result",
+    "result_digest", "issued_at", "status", "body",
+]  # fmt: skip
+BIG = [
+    "x" * 100_000,
+    "\u00e9\U0001f4a9" * 20_000,
+    "\x00" * 1000,
+    "a\x00b",
+    "\ud800",
+    2**70,
+    -(2**70),
+    10**400,
+]
+HOSTILE_VALUES = st.one_of(JSON_VALUES, st.sampled_from(BIG))
+HOSTILE_BODIES = st.one_of(
+    st.none(),
+    st.binary(max_size=512),
+    st.sampled_from([b"[" * 1000 + b"]" * 1000, b'{"a":' * 600 + b"1" + b"}" * 600]),
+    st.sampled_from([b"{" + b" " * 1_100_000 + b"}", b"x" * 1_100_000]),  # over the body limit
+    JSON_VALUES.map(lambda v: encode_json(v, ascii_only=False)),
+    st.dictionaries(
+        st.one_of(st.sampled_from(FIELD_NAMES), st.text(SCALAR_CHARS, max_size=8)),
+        HOSTILE_VALUES,
+        max_size=8,
+    ).map(lambda v: encode_json(v, ascii_only=True)),
+)
+ODD_CONTENT_TYPES = st.one_of(
+    CONTENT_TYPES,
+    st.sampled_from(["application/problem+json", "APPLICATION/JSON", "application/json;", ""]),
+    st.text(HEADER_CHARS, max_size=40),
+)
+ODD_HEADERS = st.sampled_from(
+    [
+        "Prefer",
+        "Idempotency-Key",
+        "Accept",
+        "Content-Encoding",
+        "Transfer-Encoding",
+        "X-Forwarded-For",
+        "Traceparent",
+        "Range",
+        "Expect",
+    ]
+)
+
+
+@st.composite
+def path_parameters(draw: st.DrawFn, ledger: Ledger) -> str:
+    kind = draw(st.sampled_from(["own", "random", "text", "raw"]))
+    if kind == "own":
+        return draw(st.sampled_from([ledger.funded, ledger.operation_id]))
+    if kind == "random":
+        return str(draw(st.uuids()))
+    if kind == "text":
+        return quote(draw(st.text(SCALAR_CHARS, max_size=40)), safe="")
+    return draw(st.sampled_from(["", "%00", "%zz", "..", "a/b", "%2F", "0" * 5000]))
+
+
+@st.composite
+def query_strings(draw: st.DrawFn) -> str:
+    names = st.one_of(
+        st.sampled_from(["key", "route", "state", "tenant", "limit", "after"]),
+        st.text(SCALAR_CHARS, max_size=8),
+    )
+    values = st.one_of(
+        st.sampled_from(["unknown", "conflict", "in_progress", "0", "-1", "10000000000", "%00"]),
+        st.text(SCALAR_CHARS, max_size=60),
+        st.just("q" * 5000),
+    )
+    pairs = draw(st.lists(st.tuples(names, values), max_size=4))
+    return "&".join(quote(k, safe="") + "=" + quote(v, safe="%") for k, v in pairs)
+
+
+@FUZZ
+@given(data=st.data(), route=st.sampled_from(EVERY_ROUTE))
+def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
+    http: httpx.Client,
+    rows: RowCounter,
+    ledger: Ledger,
+    observer_key: str,
+    data: st.DataObject,
+    route: tuple[str, str],
+) -> None:
+    method, template = route
+    path = template.replace("{id}", data.draw(path_parameters(ledger), label="id"))
+    query = data.draw(query_strings(), label="query")
+    who = data.draw(
+        st.sampled_from(["admin", "client", "observer", "none", "garbage"]), label="who"
+    )
+    keys = {"admin": ADMIN_KEY, "client": ledger.key, "observer": observer_key}
+    headers: list[tuple[str, str | bytes]] = []
+    if who in keys:
+        headers.append(bearer(keys[who]))
+    elif who == "garbage":
+        headers.append(("Authorization", data.draw(st.text(HEADER_CHARS, max_size=80))))
+    content_type = data.draw(ODD_CONTENT_TYPES, label="content-type")
+    if content_type is not None:
+        headers.append(("Content-Type", content_type))
+    for name in data.draw(st.lists(ODD_HEADERS, max_size=3), label="odd headers"):
+        headers.append((name, data.draw(st.text(HEADER_CHARS, max_size=300), label=name)))
+    body = data.draw(HOSTILE_BODIES, label="body")
+    raw_headers = [(k, v.encode("latin-1") if isinstance(v, str) else v) for k, v in headers]
+    before = rows()
+
+    try:
+        response = http.request(
+            method, path + ("?" + query if query else ""), content=body, headers=raw_headers
+        )
+    except httpx.LocalProtocolError:  # a header httpx itself will not send
+        return
+
+    assert response.status_code < 500, show(response)
+    event(f"{method} {template}: {response.status_code}")
+    if response.status_code >= 400:
+        assert_problem(response)
+        assert rows() == before, show(response)
+    elif method == "GET":
+        assert rows() == before, show(response)
+
+
+@pytest.fixture(scope="module")
+def observer_key(server: ServerProcess) -> str:
+    return str(new_principal(server.base_url, role="observer")["api_key"])
+
+
 # -- U+0000 -----------------------------------------------------------------------------------
 
 
@@ -558,7 +710,7 @@ def test_memo_with_nul_is_refused_and_writes_nothing(
     response = http.post(
         "/v1/transfers",
         content=encode_json(body, ascii_only=True),
-        headers=[bearer(ledger.key), ("Idempotency-Key", uuid.uuid4().hex)],
+        headers=[bearer(ledger.key), ("Idempotency-Key", uuid.uuid4().hex), JSON_TYPE],
     )
     assert response.status_code == 400, show(response)
     assert_problem(response, "validation-error")

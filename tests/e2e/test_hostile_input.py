@@ -48,6 +48,7 @@ def test_json_nested_too_deeply_is_a_400_everywhere(
         (f"{base}/v1/accounts", {**auth(client), "Idempotency-Key": "deep"}, DEEP),
     ]
     for url, headers, body in sends:
+        headers = {**headers, "Content-Type": "application/json"}
         answer = httpx.post(url, content=body, headers=headers, timeout=30)
         assert answer.status_code in (400, 404), (url, answer.status_code, answer.text)
         assert answer.headers["content-type"] == PROBLEM
@@ -107,3 +108,59 @@ def test_work_list_parameters_postgresql_cannot_hold_are_a_400(server: ServerPro
         headers=auth(ADMIN_KEY),
     )
     assert fine.status_code == 200, fine.text
+
+
+def test_a_body_that_is_not_json_is_a_415_on_every_route_and_writes_nothing(
+    server: ServerProcess, app_database: str
+) -> None:
+    base = server.base_url
+    client = new_principal(base)["api_key"]
+    observer = new_principal(base, role="observer")["api_key"]
+    keyed = {**auth(client), "Idempotency-Key": "not-json"}
+    sends = [
+        (f"{base}/v1/accounts", keyed, b'{"currency":"EUR"}'),
+        (f"{base}/v1/transfers", keyed, b"{}"),
+        (f"{base}/v1/observations", auth(observer), b"{}"),
+        (f"{base}/admin/v1/principals", auth(ADMIN_KEY), b'{"tenant":"t","name":"n"}'),
+        (
+            f"{base}/admin/v1/operations/00000000-0000-4000-8000-000000000001/supersede",
+            auth(ADMIN_KEY),
+            b'{"reason":"x"}',
+        ),
+    ]
+    before = count_rows(app_database)
+    for content_type in (
+        None,
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        "application/jsonx",
+    ):
+        for url, headers, body in sends:
+            sent = headers if content_type is None else {**headers, "Content-Type": content_type}
+            answer = httpx.post(url, content=body, headers=sent)
+            problem_of(answer, 415, "unsupported-media-type")
+    assert count_rows(app_database) == before
+    # what JSON may be called: any case, a UTF-8 charset, a +json suffix
+    for content_type in (
+        "APPLICATION/JSON",
+        "application/json; charset=UTF-8",
+        "application/merge-patch+json",
+    ):
+        answer = httpx.post(
+            f"{base}/v1/accounts",
+            content=b'{"currency":"EUR"}',
+            headers={**auth(client), "Idempotency-Key": content_type, "Content-Type": content_type},
+        )
+        assert answer.status_code == 201, answer.text
+
+
+def test_payouts_without_a_provider_are_a_404_not_an_outage(server: ServerProcess) -> None:
+    client = new_principal(server.base_url)["api_key"]
+    answer = httpx.post(
+        f"{server.base_url}/v1/payouts",
+        json={"beneficiary": "ACME", "amount": 1, "currency": "EUR"},
+        headers={**auth(client), "Idempotency-Key": "no-provider"},
+    )
+    problem_of(answer, 404, "not-found")

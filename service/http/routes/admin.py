@@ -41,7 +41,9 @@ async def create_principal(
 ) -> Response[bytes]:
     admin = await _admin(request, settlement)
     try:
-        body = decode_json(await request.body(), PrincipalRequest)
+        body = decode_json(
+            await request.body(), PrincipalRequest, request.headers.get("content-type")
+        )
     except ProblemError as exc:
         return problem_response(exc.slug, exc.detail)
     created = await settlement.admin.create_principal(admin, body)
@@ -74,7 +76,7 @@ async def supersede_operation(
 ) -> Response[bytes]:
     admin = await _admin(request, settlement)
     try:
-        body = decode_json(await request.body(), SupersedeBody)
+        body = decode_json(await request.body(), SupersedeBody, request.headers.get("content-type"))
     except ProblemError as exc:
         return problem_response(exc.slug, exc.detail)
     return render_json_or_problem(await settlement.admin.supersede(admin, operation_id, body))

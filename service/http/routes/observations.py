@@ -24,7 +24,9 @@ async def post_observation(
     principal = await authenticate(request, settlement.principals)
     require_role(principal, Role.OBSERVER)
     try:
-        signed = decode_json(await request.body(), SignedEvidence)
+        signed = decode_json(
+            await request.body(), SignedEvidence, request.headers.get("content-type")
+        )
     except ProblemError as exc:
         return problem_response(exc.slug, exc.detail)
     return render_json_or_problem(

@@ -15,10 +15,10 @@ __all__ = ["post_payout"]
 
 @post("/v1/payouts", status_code=201, summary="Pay out through the provider (idempotent)")
 async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    if settlement.provider is None:
+    if settlement.provider is None:  # a route this server does not offer, not an outage
         return problem_response(
-            "service-unavailable",
-            "no payout provider is configured "
+            "not-found",
+            "payouts are off on this server: no provider is configured "
             "(SETTLEMENT_PROVIDER_URL, SETTLEMENT_PROVIDER_SECRET)",
         )
     return await handle_idempotent(request, settlement, settlement.payouts)
