@@ -70,6 +70,9 @@ class Settings:
     db_lock_timeout: float = _setting(
         5.0, "a row lock not granted by then fails the phase instead of queueing forever."
     )
+    db_hot_lock_timeout: float = _setting(
+        1.0, "hot-path row locks (accounts, its operation row): 503 beats a queue behind them."
+    )
     db_pool_size: int = _setting(
         10, "hot-path connections (asyncpg) per worker process: requests and local effects."
     )
@@ -126,6 +129,7 @@ class Settings:
             "db_connect_timeout",
             "db_statement_timeout",
             "db_lock_timeout",
+            "db_hot_lock_timeout",
             "redis_timeout",
             "health_timeout",
         )
@@ -145,6 +149,13 @@ class Settings:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
+        if self.db_connect_timeout >= self.lease_ttl:
+            # a request waits this long for a slot, then for a connection, holding a lease
+            # that no heartbeat renews yet
+            raise ConfigError(
+                f"{PREFIX}DB_CONNECT_TIMEOUT must be below {PREFIX}LEASE_TTL "
+                f"({self.db_connect_timeout:g} >= {self.lease_ttl:g})"
+            )
         if self.terminal_policy not in set(TerminalPolicy):
             raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
         if self.log_format not in ("json", "text"):
@@ -212,6 +223,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "db_connect_timeout": _seconds,
     "db_statement_timeout": _seconds,
     "db_lock_timeout": _seconds,
+    "db_hot_lock_timeout": _seconds,
     "redis_timeout": _seconds,
     "health_timeout": _seconds,
     "body_limit": _integer,

@@ -58,11 +58,13 @@ class Slots:
         self._held: dict[uuid.UUID, tuple[asyncio.Semaphore, int]] = {}
 
     @contextlib.asynccontextmanager
-    async def hold(self, key: uuid.UUID) -> AsyncIterator[None]:
+    async def hold(self, key: uuid.UUID) -> AsyncIterator[bool]:
+        """A slot of ``key``'s; yields whether it had to wait for one."""
         semaphore, users = self._held.get(key, (asyncio.Semaphore(self._size), 0))
         self._held[key] = (semaphore, users + 1)
         try:
-            if semaphore.locked():  # wait (a task) only when no slot is free
+            waited = semaphore.locked()
+            if waited:  # wait (a task) only when no slot is free
                 try:
                     await asyncio.wait_for(semaphore.acquire(), self._wait)
                 except TimeoutError:
@@ -70,7 +72,7 @@ class Slots:
             else:
                 await semaphore.acquire()
             try:
-                yield
+                yield waited
             finally:
                 semaphore.release()
         finally:
@@ -198,7 +200,14 @@ class IdempotentRequests:
         try:
             # only an executing attempt takes one of the principal's slots: a replay or a 409
             # never waits for one
-            async with self._slots.hold(principal.id):
+            async with self._slots.hold(principal.id) as waited:
+                if waited:
+                    # the lease ran down while this request queued, before any heartbeat:
+                    # renew it so the claim starts with a whole ttl
+                    renewed = await self._leases.extend(lease)
+                    if renewed is None:
+                        return busy(scope)
+                    lease = renewed
                 return await self._execute(spec, principal, scope, claim, body, record, lease)
         finally:
             with contextlib.suppress(LeaseUnavailable):

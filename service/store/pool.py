@@ -52,7 +52,11 @@ async def make_pool(settings: Settings, url: str, *, size: int | None = None) ->
         max_size=size or settings.db_pool_size,
         timeout=settings.db_connect_timeout,
         command_timeout=settings.db_statement_timeout + 1,
-        server_settings=server_settings(settings),
+        # the hot path's lock waits are short: a held account answers 503 within a second
+        server_settings={
+            **server_settings(settings),
+            "lock_timeout": str(int(settings.db_hot_lock_timeout * 1000)),
+        },
         init=_init,
         reset=_keep_session,
     )

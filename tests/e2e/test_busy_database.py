@@ -139,3 +139,22 @@ def test_one_principal_cannot_take_every_connection(services: Services, app_data
         retry = transfer(server.base_url, greedy, "greedy-2", *pairs[2], 1)
         assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "false"
         assert [balance(server.base_url, greedy, source) for source, _ in pairs] == [99, 99, 99]
+
+
+def test_the_hot_path_waits_for_an_account_lock_only_its_own_short_lock_timeout(
+    services: Services, app_database: str
+) -> None:
+    """The account is held far longer than the client waits; the transfer still answers its
+    503, because the hot path's lock timeout is not the cold paths' one."""
+    env = {**ENV, "SETTLEMENT_DB_LOCK_TIMEOUT": "14", "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": "0.3"}
+    with ServerProcess(app_database, services.redis_url, env=env) as proc:
+        key = new_principal(proc.base_url)["api_key"]
+        source = new_account(proc.base_url, key, 100)
+        destination = new_account(proc.base_url, key, 0)
+        lock = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE"
+        with row_locked(app_database, lock, uuid.UUID(source)):
+            busy = transfer(proc.base_url, key, "hot-lock", source, destination, 10, timeout=7)
+            assert busy.status_code == 503, busy.text
+            assert busy.json()["type"] == "/problems/service-unavailable"
+        retry = transfer(proc.base_url, key, "hot-lock", source, destination, 10)
+        assert retry.status_code == 201, retry.text
