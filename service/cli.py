@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     migrate.set_defaults(run=_migrate)
 
-    sweep = sub.add_parser("sweep", help="one pass of the lease sweeper")
+    sweep = sub.add_parser(
+        "sweep", help="one pass of the lease sweeper, then the retention purge until done"
+    )
     sweep.add_argument("--embedded", action="store_true", help="use the embedded servers")
     sweep.set_defaults(run=_sweep)
 
@@ -298,15 +300,18 @@ def _local_admin_key(data_dir: Path) -> str:
 
 def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
+    import time
 
+    from service.app.purger import Purged, Purger
     from service.app.sweeper import Sweeper
     from service.leases import LeaseManager, make_redis
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
+    from service.store.retention import Retention, RetentionStore
     from service.store.settlement import SettlementStore
     from service.telemetry import Metrics
 
-    async def once(database_url: str, redis_url: str) -> int:
+    async def once(database_url: str, redis_url: str) -> tuple[int, Purged]:
         engine = make_engine(settings, database_url, pool_size=1)
         redis = make_redis(settings, redis_url)
         try:
@@ -318,15 +323,33 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
             total = await sweeper.run_once()
             while sweeper.more:
                 total += await sweeper.run_once()
-            return total
+            retention = Retention(
+                default=settings.retention, tombstone=settings.tombstone_retention
+            )
+            purger = Purger(
+                RetentionStore(engine, retention),
+                metrics,
+                interval=settings.sweep_interval,
+                clock=time.time,
+            )
+            purged = await purger.run_once()
+            while purged.more:
+                more = await purger.run_once()
+                purged.operations += more.operations
+                purged.tombstones += more.tombstones
+                purged.more = more.more
+            return total, purged
         finally:
             await redis.aclose()
             await engine.dispose()
 
     with _endpoints(settings, args.embedded, want_redis=True) as ready:
         assert ready.database_url is not None and ready.redis_url is not None
-        demoted = asyncio.run(once(ready.database_url, ready.redis_url))
+        demoted, purged = asyncio.run(once(ready.database_url, ready.redis_url))
     print(f"demoted {demoted} operation(s)")
+    print(
+        f"purged {purged.operations} expired operation(s), forgot {purged.tombstones} tombstone(s)"
+    )
     return 0
 
 

@@ -149,13 +149,6 @@ class Settings:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
-        if self.db_connect_timeout >= self.lease_ttl:
-            # a request waits this long for a slot, then for a connection, holding a lease
-            # that no heartbeat renews yet
-            raise ConfigError(
-                f"{PREFIX}DB_CONNECT_TIMEOUT must be below {PREFIX}LEASE_TTL "
-                f"({self.db_connect_timeout:g} >= {self.lease_ttl:g})"
-            )
         if self.terminal_policy not in set(TerminalPolicy):
             raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
         if self.log_format not in ("json", "text"):

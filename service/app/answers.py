@@ -28,6 +28,7 @@ from service.core import (
     Superseded,
     Unsettled,
 )
+from service.store.retention import Tombstone
 
 __all__ = [
     "Answer",
@@ -36,6 +37,7 @@ __all__ = [
     "Stored",
     "answer_of",
     "busy",
+    "expired",
     "with_preference",
 ]
 
@@ -59,6 +61,8 @@ class Problem(msgspec.Struct, frozen=True):
     retry_after: bool = False
     location: str | None = None
     preference_applied: str | None = None
+    expired_at: str | None = None
+    forget_at: str | None = None
 
 
 Answer = Stored | Problem
@@ -73,6 +77,22 @@ class ProblemDocument(msgspec.Struct, omit_defaults=True):
     detail: str
     operation_id: str | None = None
     state: str | None = None
+    # a tombstoned operation (410): when it expired, and when its key is new again
+    expired_at: str | None = None
+    forget_at: str | None = None
+
+
+def expired(tombstone: Tombstone) -> Problem:
+    """410: the operation was purged by retention; what its tombstone keeps."""
+    return Problem(
+        "idempotency-key-expired",
+        "this operation's result expired and was purged; its key cannot run anything until "
+        "forget_at, when it is new again",
+        str(tombstone.operation_id),
+        state=tombstone.final_state,
+        expired_at=tombstone.expired_at.isoformat(),
+        forget_at=tombstone.forget_at.isoformat(),
+    )
 
 
 def answer_of(decision: ClaimDecision | AttemptAnswer) -> Answer:

@@ -113,7 +113,7 @@ class Attempts:
         if spec.external is not None:
             return await self._external(spec.external, context, attempt, body, lease)
         assert spec.execute is not None
-        return await self._local(spec.execute, context, attempt, body, lease)
+        return await self._local(spec, spec.execute, context, attempt, body, lease)
 
     async def _under_lease(
         self, lease: Lease, work: asyncio.Task[T], give_up_after: float | None
@@ -138,6 +138,7 @@ class Attempts:
 
     async def _local(
         self,
+        spec: IdempotentRoute,
         execute: LocalHandler,
         context: ExecutionContext,
         attempt: AttemptRef,
@@ -158,6 +159,7 @@ class Attempts:
                 context.operation_id,
                 attempt,
                 effect,
+                route=spec.route,
                 before_commit=lambda: self._failpoints.hit("effect.before_commit"),
             )
         )

@@ -74,10 +74,14 @@ class IdempotentRoute:
     execute: LocalHandler | None = None
     external: ExternalHandler | None = None
     roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
+    # seconds a terminal result stays replayable; None: SETTLEMENT_RETENTION
+    retention: float | None = None
 
     def __post_init__(self) -> None:
         if (self.execute is None) == (self.external is None):
             raise ValueError(f"{self.route}: declare exactly one of execute or external")
+        if self.retention is not None and self.retention < 0:
+            raise ValueError(f"{self.route}: retention must be >= 0")
 
 
 def business_outcome(failure: BusinessFailure, operation_id: uuid.UUID) -> Outcome:

@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from service.app.answers import Answer, Problem, answer_of, busy, with_preference
+from service.app.answers import Answer, Problem, answer_of, busy, expired, with_preference
 from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
@@ -38,7 +38,10 @@ from service.core import (
 )
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager, LeaseUnavailable, Wakeups
+from service.store.outcomes import KeyExpired
 from service.store.principals import Principal, hash_key
+from service.store.retention import Tombstone
+from service.store.rows import at
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 
 __all__ = ["IdempotentRequests", "NoSlot", "Seen", "Slots"]
@@ -88,6 +91,8 @@ class Seen(msgspec.Struct, frozen=True):
 
     key: str
     record: Record | None
+    tombstone: Tombstone | None = None
+    """the scope's tombstone, if its earlier operation was purged by retention"""
 
 
 class IdempotentRequests:
@@ -122,8 +127,8 @@ class IdempotentRequests:
         found = await self._store.identify(hash_key(api_key), spec.route, key)
         if found is None:
             return None
-        principal, record = found
-        return principal, Seen(key=key, record=record)
+        principal, record, tombstone = found
+        return principal, Seen(key=key, record=record, tombstone=tombstone)
 
     async def handle(
         self,
@@ -140,6 +145,9 @@ class IdempotentRequests:
         ``seen``: what :meth:`identify` read for this principal and key. ``wait``: seconds to
         wait for an attempt in progress to settle (``Prefer: wait``).
         """
+        tombstone = seen.tombstone
+        if seen.record is None and tombstone is not None and tombstone.live(at(self._clock())):
+            return expired(tombstone)  # whatever the body: nothing runs under this key yet
         scope = Scope(
             tenant=principal.tenant,
             principal_id=principal.id,
@@ -154,6 +162,12 @@ class IdempotentRequests:
         )
         try:
             return await self._run(spec, principal, scope, claim, body, wait, seen.record)
+        except KeyExpired as exc:  # purged between this request's first read and its claim
+            return Problem(
+                "idempotency-key-expired",
+                "this operation's result expired and was purged",
+                str(exc.operation_id),
+            )
         except RowLocked:
             return busy(scope)
         except SettlementContention as exc:

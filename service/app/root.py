@@ -21,6 +21,7 @@ from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
 from service.app.late import LateAnswers
+from service.app.purger import Purger
 from service.app.requests import IdempotentRequests
 from service.app.routes import ACCOUNTS, TRANSFERS, payouts
 from service.app.status import StatusQueries
@@ -33,6 +34,7 @@ from service.store.db import make_engine, reader
 from service.store.migrate import ensure_current
 from service.store.pool import make_pool
 from service.store.principals import PrincipalStore
+from service.store.retention import Retention, RetentionStore
 from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
 
@@ -58,18 +60,6 @@ class Settlement:
         self.redis = redis
         self.metrics = Metrics()
         self.wakeups = Wakeups(redis)
-        self.store = SettlementStore(
-            engine,
-            hooks=_StoreHooks(self.metrics, self.wakeups),
-            policy=settings.terminal_policy,
-            retention=settings.retention,
-            max_retries=settings.settle_max_retries,
-            clock=clock,
-            pool=pool,
-        )
-        self.principals = PrincipalStore(engine, pool=pool)
-        self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
-        self.failpoints = Failpoints.from_settings(settings)
         self.provider: ProviderClient | None = None
         if settings.provider_url and settings.provider_secret:
             # the client's own bound is the late window; each attempt waits provider_timeout
@@ -83,6 +73,23 @@ class Settlement:
         self.routes: dict[str, IdempotentRoute] = {
             spec.route: spec for spec in (self.accounts, self.transfers, self.payouts)
         }
+        self.retention = Retention(
+            default=settings.retention,
+            tombstone=settings.tombstone_retention,
+            routes={r: s.retention for r, s in self.routes.items() if s.retention is not None},
+        )
+        self.store = SettlementStore(
+            engine,
+            hooks=_StoreHooks(self.metrics, self.wakeups),
+            policy=settings.terminal_policy,
+            retention=self.retention,
+            max_retries=settings.settle_max_retries,
+            clock=clock,
+            pool=pool,
+        )
+        self.principals = PrincipalStore(engine, pool=pool)
+        self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
+        self.failpoints = Failpoints.from_settings(settings)
         self.late = LateAnswers(self.store, self.metrics)
         self.requests = IdempotentRequests(
             store=self.store,
@@ -106,7 +113,8 @@ class Settlement:
             secret=settings.provider_secret,
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
         )
-        self.status = StatusQueries(self.reader, self.leases, clock=clock)
+        self.tombstones = RetentionStore(engine, self.retention)
+        self.status = StatusQueries(self.reader, self.leases, self.tombstones, clock=clock)
         self.admin = Admin(
             principals=self.principals,
             store=self.store,
@@ -117,11 +125,16 @@ class Settlement:
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
         )
+        self.purger = Purger(
+            self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock
+        )
         self._sweeping: asyncio.Task[None] | None = None
+        self._purging: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, settings: Settings) -> Settlement:
-        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper."""
+        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper and
+        the retention purge."""
         require_endpoints(settings)
         assert settings.database_url is not None and settings.redis_url is not None
         engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
@@ -140,13 +153,15 @@ class Settlement:
             await engine.dispose()
             raise
         settlement._sweeping = asyncio.create_task(settlement.sweeper.run(), name="lease-sweeper")
+        settlement._purging = asyncio.create_task(settlement.purger.run(), name="retention-purge")
         return settlement
 
     async def close(self) -> None:
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeping
+        for task in (self._sweeping, self._purging):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         try:
             await self.late.close()
             await self.wakeups.close()

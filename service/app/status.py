@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app.answers import Problem
+from service.app.answers import Problem, expired
 from service.core import Scope
 from service.leases import LeaseManager, LeaseUnavailable
 from service.store.principals import Principal, Role
+from service.store.retention import RetentionStore
 from service.store.status import OperationView, find_by_key, operation_view
 
 __all__ = ["StatusQueries"]
@@ -26,26 +27,42 @@ MAX_SHOWN_LEASE = 86_400.0
 
 class StatusQueries:
     def __init__(
-        self, reader: AsyncEngine, leases: LeaseManager, *, clock: Callable[[], float]
+        self,
+        reader: AsyncEngine,
+        leases: LeaseManager,
+        tombstones: RetentionStore,
+        *,
+        clock: Callable[[], float],
     ) -> None:
         self._reader = reader
         self._leases = leases
+        self._tombstones = tombstones
         self._clock = clock
 
     async def by_id(self, principal: Principal, operation_id: uuid.UUID) -> OperationView | Problem:
         view = await operation_view(self._reader, operation_id)
+        if view is None:
+            tombstone = await self._tombstones.by_operation(operation_id)
+            if tombstone is not None and _may_see(
+                principal, tombstone.tenant, tombstone.principal_id
+            ):
+                return expired(tombstone)
         return await self._shown(principal, view, str(operation_id))
 
     async def by_key(
         self, principal: Principal, key: str, route: str | None
     ) -> OperationView | Problem:
         view = await find_by_key(self._reader, principal.tenant, principal.id, key, route)
+        if view is None:
+            tombstone = await self._tombstones.by_key(principal.tenant, principal.id, key, route)
+            if tombstone is not None:
+                return expired(tombstone)
         return await self._shown(principal, view, f"with key {key!r}")
 
     async def _shown(
         self, principal: Principal, view: OperationView | None, what: str
     ) -> OperationView | Problem:
-        if view is None or not _may_read(principal, view):
+        if view is None or not _may_see(principal, view.tenant, view.principal_id):
             return Problem("not-found", f"no operation {what}")
         if view.lease is not None:
             view.lease.expires_at = await self._lease_expiry(view)
@@ -66,7 +83,8 @@ class StatusQueries:
         return now + timedelta(seconds=min(remaining, MAX_SHOWN_LEASE))
 
 
-def _may_read(principal: Principal, view: OperationView) -> bool:
-    if view.principal_id == principal.id:
+def _may_see(principal: Principal, tenant: str, owner: uuid.UUID) -> bool:
+    """The owner, or an admin of the tenant; anyone else is told it does not exist."""
+    if owner == principal.id:
         return True
-    return principal.role is Role.ADMIN and principal.may_act_in(view.tenant)
+    return principal.role is Role.ADMIN and principal.may_act_in(tenant)

@@ -22,7 +22,20 @@ from service.http.problems import ProblemError, problem_response
 from service.http.render import prefer_wait, render, stamp_idempotency_headers
 from service.store.principals import Principal
 
-__all__ = ["handle_idempotent"]
+__all__ = ["IDEMPOTENT_DESCRIPTION", "handle_idempotent"]
+
+# The OpenAPI description of every idempotent route: the key and the retention policy.
+IDEMPOTENT_DESCRIPTION = """\
+Idempotent: send an `Idempotency-Key` header (1-255 printable ASCII characters). A retry with
+the same key and the same request replays the stored answer (`Idempotent-Replayed: true`);
+the same key with another request is 422 `fingerprint-mismatch`.
+
+Retention: a completed or failed result is replayed for `SETTLEMENT_RETENTION` (default 24 h)
+after it became terminal (`expires_at` on the operation). Then only a tombstone is kept, and
+the key answers 410 `idempotency-key-expired` whatever the body, with nothing executed, for
+`SETTLEMENT_TOMBSTONE_RETENTION` (default 30 days). After that the key is new again.
+Operations that are in progress, unknown or in conflict never expire.
+"""
 
 
 async def handle_idempotent(

@@ -55,6 +55,8 @@ def render_problem(problem: Problem) -> Response[bytes]:
         headers=headers or None,
         operation_id=problem.operation_id,
         state=problem.state,
+        expired_at=problem.expired_at,
+        forget_at=problem.forget_at,
     )
 
 

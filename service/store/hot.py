@@ -36,6 +36,7 @@ from service.core import (
 from service.store.outcomes import AttemptRef, LocalEffect, Settled
 from service.store.phase import lock_timeouts
 from service.store.principals import Principal, live_principal
+from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row, record_values, to_ts
 from service.store.unit_of_work import StaleRevision
 
@@ -48,11 +49,17 @@ _RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principa
 _IDENTIFY = f"""
 SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
        p.key_hash AS p_key_hash, p.credential_generation AS p_credential_generation,
-       p.all_tenants AS p_all_tenants, {_RECORD}
+       p.all_tenants AS p_all_tenants, {_RECORD},
+       t.operation_id AS t_operation_id, t.request_fingerprint AS t_request_fingerprint,
+       t.final_state AS t_final_state, t.expired_at AS t_expired_at,
+       t.forget_at AS t_forget_at
   FROM principals p
   LEFT JOIN operations o
     ON o.tenant = p.tenant AND o.principal_id = p.id AND o.route = $2
    AND o.idempotency_key = $3
+  LEFT JOIN tombstones t
+    ON t.tenant = p.tenant AND t.principal_id = p.id AND t.route = $2
+   AND t.idempotency_key = $3
  WHERE p.key_hash = $1 AND p.revoked_at IS NULL
 """
 
@@ -62,7 +69,14 @@ WITH claimed AS (
         binding_generation, request_fingerprint, bound_principal_id,
         bound_credential_generation, state, revision, fencing_token, current_attempt_id,
         lease_expires_at, created_at, updated_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15)
+    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, $6::int, $7::varchar,
+           $8::uuid, $9::int, $10::varchar, $11::bigint, $12::bigint, $13::uuid,
+           $14::timestamptz, $15::timestamptz, $15::timestamptz
+     -- a key whose operation was purged (a live tombstone) is never claimed anew
+     WHERE NOT EXISTS (
+        SELECT 1 FROM tombstones t
+         WHERE t.tenant = $2::varchar AND t.principal_id = $3::uuid AND t.route = $4::varchar
+           AND t.idempotency_key = $5::varchar AND t.forget_at > $15::timestamptz)
     ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id
 )
@@ -115,15 +129,29 @@ class HotPath:
 
     async def identify(
         self, key_hash: bytes, route: str, idempotency_key: str
-    ) -> tuple[Principal, Record | None] | None:
-        """The live principal holding the key whose hash is ``key_hash``, and the row of its
-        scope (route, key) if there is one; None for an unknown or revoked key."""
+    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
+        """The live principal holding the key whose hash is ``key_hash``, the row of its
+        scope (route, key) if there is one, and the scope's tombstone if there is one (one
+        snapshot: a purge's delete and tombstone are seen together); None for an unknown or
+        revoked key."""
         async with self._pool.acquire() as conn:
             row = await conn.fetchrow(_IDENTIFY, key_hash, route, idempotency_key)
         principal = live_principal(row, key_hash, prefix="p_")
         if principal is None:
             return None
-        return principal, None if row["id"] is None else record_from_row(row)
+        record = None if row["id"] is None else record_from_row(row)
+        tombstone = None
+        if row["t_operation_id"] is not None:
+            tombstone = Tombstone(
+                tenant=principal.tenant,
+                principal_id=principal.id,
+                operation_id=row["t_operation_id"],
+                request_fingerprint=row["t_request_fingerprint"],
+                final_state=row["t_final_state"],
+                expired_at=row["t_expired_at"],
+                forget_at=row["t_forget_at"],
+            )
+        return principal, record, tombstone
 
     async def claim_new(
         self,

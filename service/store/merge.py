@@ -15,6 +15,7 @@ from typing import Any
 from service.core import Apply, Observation, Record, Source, TerminalPolicy, settle
 from service.store.outcomes import Settled
 from service.store.phase import Phase
+from service.store.retention import Retention
 from service.store.rows import at
 from service.store.unit_of_work import AttemptEnd, UnitOfWork
 
@@ -29,14 +30,15 @@ def settle_phase(
     detail: dict[str, Any] | None,
     clock: Callable[[], float],
     policy: TerminalPolicy,
-    retention: float,
+    retention: Retention,
 ) -> Phase[tuple[Record, Settled] | None]:
     """The phase returns the row as it was and the settlement, or None: no such operation."""
 
     async def phase(uow: UnitOfWork) -> tuple[Record, Settled] | None:
-        record = await uow.get_for_update(operation_id)
-        if record is None:
+        found = await uow.get_for_update_with_scope(operation_id)
+        if found is None:
             return None
+        scope, record = found
         now = clock()
         decision = settle(record, observation, now, policy)
         after = record
@@ -45,7 +47,7 @@ def settle_phase(
             expiry: dict[str, Any] = {}
             if after.state.terminal and not record.state.terminal:
                 # a row that becomes terminal starts its retention clock
-                expiry["expires_at"] = at(now) + timedelta(seconds=retention)
+                expiry["expires_at"] = at(now) + timedelta(seconds=retention.of(scope.route))
             await uow.cas_write(after, decision.expected_revision, at(now), **expiry)
         finish = None
         if attempt_id is not None and observation.source is Source.ATTEMPT:

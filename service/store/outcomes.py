@@ -24,6 +24,7 @@ from service.core import (
 __all__ = [
     "AttemptRef",
     "ClaimOutcome",
+    "KeyExpired",
     "LeaseProbe",
     "LocalEffect",
     "NoHooks",
@@ -45,6 +46,14 @@ LeaseProbe = Callable[[list[Scope]], Awaitable[list[float | None]]]
 
 class OperationNotFound(LookupError):
     status_hint = 404
+
+
+class KeyExpired(LookupError):
+    """The scope's operation was purged by retention; its tombstone still stands."""
+
+    def __init__(self, operation_id: uuid.UUID) -> None:
+        super().__init__(f"operation {operation_id} expired; its key cannot be used again yet")
+        self.operation_id = operation_id
 
 
 class Settled(msgspec.Struct, frozen=True):

@@ -55,6 +55,7 @@ from service.store.outcomes import (
 )
 from service.store.phase import PhaseRunner, RowLocked, SettlementContention
 from service.store.principals import Principal
+from service.store.retention import Retention, Tombstone
 from service.store.rows import at, record_from_row
 from service.store.tables import operations
 from service.store.unit_of_work import UnitOfWork, scope_predicate
@@ -84,7 +85,7 @@ class SettlementStore:
         *,
         hooks: SettlementHooks | None = None,
         policy: TerminalPolicy = TerminalPolicy.CONFLICT,
-        retention: float = 86_400.0,
+        retention: Retention | None = None,
         max_retries: int = 16,
         clock: Callable[[], float] = time.time,
         pool: Any = None,
@@ -95,7 +96,7 @@ class SettlementStore:
         self._hot = None if pool is None else HotPath(pool)
         self._reader = reader(engine)
         self._policy = policy
-        self._retention = retention
+        self._retention = retention or Retention(default=86_400.0, tombstone=2_592_000.0)
         self._clock = clock
         self._hooks: SettlementHooks = hooks or NoHooks()
         self._runner = PhaseRunner(self.unit_of_work, max_retries=max_retries)
@@ -120,9 +121,10 @@ class SettlementStore:
 
     async def identify(
         self, key_hash: bytes, route: str, idempotency_key: str
-    ) -> tuple[Principal, Record | None] | None:
-        """The live principal whose key hashes to ``key_hash`` and the row of its scope for
-        (``route``, ``idempotency_key``): one statement, no transaction (the hot path)."""
+    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
+        """The live principal whose key hashes to ``key_hash``, the row of its scope for
+        (``route``, ``idempotency_key``) and the scope's tombstone: one statement, no
+        transaction (the hot path)."""
         if self._hot is None:
             raise RuntimeError("identify needs the store's asyncpg pool")
         return await self._hot.identify(key_hash, route, idempotency_key)
@@ -202,9 +204,11 @@ class SettlementStore:
         attempt: AttemptRef,
         effect: LocalEffect,
         *,
+        route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled:
         """Run a local effect and settle its outcome in one transaction (the hot path).
+        ``route``: the operation's route, whose retention starts if the row becomes terminal.
 
         The effect runs only while ``attempt`` holds the current fencing token of a
         non-terminal row, and commits only if the core applies its outcome. A fenced-out or
@@ -219,7 +223,7 @@ class SettlementStore:
             effect,
             clock=self._clock,
             policy=self._policy,
-            retention=self._retention,
+            retention=self._retention.of(route),
             before_commit=before_commit,
         )
         match done:

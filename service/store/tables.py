@@ -156,6 +156,18 @@ Index(
     postgresql_where=text("state = 'in_progress'"),
 )
 Index("ix_operations_tenant_state", operations.c.tenant, operations.c.state)
+# the oldest operation not settled for good (a metric): a small index, these rows are few
+Index(
+    "ix_operations_open_created_at",
+    operations.c.created_at,
+    postgresql_where=text("state IN ('in_progress', 'unknown', 'conflict')"),
+)
+# what the retention purge reads: terminal rows that may expire, oldest first
+Index(
+    "ix_operations_purgeable_expires_at",
+    operations.c.expires_at,
+    postgresql_where=text("state IN ('completed', 'failed')"),
+)
 
 operation_epochs = Table(
     "operation_epochs",
@@ -239,10 +251,13 @@ tombstones = Table(
     Column("principal_id", UUID(as_uuid=True), primary_key=True),
     Column("route", String(256), primary_key=True),
     Column("idempotency_key", String(255), primary_key=True),
-    Column("operation_id", UUID(as_uuid=True), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False, index=True),
     Column("request_fingerprint", String(64), nullable=False),
+    # the operation's terminal state when it was purged (completed or failed)
+    Column("final_state", String(16), nullable=False, server_default=text("'completed'")),
     Column("expired_at", DateTime(timezone=True), nullable=False),
     Column("forget_at", DateTime(timezone=True), nullable=False, index=True),
+    CheckConstraint("final_state IN ('completed', 'failed')", name="final_state"),
 )
 
 accounts = Table(
@@ -252,7 +267,8 @@ accounts = Table(
     Column("tenant", String(128), nullable=False, index=True),
     Column("currency", String(3), nullable=False),
     Column("balance", BigInteger, nullable=False),
-    Column("operation_id", UUID(as_uuid=True), ForeignKey("operations.id")),
+    # the operation that opened it; kept after retention purges the operation (no foreign key)
+    Column("operation_id", UUID(as_uuid=True)),
     # the reservation epoch that opened it: one account per operation and epoch
     Column("binding_generation", Integer, nullable=False, server_default=text("1")),
     _now(),
@@ -266,7 +282,9 @@ transfers = Table(
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
     Column("tenant", String(128), nullable=False),
-    Column("operation_id", UUID(as_uuid=True), ForeignKey("operations.id"), nullable=False),
+    # the operation that moved the money: a reference kept after retention purges the
+    # operation (its tombstone keeps the id), so no foreign key
+    Column("operation_id", UUID(as_uuid=True), nullable=False),
     # one transfer per operation and reservation epoch: a forced supersede may run it again
     Column("binding_generation", Integer, nullable=False, server_default=text("1")),
     Column("source_id", UUID(as_uuid=True), ForeignKey("accounts.id"), nullable=False),

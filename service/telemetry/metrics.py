@@ -17,6 +17,14 @@ _HELP = {
     "settlement_stale_epoch_outcomes_total": (
         "Verified terminal outcomes of a superseded epoch (possible duplicate effect)."
     ),
+    "settlement_purged_operations_total": "Expired terminal operations moved to tombstones.",
+    "settlement_forgotten_tombstones_total": "Tombstones deleted after their retention.",
+}
+_GAUGE_HELP = {
+    "settlement_oldest_open_operation_age_seconds": (
+        "Age of the oldest in_progress, unknown or conflict operation (0: none), as of the "
+        "last purge pass of this process."
+    ),
 }
 
 
@@ -28,6 +36,7 @@ class Metrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counters: dict[str, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+        self._gauges: dict[str, float] = {}
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
         if name not in _HELP:
@@ -37,8 +46,16 @@ class Metrics:
             series = self._counters[name]
             series[key] = series.get(key, 0.0) + amount
 
+    def set(self, name: str, value: float) -> None:
+        if name not in _GAUGE_HELP:
+            raise KeyError(f"undeclared gauge {name}")
+        with self._lock:
+            self._gauges[name] = value
+
     def value(self, name: str, **labels: str) -> float:
         with self._lock:
+            if name in _GAUGE_HELP:
+                return self._gauges.get(name, 0.0)
             return self._counters.get(name, {}).get(tuple(sorted(labels.items())), 0.0)
 
     # -- hooks called by the settlement store and workers --------------------------------------
@@ -69,4 +86,8 @@ class Metrics:
                     rendered = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
                     suffix = f"{{{rendered}}}" if rendered else ""
                     lines.append(f"{name}{suffix} {value:g}")
+            for name, help_text in _GAUGE_HELP.items():
+                lines.append(f"# HELP {name} {help_text}")
+                lines.append(f"# TYPE {name} gauge")
+                lines.append(f"{name} {self._gauges.get(name, 0.0):g}")
         return "\n".join(lines) + "\n"

@@ -86,6 +86,20 @@ def scalar(database_url: str, sql: str, **params: Any) -> Any:
     return run(_on_database(database_url, query))
 
 
+def execute(database_url: str, sql: str, **params: Any) -> None:
+    """One statement in a transaction of its own, committed."""
+    engine = create_async_engine(async_url(database_url))
+
+    async def go() -> None:
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text(sql), params)
+        finally:
+            await engine.dispose()
+
+    run(go())
+
+
 def count_rows(database_url: str) -> dict[str, int]:
     """Row counts of every table: 'nothing written' is asserted as 'no count changed'."""
     from service.store.tables import metadata

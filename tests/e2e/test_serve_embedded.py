@@ -43,13 +43,15 @@ def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(data_dir / "serve.log").open("ab"),
     )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT * 2
         while time.monotonic() < deadline:
-            assert proc.poll() is None, "server exited during start"
+            if proc.poll() is not None:
+                said = (data_dir / "serve.log").read_text(errors="replace")[-3000:]
+                raise AssertionError(f"server exited during start ({proc.returncode}):\n{said}")
             try:
                 response = httpx.get(f"{base}/health", timeout=1.0)
             except httpx.TransportError:

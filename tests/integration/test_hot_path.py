@@ -37,6 +37,9 @@ from tests.unit.factories import make_observation
 
 pytestmark = pytest.mark.integration
 
+# the route whose retention a settled row starts (the default one here)
+ROUTE = "POST /v1/accounts"
+
 
 def key_hash(principal_id: uuid.UUID) -> bytes:
     """The key hash ``make_principal`` gives a principal."""
@@ -78,8 +81,9 @@ async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
     digest = key_hash(scope.principal_id)
     found = await store.identify(digest, scope.route, scope.idempotency_key)
     assert found is not None
-    principal, record = found
+    principal, record, tombstone = found
     assert (principal.id, principal.tenant, record) == (scope.principal_id, "acme", None)
+    assert tombstone is None
 
     attempt = await claimed(store, scope, clock)
     found = await store.identify(digest, scope.route, scope.idempotency_key)
@@ -121,7 +125,7 @@ async def test_an_unmoved_row_is_settled_without_the_lock_round(
     attempt = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
     assert runs == [1]
     assert await count(engine, accounts, accounts.c.id == account_id) == 1
@@ -147,7 +151,7 @@ async def test_a_row_demoted_meanwhile_is_settled_in_the_locked_round_and_writte
     )
     assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
     account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
     # the first run's CAS missed (revision 2, not 1) and rolled back; the locked round ran it
     # again on the current row: one account row, the completed outcome applied over unknown
     assert runs == [1, 1]
@@ -176,7 +180,7 @@ async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
     )
     assert isinstance(superseded, Supersede)
     account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs))
+    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
     # the first run's CAS missed and rolled back; the locked round saw another epoch and
     # settled the attempt's probe (ignored) without running the effect again
     assert runs == [1]
@@ -203,7 +207,7 @@ async def test_a_business_failure_is_stored_without_what_the_effect_wrote_before
             "failed", reservation=current.reservation, fencing_token=current.fencing_token
         )
 
-    settled = await store.settle_local(op, attempt, writes_then_fails)
+    settled = await store.settle_local(op, attempt, writes_then_fails, route=ROUTE)
     assert settled.record.state is OperationState.FAILED
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
     (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
@@ -244,12 +248,12 @@ async def test_a_taken_over_attempt_whose_effect_collides_is_ignored_not_an_erro
         fencing_token=taken.record.fencing_token,
         claimed=taken.record,
     )
-    done = await store.settle_local(op, owner, opens_the_account([]))
+    done = await store.settle_local(op, owner, opens_the_account([]), route=ROUTE)
     assert done.record.state is OperationState.COMPLETED
     # the stale attempt's lock-free round collides with that account row: not a 500, its
     # report is settled (and ignored) and the row stays the owner's
     runs: list[int] = []
-    late = await store.settle_local(op, stale, opens_the_account(runs))
+    late = await store.settle_local(op, stale, opens_the_account(runs), route=ROUTE)
     assert runs == [1]
     assert late.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1

@@ -24,6 +24,7 @@ from service.core import (
     Record,
     Replay,
 )
+from service.store.retention import Retention
 from service.store.rows import at, record_from_row
 from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
 from service.store.tables import (
@@ -47,6 +48,9 @@ from tests.integration.factories import (
 from tests.unit.factories import make_observation
 
 pytestmark = pytest.mark.integration
+
+# the route whose retention a settled row starts (the default one here)
+ROUTE = "POST /v1/accounts"
 
 
 async def test_new_claim_writes_operation_and_attempt_with_first_fencing_token(
@@ -128,7 +132,7 @@ async def test_stale_fencing_token_cannot_settle_after_takeover(
 async def test_completed_then_retry_replays(
     engine: AsyncEngine, clock: Clock, principal_id: uuid.UUID, scope: Scope
 ) -> None:
-    store = SettlementStore(engine, clock=clock, retention=3600)
+    store = SettlementStore(engine, clock=clock, retention=Retention(default=3600, tombstone=7200))
     first = await store.claim(scope, claim_request(principal_id, clock))
     assert first.record is not None
     operation_id = uuid.UUID(first.record.reservation.operation_id)
@@ -219,16 +223,19 @@ async def test_cas_refusal_reloads_and_reruns_all_stages(engine: AsyncEngine, cl
     class RacingUnitOfWork(UnitOfWork):
         raced = False
 
-        async def get_for_update(self, operation_id: uuid.UUID) -> Record | None:
+        async def get_for_update_with_scope(
+            self, operation_id: uuid.UUID
+        ) -> tuple[Scope, Record] | None:
             if RacingUnitOfWork.raced:
-                return await super().get_for_update(operation_id)
+                return await super().get_for_update_with_scope(operation_id)
             RacingUnitOfWork.raced = True
             # Hand back the row as it was before another writer committed revision 2.
             (row,) = await rows(engine, operations, operations.c.id == operation_id)
             async with engine.begin() as writer:
                 await _write_behind(writer, operation_id)
-            await super().get_for_update(operation_id)
-            return record_from_row(row)
+            locked = await super().get_for_update_with_scope(operation_id)
+            assert locked is not None
+            return locked[0], record_from_row(row)
 
     class RacingStore(SettlementStore):
         def unit_of_work(self) -> UnitOfWork:
@@ -276,7 +283,7 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
         raise RuntimeError("effect failed after writing")
 
     with pytest.raises(RuntimeError):
-        await store.settle_local(operation_id, attempt, failing_effect)
+        await store.settle_local(operation_id, attempt, failing_effect, route=ROUTE)
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
     unchanged = await store.get(operation_id)
     assert unchanged is not None and unchanged.state is OperationState.IN_PROGRESS
@@ -288,16 +295,16 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
         await write_account(conn)
         return completed(current, fencing_token=1)
 
-    refused = await store.settle_local(operation_id, stale, effect)
+    refused = await store.settle_local(operation_id, stale, effect, route=ROUTE)
     assert refused.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
 
-    done = await store.settle_local(operation_id, attempt, effect)
+    done = await store.settle_local(operation_id, attempt, effect, route=ROUTE)
     assert done.record.state is OperationState.COMPLETED
     assert await count(engine, accounts, accounts.c.id == account_id) == 1
 
     # A second run of the same attempt finds the row terminal: nothing is written twice.
-    again = await store.settle_local(operation_id, attempt, effect)
+    again = await store.settle_local(operation_id, attempt, effect, route=ROUTE)
     assert again.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.id == account_id) == 1
 

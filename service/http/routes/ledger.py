@@ -11,7 +11,7 @@ from litestar.params import FromPath
 from service.domain import ledger
 from service.http.auth import authenticate, require_role
 from service.http.deps import Services
-from service.http.idempotent import handle_idempotent
+from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
 from service.http.problems import problem_response
 from service.http.render import json_response
 from service.store.principals import Role
@@ -19,12 +19,22 @@ from service.store.principals import Role
 __all__ = ["get_account", "post_account", "post_transfer"]
 
 
-@post("/v1/accounts", status_code=201, summary="Open an account (idempotent)")
+@post(
+    "/v1/accounts",
+    status_code=201,
+    summary="Open an account (idempotent)",
+    description=IDEMPOTENT_DESCRIPTION,
+)
 async def post_account(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     return await handle_idempotent(request, settlement, settlement.accounts)
 
 
-@post("/v1/transfers", status_code=201, summary="Move money between accounts (idempotent)")
+@post(
+    "/v1/transfers",
+    status_code=201,
+    summary="Move money between accounts (idempotent)",
+    description=IDEMPOTENT_DESCRIPTION,
+)
 async def post_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     return await handle_idempotent(request, settlement, settlement.transfers)
 

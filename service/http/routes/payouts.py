@@ -7,13 +7,18 @@ from typing import Any
 from litestar import Request, Response, post
 
 from service.http.deps import Services
-from service.http.idempotent import handle_idempotent
+from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
 from service.http.problems import problem_response
 
 __all__ = ["post_payout"]
 
 
-@post("/v1/payouts", status_code=201, summary="Pay out through the provider (idempotent)")
+@post(
+    "/v1/payouts",
+    status_code=201,
+    summary="Pay out through the provider (idempotent)",
+    description=IDEMPOTENT_DESCRIPTION,
+)
 async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     if settlement.provider is None:  # a route this server does not offer, not an outage
         return problem_response(

@@ -1,0 +1,97 @@
+"""The retention purge (DESIGN §9): expired terminal operations become tombstones, and
+tombstones past their own retention are forgotten.
+
+A background loop in every server process (``run``), and part of ``settlement sweep``
+(``run_once`` until nothing is left). Each batch is one short transaction over at most
+``batch`` rows taken ``FOR UPDATE SKIP LOCKED``, so several processes purge side by side and
+a replay of another key never waits behind a whole purge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from service.store.retention import RetentionStore
+from service.store.rows import at
+from service.telemetry import Metrics
+
+__all__ = ["PURGE_BATCH", "Purged", "Purger"]
+
+log = logging.getLogger("settlement.purger")
+
+# Rows per transaction: a batch of this size holds its locks for milliseconds.
+PURGE_BATCH = 500
+# Batches per pass of the background loop, so one pass over a large backlog still yields to
+# the sweeper's interval; the next pass goes on where this one stopped.
+MAX_BATCHES_PER_PASS = 200
+
+
+class Purged:
+    """What one pass did."""
+
+    def __init__(self) -> None:
+        self.operations = 0
+        self.tombstones = 0
+        self.more = False
+
+
+class Purger:
+    def __init__(
+        self,
+        store: RetentionStore,
+        metrics: Metrics,
+        *,
+        interval: float,
+        clock: Callable[[], float],
+        batch: int = PURGE_BATCH,
+    ) -> None:
+        self._store = store
+        self._metrics = metrics
+        self._interval = interval
+        self._clock = clock
+        self._batch = batch
+
+    async def run_once(self, max_batches: int = MAX_BATCHES_PER_PASS) -> Purged:
+        """Purge expired operations, then forget old tombstones, batch by batch (at most
+        ``max_batches`` of each), and refresh the oldest-open-operation gauge."""
+        done = Purged()
+        for _ in range(max_batches):
+            page = await self._store.purge(self._batch, at(self._clock()))
+            done.operations += page.purged
+            if not page.full:
+                break
+        else:
+            done.more = True
+        for _ in range(max_batches):
+            page = await self._store.forget(self._batch, at(self._clock()))
+            done.tombstones += page.purged
+            if not page.full:
+                break
+        else:
+            done.more = True
+        if done.operations:
+            self._metrics.inc("settlement_purged_operations_total", done.operations)
+        if done.tombstones:
+            self._metrics.inc("settlement_forgotten_tombstones_total", done.tombstones)
+        oldest = await self._store.oldest_open()
+        age = 0.0 if oldest is None else max(0.0, self._clock() - oldest.timestamp())
+        self._metrics.set("settlement_oldest_open_operation_age_seconds", age)
+        if done.operations or done.tombstones:
+            log.info(
+                "retention purge",
+                extra={"purged_operations": done.operations, "forgot_tombstones": done.tombstones},
+            )
+        return done
+
+    async def run(self) -> None:
+        """Purge every ``interval`` seconds until cancelled; errors are logged, not fatal."""
+        while True:
+            try:
+                await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("purge failed; will retry", extra={"error": repr(exc)})
+            await asyncio.sleep(self._interval)

@@ -1,0 +1,174 @@
+"""Retention (DESIGN §9): terminal results are kept for a while, then only a tombstone is.
+
+* :class:`Retention`: how long a route's terminal results are kept, and how long a tombstone
+  remembers the key afterwards.
+* :meth:`RetentionStore.purge`: one bounded batch of expired ``completed`` / ``failed``
+  operations becomes tombstones (scope, fingerprint, operation id, final state, expiry). The
+  operation row goes with its attempts and epochs (``ON DELETE CASCADE``) and its
+  observations; effect rows (accounts, transfers) keep the operation id. Rows are taken
+  ``FOR UPDATE SKIP LOCKED``: a row another transaction holds (a settlement, a supersede) is
+  left for a later pass, and any number of processes can purge at once.
+* :meth:`RetentionStore.forget`: one bounded batch of tombstones past their retention is
+  deleted; the key is new again.
+
+``in_progress``, ``unknown`` and ``conflict`` operations are never purged: the statement
+selects only ``completed`` and ``failed`` rows.
+
+A retry racing the purge of its own operation reads the scope in one statement (one
+snapshot): it sees the row (and replays it) or the tombstone (410), never neither, because a
+purge deletes the row and writes the tombstone in one transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+
+import msgspec
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["PurgePage", "Retention", "RetentionStore", "Tombstone"]
+
+
+class Retention(msgspec.Struct, frozen=True):
+    """Seconds a terminal result is kept (``default``, or its route's own), and seconds a
+    tombstone is kept after that."""
+
+    default: float
+    tombstone: float
+    routes: Mapping[str, float] = msgspec.field(default_factory=dict)
+
+    def of(self, route: str) -> float:
+        return self.routes.get(route, self.default)
+
+
+class Tombstone(msgspec.Struct, frozen=True):
+    """What is left of a purged operation."""
+
+    tenant: str
+    principal_id: uuid.UUID
+    operation_id: uuid.UUID
+    request_fingerprint: str
+    final_state: str
+    expired_at: datetime
+    forget_at: datetime
+
+    def live(self, now: datetime) -> bool:
+        """Whether it still answers 410 (after ``forget_at`` the key is new again)."""
+        return now < self.forget_at
+
+
+class PurgePage(msgspec.Struct, frozen=True):
+    purged: int
+    full: bool
+    """the batch was full: more may be waiting"""
+
+
+_PURGE = text(
+    """
+WITH doomed AS (
+    SELECT id FROM operations
+     WHERE state IN ('completed', 'failed') AND expires_at <= :now
+     ORDER BY expires_at
+     LIMIT :batch
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM operations o USING doomed
+     WHERE o.id = doomed.id
+    RETURNING o.id, o.tenant, o.principal_id, o.route, o.idempotency_key,
+              o.request_fingerprint, o.state, o.expires_at
+), unobserved AS (
+    DELETE FROM observations WHERE operation_id IN (SELECT id FROM gone)
+), kept AS (
+    INSERT INTO tombstones (tenant, principal_id, route, idempotency_key, operation_id,
+        request_fingerprint, final_state, expired_at, forget_at)
+    SELECT tenant, principal_id, route, idempotency_key, id, request_fingerprint, state,
+           expires_at, :forget_at
+      FROM gone
+    ON CONFLICT (tenant, principal_id, route, idempotency_key) DO UPDATE
+       SET operation_id = EXCLUDED.operation_id,
+           request_fingerprint = EXCLUDED.request_fingerprint,
+           final_state = EXCLUDED.final_state,
+           expired_at = EXCLUDED.expired_at,
+           forget_at = EXCLUDED.forget_at
+)
+SELECT count(*) FROM gone
+"""
+)
+
+_FORGET = text(
+    """
+WITH doomed AS (
+    SELECT tenant, principal_id, route, idempotency_key FROM tombstones
+     WHERE forget_at <= :now
+     ORDER BY forget_at
+     LIMIT :batch
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM tombstones t USING doomed d
+     WHERE (t.tenant, t.principal_id, t.route, t.idempotency_key)
+         = (d.tenant, d.principal_id, d.route, d.idempotency_key)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+)
+
+_OLDEST_OPEN = text(
+    "SELECT min(created_at) FROM operations WHERE state IN ('in_progress', 'unknown', 'conflict')"
+)
+
+_TOMBSTONE = """SELECT tenant, principal_id, operation_id, request_fingerprint, final_state,
+       expired_at, forget_at
+  FROM tombstones"""
+_BY_ID = text(_TOMBSTONE + " WHERE operation_id = :id ORDER BY forget_at DESC LIMIT 1")
+_BY_KEY = text(
+    _TOMBSTONE + " WHERE tenant = :tenant AND principal_id = :principal_id"
+    " AND idempotency_key = :key AND (CAST(:route AS text) IS NULL OR route = :route)"
+    " ORDER BY expired_at DESC LIMIT 1"
+)
+
+
+class RetentionStore:
+    def __init__(self, engine: AsyncEngine, retention: Retention) -> None:
+        self._engine = engine
+        self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.retention = retention
+
+    async def purge(self, batch: int, now: datetime) -> PurgePage:
+        """Tombstone up to ``batch`` expired terminal operations, in one transaction."""
+        forget_at = now + timedelta(seconds=self.retention.tombstone)
+        async with self._engine.begin() as conn:
+            purged = (
+                await conn.execute(_PURGE, {"now": now, "batch": batch, "forget_at": forget_at})
+            ).scalar_one()
+        return PurgePage(purged=int(purged), full=purged >= batch)
+
+    async def forget(self, batch: int, now: datetime) -> PurgePage:
+        """Delete up to ``batch`` tombstones past their retention, in one transaction."""
+        async with self._engine.begin() as conn:
+            forgotten = (await conn.execute(_FORGET, {"now": now, "batch": batch})).scalar_one()
+        return PurgePage(purged=int(forgotten), full=forgotten >= batch)
+
+    async def oldest_open(self) -> datetime | None:
+        """When the oldest operation that is not settled for good (in_progress, unknown,
+        conflict) was created; None when there is none."""
+        async with self._reader.connect() as conn:
+            found: datetime | None = (await conn.execute(_OLDEST_OPEN)).scalar_one()
+        return found
+
+    async def by_operation(self, operation_id: uuid.UUID) -> Tombstone | None:
+        async with self._reader.connect() as conn:
+            row = (await conn.execute(_BY_ID, {"id": operation_id})).mappings().first()
+        return None if row is None else Tombstone(**row)
+
+    async def by_key(
+        self, tenant: str, principal_id: uuid.UUID, key: str, route: str | None
+    ) -> Tombstone | None:
+        """The caller's most recent tombstone under ``key`` (optionally on one route)."""
+        params = {"tenant": tenant, "principal_id": principal_id, "key": key, "route": route}
+        async with self._reader.connect() as conn:
+            row = (await conn.execute(_BY_KEY, params)).mappings().first()
+        return None if row is None else Tombstone(**row)
