@@ -4,6 +4,10 @@ The provider honours the sink idempotency key ``<operation_id>:<binding_generati
 retry of an attempt whose outcome is unknown sends the same key and can never pay twice.
 Its answer carries signed evidence of the outcome; only verified evidence becomes an
 observation.
+
+The request fingerprint of a payout covers only the route (always :data:`PAYOUT_ROUTE`, no
+path parameters) and the payout's three fields: :func:`payout_fingerprint` computes it from
+the payout alone, as the server does, so whoever pays it can recompute it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,16 @@ import msgspec
 
 from service.core import ReservationTuple
 from service.domain.currencies import ISO_4217
-from service.evidence import Evidence, SignedEvidence, verify
+from service.evidence import Evidence, SignedEvidence, fingerprint, verify
 
-__all__ = ["PayoutRequest", "ProviderClient", "ProviderUnavailable", "sink_key"]
+__all__ = [
+    "PAYOUT_ROUTE",
+    "PayoutRequest",
+    "ProviderClient",
+    "ProviderUnavailable",
+    "payout_fingerprint",
+    "sink_key",
+]
 
 log = logging.getLogger("settlement.payouts")
 
@@ -26,6 +37,9 @@ log = logging.getLogger("settlement.payouts")
 MAX_PAYOUT = 10**15
 # Largest provider answer read into memory; evidence is a few hundred bytes.
 MAX_PROVIDER_ANSWER = 64 * 1024
+
+# The scope name of the payout route: part of every payout's request fingerprint.
+PAYOUT_ROUTE = "POST /v1/payouts"
 
 Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}(?!\n)$")]
 
@@ -38,6 +52,12 @@ class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def __post_init__(self) -> None:
         if self.currency not in ISO_4217:
             raise ValueError(f"unknown currency {self.currency!r} (ISO 4217)")
+
+
+def payout_fingerprint(request: PayoutRequest) -> str:
+    """The request fingerprint of a payout, as the server computes it for ``POST /v1/payouts``
+    (no path parameters)."""
+    return fingerprint(PAYOUT_ROUTE, {}, request)
 
 
 class ProviderUnavailable(Exception):

@@ -16,8 +16,9 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from service.app.fingerprint import fingerprint
+from service.app.routes import payouts
 from service.domain.ledger import AccountRequest, TransferRequest
-from service.domain.payouts import PayoutRequest
+from service.domain.payouts import PAYOUT_ROUTE, PayoutRequest, payout_fingerprint
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from tests.contract import (
     HEADER_CHARS,
@@ -293,3 +294,14 @@ def test_the_fingerprint_is_sha256_of_the_sorted_route_path_and_filled_in_body(
         route.fingerprint(encode_json(body, True), {**path, "id": "x" + path.get("id", "")})
         != expected
     )
+
+
+@RULES
+@given(data=st.data())
+def test_a_payouts_fingerprint_needs_nothing_but_the_payout(data: st.DataObject) -> None:
+    """Whoever pays a payout can recompute its fingerprint from it with the server's rule."""
+    body = data.draw(valid_bodies(PAYOUTS), label="body")
+    server = PAYOUTS.fingerprint(encode_json(body, True))
+
+    assert payouts(None).route == PAYOUT_ROUTE == PAYOUTS.name
+    assert payout_fingerprint(PAYOUTS.decode(encode_json(body, True))) == server  # type: ignore[arg-type]
