@@ -3,6 +3,12 @@
 ``POST /payments`` honours ``Idempotency-Key`` as a sink key: the first call commits a payment
 (or, with ``decline`` armed, a declined one) and every later call with that key gets the same
 stored answer; the same key with a different body is refused with 422 and commits nothing.
+Before anything is decoded or committed, a call must be signed by the settlement server
+(:mod:`service.domain.provider_auth`: the sink key, a fresh timestamp and the exact body
+under a key derived from the provider secret), else 401. Then the body must name the
+reservation its sink key belongs to, and its ``request_fingerprint`` must be the one the
+server computes for the payout it describes (:func:`~devstack.provider.payments.paid_fingerprint`),
+else 422: evidence is only ever signed for a tuple that stands for what was paid.
 
 ``/_sim/*`` is the control surface for tests and demos: ``POST /_sim/faults`` arms faults for
 the next new payments, ``DELETE /_sim/faults`` clears them, ``GET /_sim/payments[?key=]``
@@ -16,7 +22,9 @@ that gives up (or a cancelled request) never stops it; shutdown waits for such c
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -39,9 +47,16 @@ from devstack.provider.payments import (
     PaymentRequest,
     answer_body,
     new_reference,
+    paid_fingerprint,
     record_payment,
 )
 from devstack.provider.store import Counts, PaymentStore
+from service.domain.provider_auth import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    check_request,
+    request_key,
+)
 from service.evidence import canonical
 
 __all__ = ["MAX_BODY_SIZE", "MAX_KEY_LENGTH", "create_provider_app"]
@@ -74,10 +89,11 @@ class Armed(msgspec.Struct, frozen=True):
 
 
 class Simulator:
-    """What one simulator process holds: the secret, the store, the armed faults."""
+    """What one simulator process holds: the secrets, the store, the armed faults."""
 
     def __init__(self, secret: str, db_path: Path) -> None:
         self.secret = secret
+        self.request_key = request_key(secret)
         self.db_path = db_path
         self.faults = FaultQueue()
         self._store: PaymentStore | None = None
@@ -226,13 +242,35 @@ def _decode(body: bytes, type_: type[T]) -> T:
 
 @post("/payments", status_code=201)
 async def post_payment(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    simulator = _simulator(state)
     sink_key = _sink_key(request.headers.getall("idempotency-key", []))
-    payment = _decode(await request.body(), PaymentRequest)
+    content = await request.body()
+    refused = check_request(
+        simulator.request_key,
+        method=request.method,
+        path=request.scope["path"],
+        sink_key=sink_key,
+        timestamps=request.headers.getall(TIMESTAMP_HEADER, []),
+        signatures=request.headers.getall(SIGNATURE_HEADER, []),
+        body=content,
+        now=time.time(),
+    )
+    if refused is not None:
+        log.warning("unauthenticated payment refused", extra={"reason": refused})
+        raise ClientError(401, refused)
+    payment = _decode(content, PaymentRequest)
     expected = f"{payment.operation_id}:{payment.binding_generation}"
     if sink_key != expected:
         # evidence names a reservation tuple: a key for another reservation is refused
         raise ClientError(422, f"the sink key must be {expected} for this reservation")
-    return await _simulator(state).pay(sink_key, payment)
+    try:
+        paid = paid_fingerprint(payment)
+    except msgspec.ValidationError as exc:
+        raise ClientError(400, str(exc)) from None
+    if not hmac.compare_digest(paid.encode(), payment.request_fingerprint.encode()):
+        # evidence would name a fingerprint that does not stand for this payout
+        raise ClientError(422, "request_fingerprint is not the fingerprint of this payout")
+    return await simulator.pay(sink_key, payment)
 
 
 @post("/_sim/faults", status_code=200)

@@ -13,7 +13,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+import msgspec
 
+from service.domain.provider_auth import request_key, signed_headers
 from tests.e2e.server import START_TIMEOUT, STOP_TIMEOUT, free_port
 
 SECRET = "e2e-provider-secret"
@@ -21,6 +23,25 @@ SECRET = "e2e-provider-secret"
 CALL_TIMEOUT = 5.0
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def signed(
+    content: bytes, key: str, *, secret: str = SECRET, now: float | None = None
+) -> dict[str, str]:
+    """The headers of a ``POST /payments`` the settlement server would send (``now``: the
+    time it claims to be signed at, default the clock)."""
+    return {
+        "Idempotency-Key": key,
+        "Content-Type": "application/json",
+        **signed_headers(
+            request_key(secret),
+            method="POST",
+            path="/payments",
+            sink_key=key,
+            body=content,
+            now=time.time() if now is None else now,
+        ),
+    }
 
 
 class ProviderProcess:
@@ -101,8 +122,18 @@ class ProviderProcess:
     def pay(
         self, body: dict[str, Any], key: str | None, *, timeout: float = CALL_TIMEOUT
     ) -> httpx.Response:
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return httpx.post(f"{self.base_url}/payments", json=body, headers=headers, timeout=timeout)
+        """A payment signed as the settlement server signs it (unsigned without a key)."""
+        content = msgspec.json.encode(body)
+        headers = {"Content-Type": "application/json"} if key is None else signed(content, key)
+        return self.post_payment(content, headers, timeout=timeout)
+
+    def post_payment(
+        self, content: bytes, headers: dict[str, str], *, timeout: float = CALL_TIMEOUT
+    ) -> httpx.Response:
+        """``POST /payments`` with exactly these bytes and headers."""
+        return httpx.post(
+            f"{self.base_url}/payments", content=content, headers=headers, timeout=timeout
+        )
 
     def arm(self, mode: str, count: int = 1, delay_ms: int | None = None) -> None:
         fault: dict[str, Any] = {"mode": mode, "count": count}
