@@ -59,6 +59,9 @@ class Settings:
     late_response_window: float = _setting(
         60.0, "how long a timed-out provider call may still deliver a late answer."
     )
+    sim_token: str | None = _setting(
+        None, "bearer token of the provider simulator's /_sim controls; needed off loopback."
+    )
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(
         2_592_000.0, "how long an expired key is remembered (410) before it is new again."

@@ -12,7 +12,10 @@ else 422: evidence is only ever signed for a tuple that stands for what was paid
 
 ``/_sim/*`` is the control surface for tests and demos: ``POST /_sim/faults`` arms faults for
 the next new payments, ``DELETE /_sim/faults`` clears them, ``GET /_sim/payments[?key=]``
-counts committed payments and recorded declines.
+counts committed payments and recorded declines. With a control token
+(``SETTLEMENT_SIM_TOKEN``) every ``/_sim`` call needs ``Authorization: Bearer <token>``, else
+401; without one the controls are open, which :func:`devstack.provider.run.serve` allows
+only on a loopback address.
 
 Faults apply only to a call that would create a new payment; a replay is always answered
 normally, without delay or drop. A delayed commit runs in its own shielded task, so a caller
@@ -32,11 +35,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from litestar import Litestar, Request, Response, delete, get, post
+from litestar import Litestar, Request, Response, Router, delete, get, post
 from litestar.background_tasks import BackgroundTask, BackgroundTasks
+from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie, State
 from litestar.enums import MediaType
 from litestar.exceptions import HTTPException
+from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Send, TypeEncodersMap
 
@@ -74,10 +79,11 @@ MAX_KEY_LENGTH = 255
 class ClientError(Exception):
     """A request the simulator refuses; answered as ``{"error": message}``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -91,9 +97,10 @@ class Armed(msgspec.Struct, frozen=True):
 class Simulator:
     """What one simulator process holds: the secrets, the store, the armed faults."""
 
-    def __init__(self, secret: str, db_path: Path) -> None:
+    def __init__(self, secret: str, db_path: Path, sim_token: str | None = None) -> None:
         self.secret = secret
         self.request_key = request_key(secret)
+        self.sim_token = sim_token
         self.db_path = db_path
         self.faults = FaultQueue()
         self._store: PaymentStore | None = None
@@ -273,7 +280,32 @@ async def post_payment(request: Request[Any, Any, Any], state: State) -> Respons
     return await simulator.pay(sink_key, payment)
 
 
-@post("/_sim/faults", status_code=200)
+def _bearer(values: list[str]) -> bytes | None:
+    """The credentials of the one ``Authorization: Bearer`` header, as the bytes sent."""
+    if len(values) != 1:
+        return None
+    scheme, _, credentials = values[0].strip(" \t").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    # latin-1 gives back the header's bytes as they came (headers are decoded as latin-1)
+    return credentials.strip(" ").encode("latin-1", errors="replace")
+
+
+def _control_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard of ``/_sim``: with a control token set, ``Authorization: Bearer <token>``."""
+    simulator: Simulator = connection.app.state.simulator
+    if simulator.sim_token is None:
+        return
+    given = _bearer(connection.headers.getall("authorization", []))
+    if given is None or not hmac.compare_digest(given, simulator.sim_token.encode()):
+        raise ClientError(
+            401,
+            "the simulator controls need Authorization: Bearer <SETTLEMENT_SIM_TOKEN>",
+            headers={"WWW-Authenticate": 'Bearer realm="provider-simulator"'},
+        )
+
+
+@post("/faults", status_code=200)
 async def arm_faults(request: Request[Any, Any, Any], state: State) -> Armed:
     faults = _simulator(state).faults
     try:
@@ -283,19 +315,19 @@ async def arm_faults(request: Request[Any, Any, Any], state: State) -> Armed:
     return Armed(armed=faults.armed())
 
 
-@get("/_sim/faults")
+@get("/faults")
 async def list_faults(state: State) -> Armed:
     return Armed(armed=_simulator(state).faults.armed())
 
 
-@delete("/_sim/faults", status_code=200)
+@delete("/faults", status_code=200)
 async def clear_faults(state: State) -> Armed:
     faults = _simulator(state).faults
     faults.clear()
     return Armed(armed=faults.armed())
 
 
-@get("/_sim/payments")
+@get("/payments")
 async def count_payments(state: State, key: str | None = None) -> Counts:
     return await asyncio.to_thread(_simulator(state).store.counts, key)
 
@@ -306,7 +338,7 @@ async def health() -> Health:
 
 
 def _client_error(request: Request[Any, Any, Any], exc: ClientError) -> Response[Any]:
-    return Response({"error": exc.message}, status_code=exc.status)
+    return Response({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -318,11 +350,21 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
     return Response({"error": "internal error"}, status_code=500)
 
 
-def create_provider_app(secret: str, db_path: Path) -> Litestar:
-    """The simulator app; its SQLite store at ``db_path`` is opened by the lifespan."""
+def create_provider_app(secret: str, db_path: Path, *, sim_token: str | None = None) -> Litestar:
+    """The simulator app; its SQLite store at ``db_path`` is opened by the lifespan.
+
+    ``sim_token``, when given, is the bearer token every ``/_sim`` call must carry.
+    """
     if not secret:
         raise ValueError("the provider secret must not be empty")
-    simulator = Simulator(secret, db_path)
+    if sim_token == "":
+        raise ValueError("the control token must not be empty (None leaves the controls open)")
+    simulator = Simulator(secret, db_path, sim_token)
+    controls = Router(
+        path="/_sim",
+        route_handlers=[arm_faults, list_faults, clear_faults, count_payments],
+        guards=[_control_token],
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -334,14 +376,7 @@ def create_provider_app(secret: str, db_path: Path) -> Litestar:
             await simulator.close()
 
     return Litestar(
-        route_handlers=[
-            post_payment,
-            arm_faults,
-            list_faults,
-            clear_faults,
-            count_payments,
-            health,
-        ],
+        route_handlers=[post_payment, controls, health],
         state=State({"simulator": simulator}),
         lifespan=[lifespan],
         exception_handlers={

@@ -1,10 +1,14 @@
 """The provider simulator as a real process over HTTP: one payment per sink key, signed
 evidence, faults that behave like a real provider's failures, and a store that survives; it
-pays only calls the settlement server signed, and only for the fingerprint of what it pays."""
+pays only calls the settlement server signed, only for the fingerprint of what it pays, and
+its controls are locked by a token (and need one off loopback)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,10 +22,12 @@ import httpx
 import msgspec
 import pytest
 
+from devstack.provider.faults import MAX_FAULT_COUNT
 from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.domain.provider_auth import MAX_CLOCK_SKEW
 from service.evidence import SignedEvidence, verify
 from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess, signed
+from tests.e2e.server import START_TIMEOUT, free_port
 
 # Concurrent identical calls in the one-winner test.
 CONCURRENT_CALLS = 20
@@ -29,6 +35,10 @@ CONCURRENT_CALLS = 20
 DELAY_MS = 1500
 CLIENT_TIMEOUT = 0.3
 COMMIT_DEADLINE = 3.0
+
+
+# The control token of the locked simulator.
+SIM_TOKEN = "sim-control-token"
 
 
 def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
@@ -360,8 +370,15 @@ def test_fault_control_validates_its_input(provider: ProviderProcess) -> None:
         {"mode": "delay", "count": 1},
         {"mode": "decline", "count": 1, "delay_ms": 10},
         {"mode": "delay", "count": 1, "delay_ms": -1},
+        {"mode": "decline", "count": MAX_FAULT_COUNT + 1},
+        {"mode": "error_5xx", "count": 10**30},
     ):
         assert httpx.post(url, json=bad, timeout=CALL_TIMEOUT).status_code == 400, bad
+    assert httpx.get(url, timeout=CALL_TIMEOUT).json() == {"armed": []}
+
+    most = {"mode": "decline", "count": MAX_FAULT_COUNT}
+    assert httpx.post(url, json=most, timeout=CALL_TIMEOUT).json() == {"armed": [most]}
+    httpx.delete(url, timeout=CALL_TIMEOUT)
 
     armed = httpx.post(url, json={"mode": "delay", "count": 2, "delay_ms": 5}, timeout=CALL_TIMEOUT)
     assert armed.json() == {"armed": [{"mode": "delay", "count": 2, "delay_ms": 5}]}
@@ -477,3 +494,94 @@ def test_a_signed_payment_for_another_fingerprint_is_422_and_commits_nothing(
 
     assert refused.status_code == 422
     assert provider.counts(key) == {"count": 0, "declines": 0}
+
+
+# -- the controls: a bearer token, and none needed only on loopback ----------------------------
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[ProviderProcess]:
+    with ProviderProcess(sim_token=SIM_TOKEN) as proc:
+        yield proc
+
+
+CONTROLS = [
+    ("POST", "/_sim/faults", {"mode": "decline", "count": 1}),
+    ("GET", "/_sim/faults", None),
+    ("DELETE", "/_sim/faults", None),
+    ("GET", "/_sim/payments", None),
+]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-token", f"Bearer {SIM_TOKEN}x", f"Basic {SIM_TOKEN}", SIM_TOKEN, "Bearer"],
+    ids=["missing", "wrong", "longer", "basic", "no-scheme", "no-token"],
+)
+def test_controls_with_a_token_set_refuse_a_call_without_it(
+    locked: ProviderProcess, authorization: str | None
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for method, path, body in CONTROLS:
+        refused = httpx.request(
+            method, f"{locked.base_url}{path}", json=body, headers=headers, timeout=CALL_TIMEOUT
+        )
+        assert refused.status_code == 401, (method, path, refused.text)
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "armed" not in refused.json() and "count" not in refused.json()
+    good = httpx.get(
+        f"{locked.base_url}/_sim/faults", headers=locked.control_headers(), timeout=CALL_TIMEOUT
+    )
+    assert good.json() == {"armed": []}  # the refused POST armed nothing
+
+
+def test_controls_with_a_token_set_take_the_token(locked: ProviderProcess) -> None:
+    body, key = make_payment()
+    locked.arm("decline")  # sends Authorization: Bearer <token>, asserts 200
+
+    declined = locked.pay(body, key)  # payments are authenticated by their MAC, not the token
+
+    assert declined.status_code == 402
+    assert locked.counts(key) == {"count": 0, "declines": 1}
+    lower = httpx.get(
+        f"{locked.base_url}/_sim/payments",
+        params={"key": key},
+        headers={"Authorization": f"bearer {SIM_TOKEN}"},
+        timeout=CALL_TIMEOUT,
+    )
+    assert lower.json() == {"count": 0, "declines": 1}
+    assert httpx.get(f"{locked.base_url}/health", timeout=CALL_TIMEOUT).status_code == 200
+
+
+def _start_simulator(host: str, *args: str, token: str | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SETTLEMENT_SIM_TOKEN"}
+    env["SETTLEMENT_PROVIDER_SECRET"] = SECRET
+    if token is not None:
+        env["SETTLEMENT_SIM_TOKEN"] = token
+    return subprocess.Popen(
+        [sys.executable, *args, "--host", host, "--port", str(free_port())],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "provider.example"])
+@pytest.mark.parametrize(
+    "command",
+    [("-m", "devstack.provider", "--db"), ("-m", "service.cli", "provider-sim", "--db")],
+    ids=["module", "cli"],
+)
+def test_simulator_refuses_to_start_off_loopback_without_a_token(
+    tmp_path: Path, host: str, command: tuple[str, ...]
+) -> None:
+    db = tmp_path / "provider.sqlite3"
+    proc = _start_simulator(host, *command, str(db))
+    try:
+        output, _ = proc.communicate(timeout=START_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, output
+    assert "SETTLEMENT_SIM_TOKEN" in output and "loopback" in output, output
+    assert not db.exists()  # refused before opening anything

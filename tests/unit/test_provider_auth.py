@@ -1,6 +1,6 @@
-"""Signed provider calls, as pure functions: a call verifies only with every covered part
-unchanged, only within the clock window, only under the key derived from the shared
-secret."""
+"""Signed provider calls and the simulator's bind rule, as pure functions: a call verifies
+only with every covered part unchanged, only within the clock window, only under the key
+derived from the shared secret; the controls stay open only on loopback."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import hmac
 
 import pytest
 
+from devstack.provider.run import UnsafeBind, check_bind
 from service.domain.provider_auth import (
     MAX_CLOCK_SKEW,
     SIGNATURE_HEADER,
@@ -121,3 +122,15 @@ def test_the_request_key_is_not_the_evidence_key() -> None:
     )
     assert signature == hmac.new(key, message, "sha256").hexdigest()
     assert signature != hmac.new(SECRET.encode(), message, "sha256").hexdigest()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.8.9.10", "::1", "localhost"])
+def test_loopback_binds_need_no_token(host: str) -> None:
+    check_bind(host, None)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "provider.example", "[::1]"])
+def test_other_binds_need_a_token(host: str) -> None:
+    with pytest.raises(UnsafeBind, match="SETTLEMENT_SIM_TOKEN"):
+        check_bind(host, None)
+    check_bind(host, "a-token")
