@@ -50,12 +50,17 @@ class Settings:
     max_wait: float = _setting(10.0, "cap for Prefer: wait, so a client cannot pin a worker.")
     body_limit: int = _setting(1_048_576, "largest request body read into memory, in bytes.")
     provider_url: str | None = _setting(None, "downstream provider base URL for payouts.")
-    provider_secret: str | None = _setting(None, "HMAC key for provider evidence.")
+    provider_secret: str | None = _setting(
+        None, "HMAC key for provider evidence and, derived from it, for payment calls."
+    )
     provider_timeout: float = _setting(
         2.0, "per-attempt provider call timeout; past it the outcome is unknown."
     )
     late_response_window: float = _setting(
         60.0, "how long a timed-out provider call may still deliver a late answer."
+    )
+    sim_token: str | None = _setting(
+        None, "bearer token of the provider simulator's /_sim controls; needed off loopback."
     )
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(

@@ -6,6 +6,13 @@ the JSON of the evidence object with keys sorted at every level, no whitespace. 
 result body is the canonical JSON of ``result.body``, with content type ``application/json``
 for a success and ``application/problem+json`` for a failure, so the server's stored digest
 and the provider's ``result_digest`` agree byte for byte.
+
+The request fingerprint lives here too, because evidence carries it and the provider
+simulator recomputes it from the payment it makes: SHA-256 (hex) of the JSON encoding, with
+object keys sorted, of ``{"route": <method and path template>, "path": <path parameters>,
+"body": <the decoded, validated request Struct with every default filled in>}``. Key order,
+whitespace, and omitting a field versus sending its default do not change it; any
+semantically different value does.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ __all__ = [
     "SignedEvidence",
     "canonical",
     "content_type_for",
+    "fingerprint",
     "observation_of",
     "result_digest",
     "sign",
@@ -70,6 +78,15 @@ class SignedEvidence(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
+
+
+def fingerprint(route: str, path_params: dict[str, Any], body: msgspec.Struct) -> str:
+    """The request fingerprint of ``body`` on ``route`` (the rule is in the module docstring)."""
+    encoded = msgspec.json.encode(
+        {"route": route, "path": path_params, "body": msgspec.to_builtins(body)},
+        order="sorted",
+    )
+    return hashlib.sha256(encoded).hexdigest()
 
 
 def content_type_for(outcome: str) -> str:

@@ -1,6 +1,8 @@
 """``python -m devstack.provider --port P --db FILE [--secret S]``.
 
 The secret defaults to ``SETTLEMENT_PROVIDER_SECRET``; logs follow ``SETTLEMENT_LOG_FORMAT``.
+``SETTLEMENT_SIM_TOKEN``, when set, is the bearer token the ``/_sim`` controls require; without
+it the simulator starts only on a loopback address.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from devstack.provider.run import serve
+from devstack.provider.run import UnsafeBind, check_bind, serve
 from service.config import ConfigError, Settings
 from service.logs import configure_logging
 
@@ -36,8 +38,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     secret = args.secret or settings.provider_secret
     if not secret:
         parser.exit(2, "provider: pass --secret or set SETTLEMENT_PROVIDER_SECRET\n")
+    try:
+        check_bind(args.host, settings.sim_token)
+    except UnsafeBind as exc:
+        parser.exit(2, f"provider: {exc}\n")
     configure_logging(settings)
-    serve(host=args.host, port=args.port, secret=secret, db_path=args.db)
+    serve(
+        host=args.host,
+        port=args.port,
+        secret=secret,
+        db_path=args.db,
+        sim_token=settings.sim_token,
+    )
     return 0
 
 

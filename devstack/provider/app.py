@@ -3,10 +3,19 @@
 ``POST /payments`` honours ``Idempotency-Key`` as a sink key: the first call commits a payment
 (or, with ``decline`` armed, a declined one) and every later call with that key gets the same
 stored answer; the same key with a different body is refused with 422 and commits nothing.
+Before anything is decoded or committed, a call must be signed by the settlement server
+(:mod:`service.domain.provider_auth`: the sink key, a fresh timestamp and the exact body
+under a key derived from the provider secret), else 401. Then the body must name the
+reservation its sink key belongs to, and its ``request_fingerprint`` must be the one the
+server computes for the payout it describes (:func:`~devstack.provider.payments.paid_fingerprint`),
+else 422: evidence is only ever signed for a tuple that stands for what was paid.
 
 ``/_sim/*`` is the control surface for tests and demos: ``POST /_sim/faults`` arms faults for
 the next new payments, ``DELETE /_sim/faults`` clears them, ``GET /_sim/payments[?key=]``
-counts committed payments and recorded declines.
+counts committed payments and recorded declines. With a control token
+(``SETTLEMENT_SIM_TOKEN``) every ``/_sim`` call needs ``Authorization: Bearer <token>``, else
+401; without one the controls are open, which :func:`devstack.provider.run.serve` allows
+only on a loopback address.
 
 Faults apply only to a call that would create a new payment; a replay is always answered
 normally, without delay or drop. A delayed commit runs in its own shielded task, so a caller
@@ -16,7 +25,9 @@ that gives up (or a cancelled request) never stops it; shutdown waits for such c
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -24,11 +35,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
-from litestar import Litestar, Request, Response, delete, get, post
+from litestar import Litestar, Request, Response, Router, delete, get, post
 from litestar.background_tasks import BackgroundTask, BackgroundTasks
+from litestar.connection import ASGIConnection
 from litestar.datastructures import Cookie, State
 from litestar.enums import MediaType
 from litestar.exceptions import HTTPException
+from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Send, TypeEncodersMap
 
@@ -39,9 +52,16 @@ from devstack.provider.payments import (
     PaymentRequest,
     answer_body,
     new_reference,
+    paid_fingerprint,
     record_payment,
 )
 from devstack.provider.store import Counts, PaymentStore
+from service.domain.provider_auth import (
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    check_request,
+    request_key,
+)
 from service.evidence import canonical
 
 __all__ = ["MAX_BODY_SIZE", "MAX_KEY_LENGTH", "create_provider_app"]
@@ -59,10 +79,11 @@ MAX_KEY_LENGTH = 255
 class ClientError(Exception):
     """A request the simulator refuses; answered as ``{"error": message}``."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
 
 
 class Health(msgspec.Struct, frozen=True):
@@ -74,10 +95,12 @@ class Armed(msgspec.Struct, frozen=True):
 
 
 class Simulator:
-    """What one simulator process holds: the secret, the store, the armed faults."""
+    """What one simulator process holds: the secrets, the store, the armed faults."""
 
-    def __init__(self, secret: str, db_path: Path) -> None:
+    def __init__(self, secret: str, db_path: Path, sim_token: str | None = None) -> None:
         self.secret = secret
+        self.request_key = request_key(secret)
+        self.sim_token = sim_token
         self.db_path = db_path
         self.faults = FaultQueue()
         self._store: PaymentStore | None = None
@@ -226,16 +249,63 @@ def _decode(body: bytes, type_: type[T]) -> T:
 
 @post("/payments", status_code=201)
 async def post_payment(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    simulator = _simulator(state)
     sink_key = _sink_key(request.headers.getall("idempotency-key", []))
-    payment = _decode(await request.body(), PaymentRequest)
+    content = await request.body()
+    refused = check_request(
+        simulator.request_key,
+        method=request.method,
+        path=request.scope["path"],
+        sink_key=sink_key,
+        timestamps=request.headers.getall(TIMESTAMP_HEADER, []),
+        signatures=request.headers.getall(SIGNATURE_HEADER, []),
+        body=content,
+        now=time.time(),
+    )
+    if refused is not None:
+        log.warning("unauthenticated payment refused", extra={"reason": refused})
+        raise ClientError(401, refused)
+    payment = _decode(content, PaymentRequest)
     expected = f"{payment.operation_id}:{payment.binding_generation}"
     if sink_key != expected:
         # evidence names a reservation tuple: a key for another reservation is refused
         raise ClientError(422, f"the sink key must be {expected} for this reservation")
-    return await _simulator(state).pay(sink_key, payment)
+    try:
+        paid = paid_fingerprint(payment)
+    except msgspec.ValidationError as exc:
+        raise ClientError(400, str(exc)) from None
+    if not hmac.compare_digest(paid.encode(), payment.request_fingerprint.encode()):
+        # evidence would name a fingerprint that does not stand for this payout
+        raise ClientError(422, "request_fingerprint is not the fingerprint of this payout")
+    return await simulator.pay(sink_key, payment)
 
 
-@post("/_sim/faults", status_code=200)
+def _bearer(values: list[str]) -> bytes | None:
+    """The credentials of the one ``Authorization: Bearer`` header, as the bytes sent."""
+    if len(values) != 1:
+        return None
+    scheme, _, credentials = values[0].strip(" \t").partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    # latin-1 gives back the header's bytes as they came (headers are decoded as latin-1)
+    return credentials.strip(" ").encode("latin-1", errors="replace")
+
+
+def _control_token(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard of ``/_sim``: with a control token set, ``Authorization: Bearer <token>``."""
+    simulator: Simulator = connection.app.state.simulator
+    if simulator.sim_token is None:
+        return
+    given = _bearer(connection.headers.getall("authorization", []))
+    if given is None or not hmac.compare_digest(given, simulator.sim_token.encode()):
+        raise ClientError(
+            401,
+            "the simulator controls need Authorization: Bearer <SETTLEMENT_SIM_TOKEN>",
+            headers={"WWW-Authenticate": 'Bearer realm="provider-simulator"'},
+        )
+
+
+@post("/faults", status_code=200)
 async def arm_faults(request: Request[Any, Any, Any], state: State) -> Armed:
     faults = _simulator(state).faults
     try:
@@ -245,19 +315,19 @@ async def arm_faults(request: Request[Any, Any, Any], state: State) -> Armed:
     return Armed(armed=faults.armed())
 
 
-@get("/_sim/faults")
+@get("/faults")
 async def list_faults(state: State) -> Armed:
     return Armed(armed=_simulator(state).faults.armed())
 
 
-@delete("/_sim/faults", status_code=200)
+@delete("/faults", status_code=200)
 async def clear_faults(state: State) -> Armed:
     faults = _simulator(state).faults
     faults.clear()
     return Armed(armed=faults.armed())
 
 
-@get("/_sim/payments")
+@get("/payments")
 async def count_payments(state: State, key: str | None = None) -> Counts:
     return await asyncio.to_thread(_simulator(state).store.counts, key)
 
@@ -268,7 +338,7 @@ async def health() -> Health:
 
 
 def _client_error(request: Request[Any, Any, Any], exc: ClientError) -> Response[Any]:
-    return Response({"error": exc.message}, status_code=exc.status)
+    return Response({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -280,11 +350,21 @@ def _internal_error(request: Request[Any, Any, Any], exc: Exception) -> Response
     return Response({"error": "internal error"}, status_code=500)
 
 
-def create_provider_app(secret: str, db_path: Path) -> Litestar:
-    """The simulator app; its SQLite store at ``db_path`` is opened by the lifespan."""
+def create_provider_app(secret: str, db_path: Path, *, sim_token: str | None = None) -> Litestar:
+    """The simulator app; its SQLite store at ``db_path`` is opened by the lifespan.
+
+    ``sim_token``, when given, is the bearer token every ``/_sim`` call must carry.
+    """
     if not secret:
         raise ValueError("the provider secret must not be empty")
-    simulator = Simulator(secret, db_path)
+    if sim_token == "":
+        raise ValueError("the control token must not be empty (None leaves the controls open)")
+    simulator = Simulator(secret, db_path, sim_token)
+    controls = Router(
+        path="/_sim",
+        route_handlers=[arm_faults, list_faults, clear_faults, count_payments],
+        guards=[_control_token],
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -296,14 +376,7 @@ def create_provider_app(secret: str, db_path: Path) -> Litestar:
             await simulator.close()
 
     return Litestar(
-        route_handlers=[
-            post_payment,
-            arm_faults,
-            list_faults,
-            clear_faults,
-            count_payments,
-            health,
-        ],
+        route_handlers=[post_payment, controls, health],
         state=State({"simulator": simulator}),
         lifespan=[lifespan],
         exception_handlers={

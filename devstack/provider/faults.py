@@ -14,6 +14,7 @@ import msgspec
 
 __all__ = [
     "MAX_DELAY_MS",
+    "MAX_FAULT_COUNT",
     "MAX_FAULT_ENTRIES",
     "Fault",
     "FaultError",
@@ -24,6 +25,9 @@ __all__ = [
 
 # A delay past this is a hung provider, not a slow one; it also bounds a graceful shutdown.
 MAX_DELAY_MS = 120_000
+# Payments one arming request covers: more than any test or demo needs, and a fault that
+# outlives the run that armed it is a misconfiguration, not a scenario.
+MAX_FAULT_COUNT = 1_000
 # Arming requests kept at once; bounds the simulator's memory against a runaway test.
 MAX_FAULT_ENTRIES = 1_000
 
@@ -39,7 +43,7 @@ class FaultRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The body of ``POST /_sim/faults``."""
 
     mode: FaultMode
-    count: Annotated[int, msgspec.Meta(ge=1)]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_FAULT_COUNT)]
     delay_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DELAY_MS)] | None = None
 
 

@@ -3,6 +3,14 @@
 One payment per sink key. A payment is either ``completed`` (HTTP 201, evidence outcome
 ``completed``) or ``declined`` (HTTP 402, evidence outcome ``failed``); either way the row is
 the answer, and every later call with the same sink key gets exactly the same bytes back.
+
+The evidence names the caller's reservation tuple, so the simulator signs only a tuple that
+describes what it pays: :func:`paid_fingerprint` recomputes the request fingerprint from the
+payment's own beneficiary, amount and currency with the server's function
+(:func:`service.domain.payouts.payout_fingerprint`, which covers nothing else: the payout
+route has no path parameters and the fingerprint no tenant or principal), and the app
+refuses a call whose ``request_fingerprint`` differs. Paying ``MALLORY`` under a victim's
+tuple would need a beneficiary with the victim's fingerprint: a SHA-256 preimage.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.evidence import (
     Evidence,
     EvidenceResult,
@@ -31,6 +40,7 @@ __all__ = [
     "PaymentRequest",
     "answer_body",
     "new_reference",
+    "paid_fingerprint",
     "record_payment",
 ]
 
@@ -73,6 +83,20 @@ class _Answer(msgspec.Struct):
     reference: str
     evidence: msgspec.Raw
     signature: str
+
+
+def paid_fingerprint(request: PaymentRequest) -> str:
+    """The fingerprint of the payout this payment makes, computed as the server computes it.
+
+    Raises ``msgspec.ValidationError`` when the payout is not one the server would accept
+    (its schema is stricter than the payment's), since no reservation can stand for it.
+    """
+    fields = {
+        "beneficiary": request.beneficiary,
+        "amount": request.amount,
+        "currency": request.currency,
+    }
+    return payout_fingerprint(msgspec.convert(fields, type=PayoutRequest))
 
 
 def new_reference() -> str:

@@ -8,7 +8,12 @@ import msgspec
 from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
 from service.core import ReservationTuple
 from service.domain import ledger
-from service.domain.payouts import PayoutRequest, ProviderClient, ProviderUnavailable
+from service.domain.payouts import (
+    PAYOUT_ROUTE,
+    PayoutRequest,
+    ProviderClient,
+    ProviderUnavailable,
+)
 from service.evidence import SignedEvidence
 
 __all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
@@ -50,4 +55,4 @@ def payouts(provider: ProviderClient | None) -> IdempotentRoute:
             raise ProviderUnavailable("no provider is configured (SETTLEMENT_PROVIDER_URL)")
         return await provider.pay(reservation, body)
 
-    return IdempotentRoute(route="POST /v1/payouts", body_type=PayoutRequest, external=pay)
+    return IdempotentRoute(route=PAYOUT_ROUTE, body_type=PayoutRequest, external=pay)

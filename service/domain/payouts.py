@@ -4,11 +4,20 @@ The provider honours the sink idempotency key ``<operation_id>:<binding_generati
 retry of an attempt whose outcome is unknown sends the same key and can never pay twice.
 Its answer carries signed evidence of the outcome; only verified evidence becomes an
 observation.
+
+Every call is signed (:mod:`service.domain.provider_auth`): method, path, sink key, a
+timestamp and the exact body bytes, under a key derived from the provider secret. The body
+names the reservation tuple and the payout itself; the request fingerprint covers only the
+route (always :data:`PAYOUT_ROUTE`, no path parameters) and the payout's three fields, so
+the provider recomputes it with :func:`payout_fingerprint` from what it is asked to pay and
+refuses a body whose fingerprint is not the one claimed. Evidence naming a reservation
+therefore always describes the payout that reservation's fingerprint stands for.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated
 
 import httpx
@@ -16,9 +25,17 @@ import msgspec
 
 from service.core import ReservationTuple
 from service.domain.currencies import ISO_4217
-from service.evidence import Evidence, SignedEvidence, verify
+from service.domain.provider_auth import request_key, signed_headers
+from service.evidence import Evidence, SignedEvidence, fingerprint, verify
 
-__all__ = ["PayoutRequest", "ProviderClient", "ProviderUnavailable", "sink_key"]
+__all__ = [
+    "PAYOUT_ROUTE",
+    "PayoutRequest",
+    "ProviderClient",
+    "ProviderUnavailable",
+    "payout_fingerprint",
+    "sink_key",
+]
 
 log = logging.getLogger("settlement.payouts")
 
@@ -26,6 +43,11 @@ log = logging.getLogger("settlement.payouts")
 MAX_PAYOUT = 10**15
 # Largest provider answer read into memory; evidence is a few hundred bytes.
 MAX_PROVIDER_ANSWER = 64 * 1024
+
+# The scope name of the payout route: part of every payout's request fingerprint.
+PAYOUT_ROUTE = "POST /v1/payouts"
+# Where the provider takes payments.
+PAYMENTS_PATH = "/payments"
 
 Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}(?!\n)$")]
 
@@ -38,6 +60,12 @@ class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def __post_init__(self) -> None:
         if self.currency not in ISO_4217:
             raise ValueError(f"unknown currency {self.currency!r} (ISO 4217)")
+
+
+def payout_fingerprint(request: PayoutRequest) -> str:
+    """The request fingerprint of a payout, as the server computes it for ``POST /v1/payouts``
+    (no path parameters); the provider recomputes it from the payment it is asked to make."""
+    return fingerprint(PAYOUT_ROUTE, {}, request)
 
 
 class ProviderUnavailable(Exception):
@@ -53,6 +81,7 @@ class ProviderClient:
 
     def __init__(self, base_url: str, secret: str, *, timeout: float) -> None:
         self._secret = secret
+        self._request_key = request_key(secret)
         self._client = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(timeout),
@@ -72,10 +101,26 @@ class ProviderClient:
             "amount": request.amount,
             "currency": request.currency,
         }
-        try:
-            response = await self._client.post(
-                "/payments", json=body, headers={"Idempotency-Key": sink_key(reservation)}
+        key = sink_key(reservation)
+        content = msgspec.json.encode(body)
+        call = self._client.build_request(
+            "POST",
+            PAYMENTS_PATH,
+            content=content,
+            headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+        )
+        call.headers.update(
+            signed_headers(
+                self._request_key,
+                method=call.method,
+                path=call.url.path,
+                sink_key=key,
+                body=content,
+                now=time.time(),
             )
+        )
+        try:
+            response = await self._client.send(call)
         except httpx.HTTPError as exc:
             raise ProviderUnavailable(f"provider call failed: {exc!r}") from exc
         if response.status_code >= 500:

@@ -13,7 +13,9 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
+import msgspec
 
+from service.domain.provider_auth import request_key, signed_headers
 from tests.e2e.server import START_TIMEOUT, STOP_TIMEOUT, free_port
 
 SECRET = "e2e-provider-secret"
@@ -23,15 +25,37 @@ CALL_TIMEOUT = 5.0
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def signed(
+    content: bytes, key: str, *, secret: str = SECRET, now: float | None = None
+) -> dict[str, str]:
+    """The headers of a ``POST /payments`` the settlement server would send (``now``: the
+    time it claims to be signed at, default the clock)."""
+    return {
+        "Idempotency-Key": key,
+        "Content-Type": "application/json",
+        **signed_headers(
+            request_key(secret),
+            method="POST",
+            path="/payments",
+            sink_key=key,
+            body=content,
+            now=time.time() if now is None else now,
+        ),
+    }
+
+
 class ProviderProcess:
     """``python -m devstack.provider`` on a free port, with its secret from the environment.
 
     Payments go to ``db_path`` (default: a throw-away file); ``output()`` is what it logged.
+    ``sim_token`` is its ``SETTLEMENT_SIM_TOKEN`` (default unset: open controls on loopback),
+    which the control calls here send.
     """
 
-    def __init__(self, db_path: Path | None = None) -> None:
+    def __init__(self, db_path: Path | None = None, *, sim_token: str | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.sim_token = sim_token
         self._dir = tempfile.TemporaryDirectory(prefix="settlement-provider-")
         self.db_path = db_path or Path(self._dir.name) / "provider.sqlite3"
         self._log_path = Path(self._dir.name) / "provider.log"
@@ -49,7 +73,7 @@ class ProviderProcess:
                     "--db",
                     str(self.db_path),
                 ],
-                env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": SECRET},
+                env=self._env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
@@ -81,6 +105,13 @@ class ProviderProcess:
                 self.proc.wait()
         return self.proc.returncode
 
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "SETTLEMENT_SIM_TOKEN"}
+        env["SETTLEMENT_PROVIDER_SECRET"] = SECRET
+        if self.sim_token is not None:
+            env["SETTLEMENT_SIM_TOKEN"] = self.sim_token
+        return env
+
     def output(self) -> str:
         return self._log_path.read_text(errors="replace")
 
@@ -101,25 +132,50 @@ class ProviderProcess:
     def pay(
         self, body: dict[str, Any], key: str | None, *, timeout: float = CALL_TIMEOUT
     ) -> httpx.Response:
-        headers = {} if key is None else {"Idempotency-Key": key}
-        return httpx.post(f"{self.base_url}/payments", json=body, headers=headers, timeout=timeout)
+        """A payment signed as the settlement server signs it (unsigned without a key)."""
+        content = msgspec.json.encode(body)
+        headers = {"Content-Type": "application/json"} if key is None else signed(content, key)
+        return self.post_payment(content, headers, timeout=timeout)
+
+    def post_payment(
+        self, content: bytes, headers: dict[str, str], *, timeout: float = CALL_TIMEOUT
+    ) -> httpx.Response:
+        """``POST /payments`` with exactly these bytes and headers."""
+        return httpx.post(
+            f"{self.base_url}/payments", content=content, headers=headers, timeout=timeout
+        )
+
+    def control_headers(self) -> dict[str, str]:
+        return {} if self.sim_token is None else {"Authorization": f"Bearer {self.sim_token}"}
 
     def arm(self, mode: str, count: int = 1, delay_ms: int | None = None) -> None:
         fault: dict[str, Any] = {"mode": mode, "count": count}
         if delay_ms is not None:
             fault["delay_ms"] = delay_ms
-        response = httpx.post(f"{self.base_url}/_sim/faults", json=fault, timeout=CALL_TIMEOUT)
+        response = httpx.post(
+            f"{self.base_url}/_sim/faults",
+            json=fault,
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
         assert response.status_code == 200, response.text
 
     def clear_faults(self) -> None:
-        response = httpx.delete(f"{self.base_url}/_sim/faults", timeout=CALL_TIMEOUT)
+        response = httpx.delete(
+            f"{self.base_url}/_sim/faults", headers=self.control_headers(), timeout=CALL_TIMEOUT
+        )
         assert response.status_code == 200, response.text
         assert response.json() == {"armed": []}
 
     def counts(self, key: str | None = None) -> dict[str, int]:
         """``{count, declines}`` of one sink key, or of every payment."""
         params = {} if key is None else {"key": key}
-        response = httpx.get(f"{self.base_url}/_sim/payments", params=params, timeout=CALL_TIMEOUT)
+        response = httpx.get(
+            f"{self.base_url}/_sim/payments",
+            params=params,
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
         assert response.status_code == 200, response.text
         counts: dict[str, int] = response.json()
         return counts

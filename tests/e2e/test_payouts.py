@@ -19,6 +19,7 @@ import httpx
 import msgspec
 import pytest
 
+from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.evidence import (
     Evidence,
     EvidenceResult,
@@ -30,6 +31,7 @@ from service.evidence import (
 from tests.conftest import Services
 from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar
 from tests.e2e.provider import SECRET, ProviderProcess
+from tests.e2e.provider import signed as signed_call
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -163,6 +165,52 @@ def test_payout_succeeds_once_and_replays(
     assert again.headers["idempotent-replayed"] == "true"
     assert again.content == first.content
     view = status(payout_server.base_url, client_key, first.headers["operation-id"])
+    assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
+    assert paid() == 1
+
+
+def test_mallory_under_the_victims_sink_key_is_refused_and_the_retry_pays_the_victim(
+    paid: Callable[[], int],
+    payout_server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+) -> None:
+    """The victim's payout is left unknown; an attacker on the provider's network then asks
+    for MALLORY under the victim's sink key, reservation tuple and fingerprint. Unsigned it
+    is 401; signed with the shared secret it is still 422 (the fingerprint is not that
+    payout's). Nothing is paid, so no evidence can settle it, and the victim's retry pays
+    the victim's beneficiary, once."""
+    provider.arm("error_5xx")
+    unknown = payout(payout_server.base_url, client_key, "p-mallory")
+    assert unknown.status_code == 504
+    view = status(payout_server.base_url, client_key, unknown.headers["operation-id"])
+    victims = PayoutRequest(beneficiary="ACME Supplies", amount=500, currency="EUR")
+    assert view["request_fingerprint"] == payout_fingerprint(victims)  # the provider's function
+    attack = msgspec.json.encode(
+        {
+            "operation_id": view["id"],
+            "binding_generation": view["binding_generation"],
+            "request_fingerprint": view["request_fingerprint"],
+            "beneficiary": "MALLORY",
+            "amount": 500,
+            "currency": "EUR",
+        }
+    )
+
+    unsigned = provider.post_payment(
+        attack, {"Idempotency-Key": sink(view), "Content-Type": "application/json"}
+    )
+    insider = provider.post_payment(attack, signed_call(attack, sink(view)))
+
+    assert unsigned.status_code == 401
+    assert insider.status_code == 422
+    assert provider.counts(sink(view)) == {"count": 0, "declines": 0}
+    retry = payout(payout_server.base_url, client_key, "p-mallory")
+    assert retry.status_code == 201, retry.text
+    assert retry.json()["beneficiary"] == "ACME Supplies"
+    settled = status(payout_server.base_url, client_key, view["id"])
+    assert settled["state"] == "completed"
+    assert settled["result"]["body"]["beneficiary"] == "ACME Supplies"
     assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
     assert paid() == 1
 

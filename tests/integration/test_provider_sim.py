@@ -1,9 +1,14 @@
 """The provider simulator as a real process over HTTP: one payment per sink key, signed
-evidence, faults that behave like a real provider's failures, and a store that survives."""
+evidence, faults that behave like a real provider's failures, and a store that survives; it
+pays only calls the settlement server signed, only for the fingerprint of what it pays, and
+its controls are locked by a token (and need one off loopback)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -17,8 +22,12 @@ import httpx
 import msgspec
 import pytest
 
+from devstack.provider.faults import MAX_FAULT_COUNT
+from service.domain.payouts import PayoutRequest, payout_fingerprint
+from service.domain.provider_auth import MAX_CLOCK_SKEW
 from service.evidence import SignedEvidence, verify
-from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess
+from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess, signed
+from tests.e2e.server import START_TIMEOUT, free_port
 
 # Concurrent identical calls in the one-winner test.
 CONCURRENT_CALLS = 20
@@ -28,18 +37,33 @@ CLIENT_TIMEOUT = 0.3
 COMMIT_DEADLINE = 3.0
 
 
+# The control token of the locked simulator.
+SIM_TOKEN = "sim-control-token"
+
+
 def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
-    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``."""
+    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``; its
+    ``request_fingerprint`` is the server's for its payout unless given."""
     body: dict[str, Any] = {
         "operation_id": str(uuid.uuid4()),
         "binding_generation": 1,
-        "request_fingerprint": uuid.uuid4().hex * 2,
         "beneficiary": "ACME Ltd",
         "amount": 1250,
         "currency": "EUR",
         **overrides,
     }
+    body.setdefault("request_fingerprint", fingerprint_of(body))
     return body, f"{body['operation_id']}:{body['binding_generation']}"
+
+
+def fingerprint_of(body: dict[str, Any]) -> str:
+    """The fingerprint the server computes for the payout ``body`` describes (64 zeros when
+    the server would refuse that payout)."""
+    fields = {name: body.get(name) for name in ("beneficiary", "amount", "currency")}
+    try:
+        return payout_fingerprint(msgspec.convert(fields, type=PayoutRequest))
+    except msgspec.ValidationError:
+        return "0" * 64
 
 
 def signed_evidence(response: httpx.Response) -> SignedEvidence:
@@ -126,8 +150,9 @@ def test_different_sink_keys_make_different_payments(provider: ProviderProcess) 
 def test_sink_key_reused_with_a_different_amount_is_refused(provider: ProviderProcess) -> None:
     body, key = make_payment()
     original = provider.pay(body, key)
+    more, _ = make_payment(operation_id=body["operation_id"], amount=body["amount"] + 1)
 
-    reused = provider.pay({**body, "amount": body["amount"] + 1}, key)
+    reused = provider.pay(more, key)
 
     assert reused.status_code == 422
     assert reused.json() == {"error": "sink key reused with a different request"}
@@ -137,13 +162,14 @@ def test_sink_key_reused_with_a_different_amount_is_refused(provider: ProviderPr
 
 def test_concurrent_identical_calls_make_one_payment(provider: ProviderProcess) -> None:
     body, key = make_payment()
+    content = msgspec.json.encode(body)
     start = threading.Barrier(CONCURRENT_CALLS)
 
     with httpx.Client(base_url=provider.base_url, timeout=CALL_TIMEOUT) as client:
 
         def call(_: int) -> httpx.Response:
             start.wait()
-            return client.post("/payments", json=body, headers={"Idempotency-Key": key})
+            return client.post("/payments", content=content, headers=signed(content, key))
 
         with ThreadPoolExecutor(CONCURRENT_CALLS) as pool:
             responses = list(pool.map(call, range(CONCURRENT_CALLS)))
@@ -289,6 +315,10 @@ def test_shutdown_waits_for_a_delayed_commit(tmp_path: Path) -> None:
         {"currency": "eur"},
         {"currency": "EURO"},
         {"unexpected": True},
+        # a payment the provider's schema takes but no server reservation can stand for
+        {"currency": "XXQ"},
+        {"beneficiary": "Zoë"},
+        {"amount": 10**15 + 1},
     ],
     ids=lambda o: "-".join(f"{k}={v!r}"[:30] for k, v in o.items()),
 )
@@ -314,12 +344,7 @@ def test_undecodable_body_is_refused_and_commits_nothing(
 ) -> None:
     key = f"{uuid.uuid4()}:1"
 
-    response = httpx.post(
-        f"{provider.base_url}/payments",
-        content=content,
-        headers={"Idempotency-Key": key, "Content-Type": "application/json"},
-        timeout=CALL_TIMEOUT,
-    )
+    response = provider.post_payment(content, signed(content, key))
 
     assert response.status_code == 400
     assert response.json()["error"]
@@ -345,8 +370,15 @@ def test_fault_control_validates_its_input(provider: ProviderProcess) -> None:
         {"mode": "delay", "count": 1},
         {"mode": "decline", "count": 1, "delay_ms": 10},
         {"mode": "delay", "count": 1, "delay_ms": -1},
+        {"mode": "decline", "count": MAX_FAULT_COUNT + 1},
+        {"mode": "error_5xx", "count": 10**30},
     ):
         assert httpx.post(url, json=bad, timeout=CALL_TIMEOUT).status_code == 400, bad
+    assert httpx.get(url, timeout=CALL_TIMEOUT).json() == {"armed": []}
+
+    most = {"mode": "decline", "count": MAX_FAULT_COUNT}
+    assert httpx.post(url, json=most, timeout=CALL_TIMEOUT).json() == {"armed": [most]}
+    httpx.delete(url, timeout=CALL_TIMEOUT)
 
     armed = httpx.post(url, json={"mode": "delay", "count": 2, "delay_ms": 5}, timeout=CALL_TIMEOUT)
     assert armed.json() == {"armed": [{"mode": "delay", "count": 2, "delay_ms": 5}]}
@@ -358,3 +390,198 @@ def test_sink_key_of_another_reservation_is_refused(provider: ProviderProcess) -
     response = provider.pay(body, other)
     assert response.status_code == 422
     assert provider.counts(other) == provider.counts(key) == {"count": 0, "declines": 0}
+
+
+# -- who may pay: a signed call, for the fingerprint of what it pays ----------------------------
+
+
+def test_mallory_under_a_victims_tuple_is_refused_and_commits_nothing(
+    provider: ProviderProcess,
+) -> None:
+    """The attack: the victim's reservation tuple and fingerprint, another beneficiary. Not
+    signed by the server it is 401; signed (a caller holding the secret, or a buggy one) it
+    is 422, since the fingerprint is not MALLORY's payout's. Nothing is paid, no evidence is
+    made, and the victim's own payout then pays the victim's beneficiary once."""
+    victim, key = make_payment(beneficiary="ACME Ltd")
+    mallory = {**victim, "beneficiary": "MALLORY"}
+    content = msgspec.json.encode(mallory)
+
+    unsigned = provider.post_payment(
+        content, {"Idempotency-Key": key, "Content-Type": "application/json"}
+    )
+    forged = provider.post_payment(content, signed(content, key, secret="guessed"))
+    insider = provider.post_payment(content, signed(content, key))
+
+    assert unsigned.status_code == forged.status_code == 401
+    assert insider.status_code == 422
+    assert insider.json() == {"error": "request_fingerprint is not the fingerprint of this payout"}
+    for refused in (unsigned, forged, insider):
+        assert "evidence" not in refused.json()
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+
+    paid = provider.pay(victim, key)
+    assert paid.status_code == 201
+    assert signed_evidence(paid).evidence.result.body["beneficiary"] == "ACME Ltd"
+    assert provider.pay(victim, key).content == paid.content
+    assert provider.counts(key) == {"count": 1, "declines": 0}
+
+
+def _resigned(content: bytes, key: str, **changes: str) -> dict[str, str]:
+    return {**signed(content, key), **changes}
+
+
+@pytest.mark.parametrize(
+    "headers_of",
+    [
+        lambda c, k: {"Idempotency-Key": k, "Content-Type": "application/json"},
+        lambda c, k: {k_: v for k_, v in signed(c, k).items() if k_ != "Settlement-Timestamp"},
+        lambda c, k: {k_: v for k_, v in signed(c, k).items() if k_ != "Settlement-Signature"},
+        lambda c, k: signed(c, k, secret="another secret"),
+        lambda c, k: _resigned(c, k, **{"Settlement-Signature": "0" * 64}),
+        lambda c, k: _resigned(
+            c, k, **{"Settlement-Signature": signed(c, k)["Settlement-Signature"].upper()}
+        ),
+        lambda c, k: {**signed(c.replace(b"1250", b"1251"), k), "Idempotency-Key": k},
+        lambda c, k: {**signed(c, f"{uuid.uuid4()}:1"), "Idempotency-Key": k},
+        lambda c, k: _resigned(c, k, **{"Settlement-Timestamp": str(int(time.time()) + 1)}),
+        lambda c, k: signed(c, k, now=time.time() - MAX_CLOCK_SKEW - 30),
+        lambda c, k: signed(c, k, now=time.time() + MAX_CLOCK_SKEW + 30),
+        lambda c, k: _resigned(c, k, **{"Settlement-Timestamp": "soon"}),
+    ],
+    ids=[
+        "unsigned",
+        "no-timestamp",
+        "no-signature",
+        "wrong-secret",
+        "zero-signature",
+        "upper-case-signature",
+        "signature-of-another-body",
+        "signature-for-another-sink-key",
+        "timestamp-changed-after-signing",
+        "stale",
+        "from-the-future",
+        "timestamp-not-a-number",
+    ],
+)
+def test_a_payment_not_signed_by_the_server_is_401_and_commits_nothing(
+    provider: ProviderProcess, headers_of: Any
+) -> None:
+    body, key = make_payment()
+    content = msgspec.json.encode(body)
+
+    refused = provider.post_payment(content, headers_of(content, key))
+
+    assert refused.status_code == 401, refused.text
+    assert refused.json()["error"]
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+    assert provider.post_payment(content, signed(content, key)).status_code == 201
+
+
+def test_a_timestamp_within_the_window_is_accepted(provider: ProviderProcess) -> None:
+    for skew in (-MAX_CLOCK_SKEW + 30, MAX_CLOCK_SKEW - 30):
+        body, key = make_payment()
+        content = msgspec.json.encode(body)
+        paid = provider.post_payment(content, signed(content, key, now=time.time() + skew))
+        assert paid.status_code == 201, paid.text
+
+
+def test_a_signed_payment_for_another_fingerprint_is_422_and_commits_nothing(
+    provider: ProviderProcess,
+) -> None:
+    body, key = make_payment(request_fingerprint="ab" * 32)
+
+    refused = provider.pay(body, key)
+
+    assert refused.status_code == 422
+    assert provider.counts(key) == {"count": 0, "declines": 0}
+
+
+# -- the controls: a bearer token, and none needed only on loopback ----------------------------
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[ProviderProcess]:
+    with ProviderProcess(sim_token=SIM_TOKEN) as proc:
+        yield proc
+
+
+CONTROLS = [
+    ("POST", "/_sim/faults", {"mode": "decline", "count": 1}),
+    ("GET", "/_sim/faults", None),
+    ("DELETE", "/_sim/faults", None),
+    ("GET", "/_sim/payments", None),
+]
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-token", f"Bearer {SIM_TOKEN}x", f"Basic {SIM_TOKEN}", SIM_TOKEN, "Bearer"],
+    ids=["missing", "wrong", "longer", "basic", "no-scheme", "no-token"],
+)
+def test_controls_with_a_token_set_refuse_a_call_without_it(
+    locked: ProviderProcess, authorization: str | None
+) -> None:
+    headers = {} if authorization is None else {"Authorization": authorization}
+    for method, path, body in CONTROLS:
+        refused = httpx.request(
+            method, f"{locked.base_url}{path}", json=body, headers=headers, timeout=CALL_TIMEOUT
+        )
+        assert refused.status_code == 401, (method, path, refused.text)
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "armed" not in refused.json() and "count" not in refused.json()
+    good = httpx.get(
+        f"{locked.base_url}/_sim/faults", headers=locked.control_headers(), timeout=CALL_TIMEOUT
+    )
+    assert good.json() == {"armed": []}  # the refused POST armed nothing
+
+
+def test_controls_with_a_token_set_take_the_token(locked: ProviderProcess) -> None:
+    body, key = make_payment()
+    locked.arm("decline")  # sends Authorization: Bearer <token>, asserts 200
+
+    declined = locked.pay(body, key)  # payments are authenticated by their MAC, not the token
+
+    assert declined.status_code == 402
+    assert locked.counts(key) == {"count": 0, "declines": 1}
+    lower = httpx.get(
+        f"{locked.base_url}/_sim/payments",
+        params={"key": key},
+        headers={"Authorization": f"bearer {SIM_TOKEN}"},
+        timeout=CALL_TIMEOUT,
+    )
+    assert lower.json() == {"count": 0, "declines": 1}
+    assert httpx.get(f"{locked.base_url}/health", timeout=CALL_TIMEOUT).status_code == 200
+
+
+def _start_simulator(host: str, *args: str, token: str | None = None) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SETTLEMENT_SIM_TOKEN"}
+    env["SETTLEMENT_PROVIDER_SECRET"] = SECRET
+    if token is not None:
+        env["SETTLEMENT_SIM_TOKEN"] = token
+    return subprocess.Popen(
+        [sys.executable, *args, "--host", host, "--port", str(free_port())],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10", "provider.example"])
+@pytest.mark.parametrize(
+    "command",
+    [("-m", "devstack.provider", "--db"), ("-m", "service.cli", "provider-sim", "--db")],
+    ids=["module", "cli"],
+)
+def test_simulator_refuses_to_start_off_loopback_without_a_token(
+    tmp_path: Path, host: str, command: tuple[str, ...]
+) -> None:
+    db = tmp_path / "provider.sqlite3"
+    proc = _start_simulator(host, *command, str(db))
+    try:
+        output, _ = proc.communicate(timeout=START_TIMEOUT)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, output
+    assert "SETTLEMENT_SIM_TOKEN" in output and "loopback" in output, output
+    assert not db.exists()  # refused before opening anything

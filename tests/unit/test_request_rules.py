@@ -15,9 +15,11 @@ import pytest
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from devstack.provider.payments import PaymentRequest, paid_fingerprint
 from service.app.fingerprint import fingerprint
+from service.app.routes import payouts
 from service.domain.ledger import AccountRequest, TransferRequest
-from service.domain.payouts import PayoutRequest
+from service.domain.payouts import PAYOUT_ROUTE, PayoutRequest, payout_fingerprint
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from tests.contract import (
     HEADER_CHARS,
@@ -293,3 +295,27 @@ def test_the_fingerprint_is_sha256_of_the_sorted_route_path_and_filled_in_body(
         route.fingerprint(encode_json(body, True), {**path, "id": "x" + path.get("id", "")})
         != expected
     )
+
+
+@RULES
+@given(data=st.data())
+def test_the_provider_recomputes_a_payouts_fingerprint_as_the_server_computes_it(
+    data: st.DataObject,
+) -> None:
+    """The simulator pays only the fingerprint of what it pays: its function must give the
+    server's fingerprint for every payout the server takes."""
+    body = data.draw(valid_bodies(PAYOUTS), label="body")
+    server = PAYOUTS.fingerprint(encode_json(body, True))
+    payment = msgspec.convert(
+        {
+            "operation_id": str(uuid.uuid4()),
+            "binding_generation": 1,
+            "request_fingerprint": server,
+            **body,
+        },
+        type=PaymentRequest,
+    )
+
+    assert payouts(None).route == PAYOUT_ROUTE == PAYOUTS.name
+    assert payout_fingerprint(PAYOUTS.decode(encode_json(body, True))) == server  # type: ignore[arg-type]
+    assert paid_fingerprint(payment) == server
