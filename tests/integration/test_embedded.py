@@ -177,7 +177,9 @@ def test_services_answer_then_stop_leaves_nothing_running(tmp_path: Path) -> Non
         assert services.database_url == (
             f"postgresql+asyncpg://postgres:{password}@127.0.0.1:{pg_port}/settlement"
         )
-        assert services.redis_url == f"redis://127.0.0.1:{redis_port}/0"
+        redis_password = urlsplit(services.redis_url).password
+        assert redis_password
+        assert services.redis_url == f"redis://:{redis_password}@127.0.0.1:{redis_port}/0"
         assert services.endpoints(redis_url="redis://elsewhere:6379/0") == ServiceEndpoints(
             database_url=services.database_url, redis_url="redis://elsewhere:6379/0"
         )

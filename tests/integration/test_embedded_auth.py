@@ -1,4 +1,4 @@
-"""The embedded PostgreSQL lets in only clients that hold its password, kept in a private file."""
+"""The embedded servers let in only clients that hold their password, which only we can read."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from urllib.parse import urlsplit
 import asyncpg
 import psutil
 import pytest
+import redis
 
-from devstack import SYSTEM_USER, EmbeddedPostgres
+from devstack import SYSTEM_USER, EmbeddedPostgres, EmbeddedRedis
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +150,28 @@ def test_a_password_file_others_could_read_is_replaced(postgres: EmbeddedPostgre
     with pytest.raises(asyncpg.InvalidPasswordError):
         _connect(postgres, old_password)
     _connect(postgres, _password(postgres))
+
+
+def test_redis_refuses_clients_without_its_password(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path)
+    url = server.start()
+    try:
+        password = urlsplit(url).password
+        assert password
+        for wrong in (None, "wrong"):
+            client = redis.Redis(host="127.0.0.1", port=server.port, password=wrong)
+            try:
+                with pytest.raises(redis.AuthenticationError):
+                    client.ping()
+            finally:
+                client.close()
+        client = redis.Redis.from_url(url)
+        try:
+            assert client.ping() is True
+        finally:
+            client.close()
+        _assert_private(server.config_file, os.geteuid())
+        assert _on_any_command_line(password) == []
+        assert password not in server.log_path.read_text()
+    finally:
+        server.stop()
