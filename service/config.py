@@ -25,8 +25,10 @@ class ConfigError(ValueError):
     """A ``SETTLEMENT_*`` variable holds a value the server cannot run with."""
 
 
-def _setting(default: Any, why: str) -> Any:
-    return field(default=default, metadata={"why": why})
+def _setting(default: Any, why: str, *, secret: bool = False) -> Any:
+    """A field with the reason it exists; a ``secret`` one (or a URL that may carry a
+    password) is left out of the settings' repr, so no log or traceback shows it."""
+    return field(default=default, repr=not secret, metadata={"why": why})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +36,14 @@ class Settings:
     """Every TTL, timeout and limit of the server, each with the reason it exists."""
 
     database_url: str | None = _setting(
-        None, "PostgreSQL URL; unset means the embedded server under data_dir."
+        None, "PostgreSQL URL; unset means the embedded server under data_dir.", secret=True
     )
     redis_url: str | None = _setting(
-        None, "Redis URL; unset means the embedded redis-server under data_dir."
+        None, "Redis URL; unset means the embedded redis-server under data_dir.", secret=True
     )
     data_dir: str = _setting(".data", "where the embedded PostgreSQL and Redis keep their files.")
     bootstrap_admin_key: str | None = _setting(
-        None, "guarantees an all-tenant admin principal with this key at start."
+        None, "guarantees an all-tenant admin principal with this key at start.", secret=True
     )
     lease_ttl: float = _setting(
         10.0, "a crashed worker's operation is retryable at most this long after it died."
@@ -50,7 +52,7 @@ class Settings:
     max_wait: float = _setting(10.0, "cap for Prefer: wait, so a client cannot pin a worker.")
     body_limit: int = _setting(1_048_576, "largest request body read into memory, in bytes.")
     provider_url: str | None = _setting(None, "downstream provider base URL for payouts.")
-    provider_secret: str | None = _setting(None, "HMAC key for provider evidence.")
+    provider_secret: str | None = _setting(None, "HMAC key for provider evidence.", secret=True)
     provider_timeout: float = _setting(
         2.0, "per-attempt provider call timeout; past it the outcome is unknown."
     )
