@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 BENCH = Path(__file__).resolve().parent
 LUA = BENCH / "lua"
@@ -168,29 +169,36 @@ _FAILED = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
 def run_pgbench(
     script: str,
     *,
-    port: int,
+    database_url: str,
     variables: dict[str, str],
     duration: float,
     clients: int,
     work_dir: Path,
     log_path: Path | None = None,
 ) -> LoadResult:
-    """pgbench -M prepared with a custom script; latencies from its per-transaction log."""
+    """pgbench -M prepared with a custom script; latencies from its per-transaction log.
+
+    The password goes in the environment: a command line is visible to every local user.
+    """
     from devstack import EmbeddedPostgres
 
+    target = urlsplit(database_url)
     name = Path(script).stem
     for old in work_dir.glob(f"pgbench_{name}*"):
         old.unlink()
     argv = [
         str(EmbeddedPostgres.bin_dir() / "pgbench"),
-        *("-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-n", "-M", "prepared"),
+        *("-h", str(target.hostname), "-p", str(target.port), "-U", str(target.username)),
+        *("-n", "-M", "prepared"),
         *("-c", str(clients), "-j", str(max(1, min(2, clients))), "-T", str(round(duration))),
         *("-f", str(SQL / script), "-l", f"--log-prefix={work_dir / ('pgbench_' + name)}"),
     ]
     for key, value in variables.items():
         argv += ["-D", f"{key}={value}"]
-    argv.append("settlement")
-    stdout, tps = _run(argv, ("pgbench", f"-f {script}"), _TPS, duration, log_path, work_dir)
+    argv.append(target.path.lstrip("/"))
+    env = {**os.environ, "PGPASSWORD": unquote(target.password or "")}
+    shown = ("pgbench", f"-f {script}")
+    stdout, tps = _run(argv, shown, _TPS, duration, log_path, work_dir, env)
     latencies: list[float] = []
     for log_file in work_dir.glob(f"pgbench_{name}*"):
         for line in log_file.read_text().splitlines():
@@ -222,6 +230,7 @@ def _run(
     duration: float,
     log_path: Path | None,
     cwd: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[str, re.Match[str]]:
     """Run a load tool for ``duration`` s (WRK_GRACE more at most); append ``$ <tool> <args>``
     and its output to ``log_path``. Its stdout, and the match of ``expect`` there; a failed
@@ -229,7 +238,7 @@ def _run(
     tool, args = shown
     timeout = duration + WRK_GRACE
     done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd
+        argv, capture_output=True, text=True, timeout=timeout, check=False, cwd=cwd, env=env
     )
     if log_path is not None:
         with log_path.open("a") as log:

@@ -357,7 +357,7 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
             functools.partial(
                 run_pgbench,
                 script,
-                port=stack.pg_port,
+                database_url=stack.database_url,
                 variables=variables,
                 duration=cfg.duration,
                 clients=cfg.connections,

@@ -185,7 +185,6 @@ class Stack:
         self._exit = contextlib.ExitStack()
         self.database_url = ""
         self.redis_url = ""
-        self.pg_port = 0
         self.pg_pid = 0
         self.redis_pid = 0
 
@@ -200,7 +199,6 @@ class Stack:
             services = self._exit.enter_context(EmbeddedServices(self._tmp, durable=False))
             assert services.postgres is not None
             assert services.redis is not None
-            self.pg_port = services.postgres.port
             self.pg_pid = services.postgres.pid
             self.redis_pid = services.redis.pid
             self.database_url = plain_url(services.database_url)

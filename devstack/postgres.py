@@ -8,6 +8,15 @@ gone is removed.
 
 PostgreSQL refuses to run as root. As root, initdb and postgres run as the system user
 ``settlement-pg``, which owns the cluster directory (mode 0700).
+
+Every connection authenticates with SCRAM-SHA-256, local and TCP alike: the superuser's
+password is generated on the cluster's first start into ``data_dir/postgres.password``
+(mode 0600, owned by the cluster's user, who owns its data anyway; root reads it too) and
+carried in the URL. A cluster that trusts connections (made before this, with
+``--auth=trust``), or whose password file is gone or readable by others, gets a new password
+at start: set in single-user mode, before any server listens, then ``pg_hba.conf`` is
+rewritten to ask every connection for it. Its data is kept. Delete the password file to have
+a new one made.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import stat
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from devstack.supervise import (
     HOST,
@@ -30,11 +40,13 @@ from devstack.supervise import (
     RunAs,
     child_options,
     log_tail,
+    new_secret,
     package_dir,
     processes_in,
     require_main_thread,
     run_tool,
     stop_leftover,
+    write_secret,
 )
 
 __all__ = ["DATABASE", "SUPERUSER", "SYSTEM_USER", "EmbeddedPostgres"]
@@ -52,6 +64,23 @@ INITDB_TIMEOUT = 120.0
 PG_START_TIMEOUT = 60.0
 # Fast shutdown ends with one checkpoint, which a dev-sized cluster finishes well inside this.
 PG_STOP_TIMEOUT = 15.0
+# Setting a password in single-user mode may first replay WAL, as a start after a kill does.
+SET_PASSWORD_TIMEOUT = PG_START_TIMEOUT
+
+# The only authentication this cluster accepts; initdb's --auth sets it for local and host.
+AUTH_METHOD = "scram-sha-256"
+# What pg_hba.conf says once a trusting cluster is made to ask for the password (initdb's
+# lines for --auth=scram-sha-256, without its comments).
+PG_HBA = f"""\
+# Every connection gives the superuser's password (see the password file beside the cluster).
+# TYPE  DATABASE     USER  ADDRESS        METHOD
+local   all          all                  {AUTH_METHOD}
+host    all          all   127.0.0.1/32   {AUTH_METHOD}
+host    all          all   ::1/128        {AUTH_METHOD}
+local   replication  all                  {AUTH_METHOD}
+host    replication  all   127.0.0.1/32   {AUTH_METHOD}
+host    replication  all   ::1/128        {AUTH_METHOD}
+"""
 
 # Sent by the kernel when the starting thread dies. Fast shutdown: it cuts clients off and
 # exits clean (SIGTERM would wait for clients; SIGQUIT forces crash recovery).
@@ -59,7 +88,8 @@ PG_DEATH_SIGNAL = signal.SIGINT
 
 
 class EmbeddedPostgres(ChildServer):
-    """A PostgreSQL cluster in ``data_dir/postgres``, served on 127.0.0.1 by a child process.
+    """A PostgreSQL cluster in ``data_dir/postgres``, served on 127.0.0.1 by a child process
+    to clients that give the password in ``password_file``.
 
     ``durable=False`` (for throw-away test directories) turns off fsync and full-page writes:
     commits still survive a killed server, but not a crashed machine.
@@ -75,7 +105,11 @@ class EmbeddedPostgres(ChildServer):
         data_dir = data_dir.resolve()
         super().__init__(data_dir / "postgres.log")
         self.pgdata = data_dir / "postgres"
+        # Beside the cluster, not in it: initdb wants an empty directory, and the file
+        # must exist before initdb runs.
+        self.password_file = data_dir / "postgres.password"
         self._durable = durable
+        self._password = ""
 
     @staticmethod
     def bin_dir() -> Path:
@@ -85,8 +119,9 @@ class EmbeddedPostgres(ChildServer):
 
     @property
     def url(self) -> str:
-        """The SQLAlchemy async URL of the application database."""
-        return f"postgresql+asyncpg://{SUPERUSER}@{HOST}:{self.port}/{DATABASE}"
+        """The SQLAlchemy async URL of the application database, with the password."""
+        password = quote(self._password, safe="")  # a no-op on the generated ones
+        return f"postgresql+asyncpg://{SUPERUSER}:{password}@{HOST}:{self.port}/{DATABASE}"
 
     def start(self) -> str:
         """Initialise the cluster if new, start the server, create the database; the URL."""
@@ -101,6 +136,7 @@ class EmbeddedPostgres(ChildServer):
             _allow_traversal(self.pgdata.parent)
         _stop_leftover_server(self.pgdata, self.bin_dir() / "postgres")
         created = self._ensure_cluster(run_as)
+        self._password = _read_password(self.password_file)
         self._serve(run_as)
         try:
             self._ensure_database()
@@ -119,11 +155,13 @@ class EmbeddedPostgres(ChildServer):
         return self.url
 
     def _ensure_cluster(self, run_as: RunAs | None) -> bool:
-        """Create the cluster if absent (then True); make sure ``run_as`` owns it."""
+        """Create the cluster if absent (then True); make sure ``run_as`` owns it and that
+        it asks every connection for the password in the password file."""
         pgdata = self.pgdata
         if (pgdata / "PG_VERSION").exists():
             if run_as is not None:
                 _own_tree(pgdata, run_as)
+            self._require_password(run_as)
             return False
         if pgdata.exists() and any(pgdata.iterdir()):
             raise EmbeddedServiceError(f"{pgdata} is not empty but holds no cluster; move it away")
@@ -134,9 +172,12 @@ class EmbeddedPostgres(ChildServer):
         scratch.mkdir(mode=0o700)
         if run_as is not None:
             os.chown(scratch, run_as.uid, run_as.gid)
+        # initdb runs as run_as and reads the file itself; the password stays off argv.
+        write_secret(self.password_file, new_secret() + "\n", run_as)
         args = [
             *(str(self.bin_dir() / "initdb"), "-D", str(scratch), "--no-instructions"),
-            *("--auth=trust", f"--username={SUPERUSER}", "--encoding=UTF8", "--locale=C"),
+            *(f"--auth={AUTH_METHOD}", f"--pwfile={self.password_file}"),
+            *(f"--username={SUPERUSER}", "--encoding=UTF8", "--locale=C"),
         ]
         if not self._durable:
             args.append("--no-sync")
@@ -163,6 +204,69 @@ class EmbeddedPostgres(ChildServer):
             pgdata.rmdir()  # empty, checked above
         scratch.rename(pgdata)
         return True
+
+    def _require_password(self, run_as: RunAs | None) -> None:
+        """Make an existing cluster ask for the password in its private password file.
+
+        A missing or empty password file, or one others may read, gets a new password; a
+        ``pg_hba.conf`` that trusts anyone is rewritten (after the password is set, so a
+        run killed in between tries again next time).
+        """
+        trusting = _trusts(self.pgdata / "pg_hba.conf")
+        private = _private(self.password_file)
+        if private and not trusting:
+            return
+        if not private:
+            if self.password_file.exists():
+                log.warning(
+                    "%s is empty or readable by others; making a new password", self.password_file
+                )
+            write_secret(self.password_file, new_secret() + "\n", run_as)
+        self._set_password(run_as)
+        if trusting:
+            log.warning(
+                "cluster %s trusted local connections; now it asks for a password", self.pgdata
+            )
+            hba = self.pgdata / "pg_hba.conf"
+            scratch = hba.with_name(hba.name + ".new")
+            scratch.write_text(PG_HBA)
+            if run_as is not None:
+                os.chown(scratch, run_as.uid, run_as.gid)
+            scratch.chmod(0o600)
+            scratch.rename(hba)
+
+    def _set_password(self, run_as: RunAs | None) -> None:
+        """Give the superuser the password file's password, in single-user mode: no server
+        listens meanwhile, and the password goes through a pipe, never argv or a log."""
+        password = _read_password(self.password_file)
+        literal = "'" + password.replace("'", "''") + "'"
+        args = [
+            *(str(self.bin_dir() / "postgres"), "--single", "-D", str(self.pgdata)),
+            *("-c", f"password_encryption={AUTH_METHOD}"),
+            # On an error the statement, password included, is not echoed.
+            *("-c", "log_min_error_statement=panic", "-c", "exit_on_error=on"),
+            "postgres",
+        ]
+        try:
+            result = subprocess.run(
+                args,
+                input=f"ALTER ROLE {SUPERUSER} PASSWORD {literal}\n",
+                capture_output=True,
+                text=True,
+                timeout=SET_PASSWORD_TIMEOUT,
+                check=False,
+                **child_options(run_as, TOOL_DEATH_SIGNAL),
+            )
+        except subprocess.TimeoutExpired:
+            raise EmbeddedServiceError(
+                f"setting the password took over {SET_PASSWORD_TIMEOUT}s"
+            ) from None
+        if result.returncode != 0:
+            # Never empty (see _private), so the replace masks just the password.
+            output = (result.stdout + result.stderr).replace(password, "***").strip()
+            raise EmbeddedServiceError(
+                f"setting the password failed ({result.returncode})\n{output}"
+            )
 
     def _command(self, port: int) -> list[str]:
         fsync = "on" if self._durable else "off"
@@ -196,13 +300,17 @@ class EmbeddedPostgres(ChildServer):
         result = run_tool(
             [
                 str(self.bin_dir() / "psql"),
-                *("-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"),
+                *("-X", "-q", "-w", "-A", "-t", "-v", "ON_ERROR_STOP=1"),
                 *("-h", HOST, "-p", str(self.port), "-U", SUPERUSER, "-d", "postgres"),
                 *("-c", sql),
-            ]
+            ],
+            env={"PGPASSWORD": self._password},
         )
         if result.returncode != 0:
-            raise EmbeddedServiceError(f"psql failed on {sql!r}: {result.stderr.strip()}")
+            hint = ""
+            if "password authentication failed" in result.stderr:
+                hint = f" (delete {self.password_file} to have a new password set at start)"
+            raise EmbeddedServiceError(f"psql failed on {sql!r}: {result.stderr.strip()}{hint}")
         return result.stdout.strip()
 
     def _ensure_database(self) -> None:
@@ -234,6 +342,27 @@ def _stop_leftover_server(pgdata: Path, server: Path) -> None:
         # program; PostgreSQL would refuse to start while that pid lives.
         log.info("removing stale %s", pid_file)
         pid_file.unlink(missing_ok=True)
+
+
+def _trusts(hba: Path) -> bool:
+    """Whether ``pg_hba.conf`` lets any connection in without a password (``trust``)."""
+    lines = hba.read_text().splitlines()
+    return any("trust" in line.partition("#")[0].split() for line in lines)
+
+
+def _private(secret: Path) -> bool:
+    """Whether ``secret`` is a file holding a password that neither its group nor others may
+    read or change."""
+    try:
+        info = secret.stat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and not info.st_mode & 0o077 and bool(_read_password(secret))
+
+
+def _read_password(path: Path) -> str:
+    """The password in ``path``: its first line, as initdb's ``--pwfile`` reads it."""
+    return path.read_text().partition("\n")[0].rstrip("\r")
 
 
 def _unprivileged_user() -> RunAs:

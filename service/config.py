@@ -25,8 +25,10 @@ class ConfigError(ValueError):
     """A ``SETTLEMENT_*`` variable holds a value the server cannot run with."""
 
 
-def _setting(default: Any, why: str) -> Any:
-    return field(default=default, metadata={"why": why})
+def _setting(default: Any, why: str, *, secret: bool = False) -> Any:
+    """A field with the reason it exists; a ``secret`` one (or a URL that may carry a
+    password) is left out of the settings' repr, so no log or traceback shows it."""
+    return field(default=default, repr=not secret, metadata={"why": why})
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,14 +36,14 @@ class Settings:
     """Every TTL, timeout and limit of the server, each with the reason it exists."""
 
     database_url: str | None = _setting(
-        None, "PostgreSQL URL; unset means the embedded server under data_dir."
+        None, "PostgreSQL URL; unset means the embedded server under data_dir.", secret=True
     )
     redis_url: str | None = _setting(
-        None, "Redis URL; unset means the embedded redis-server under data_dir."
+        None, "Redis URL; unset means the embedded redis-server under data_dir.", secret=True
     )
     data_dir: str = _setting(".data", "where the embedded PostgreSQL and Redis keep their files.")
     bootstrap_admin_key: str | None = _setting(
-        None, "guarantees an all-tenant admin principal with this key at start."
+        None, "guarantees an all-tenant admin principal with this key at start.", secret=True
     )
     lease_ttl: float = _setting(
         10.0, "a crashed worker's operation is retryable at most this long after it died."
@@ -51,7 +53,7 @@ class Settings:
     body_limit: int = _setting(1_048_576, "largest request body read into memory, in bytes.")
     provider_url: str | None = _setting(None, "downstream provider base URL for payouts.")
     provider_secret: str | None = _setting(
-        None, "HMAC key for provider evidence and, derived from it, for payment calls."
+        None, "HMAC key for provider evidence and, derived from it, for payment calls.", secret=True
     )
     provider_timeout: float = _setting(
         2.0, "per-attempt provider call timeout; past it the outcome is unknown."
@@ -60,7 +62,9 @@ class Settings:
         60.0, "how long a timed-out provider call may still deliver a late answer."
     )
     sim_token: str | None = _setting(
-        None, "bearer token of the provider simulator's /_sim controls; needed off loopback."
+        None,
+        "bearer token of the provider simulator's /_sim controls; needed off loopback.",
+        secret=True,
     )
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(

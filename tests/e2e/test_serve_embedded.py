@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import psutil
@@ -25,10 +26,40 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Serve on ``data_dir``; its stdout and stderr go to ``_output(data_dir)``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
     env["SETTLEMENT_DATA_DIR"] = str(data_dir)
     port = free_port()
-    proc = subprocess.Popen(
+    output = _output(data_dir)
+    with output.open("ab") as sink:
+        proc = _spawn(env, port, sink)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT * 2
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, f"server exited during start:\n{output.read_text()}"
+            try:
+                response = httpx.get(f"{base}/health", timeout=1.0)
+            except httpx.TransportError:
+                time.sleep(0.2)
+                continue
+            assert response.status_code == 200
+            assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
+            _RUNNING.append(proc)
+            return proc, base
+        raise AssertionError(f"embedded server did not become healthy:\n{output.read_text()}")
+    except BaseException:
+        _stop(proc)
+        raise
+
+
+def _output(data_dir: Path) -> Path:
+    """Where the server started on ``data_dir`` writes its stdout and stderr."""
+    return data_dir.with_name(data_dir.name + ".serve.out")
+
+
+def _spawn(env: dict[str, str], port: int, sink: IO[bytes]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -42,29 +73,9 @@ def _start(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
         ],
         env=env,
         cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=(data_dir / "serve.log").open("ab"),
+        stdout=sink,
+        stderr=sink,
     )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT * 2
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                said = (data_dir / "serve.log").read_text(errors="replace")[-3000:]
-                raise AssertionError(f"server exited during start ({proc.returncode}):\n{said}")
-            try:
-                response = httpx.get(f"{base}/health", timeout=1.0)
-            except httpx.TransportError:
-                time.sleep(0.2)
-                continue
-            assert response.status_code == 200
-            assert response.json() == {"status": "ok", "database": "ok", "redis": "ok"}
-            _RUNNING.append(proc)
-            return proc, base
-        raise AssertionError("embedded server did not become healthy")
-    except BaseException:
-        _stop(proc)
-        raise
 
 
 _RUNNING: list[subprocess.Popen[bytes]] = []
@@ -151,3 +162,27 @@ def test_data_survives_a_restart_of_the_embedded_server(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         proc.wait(STOP_TIMEOUT)
     assert _wait_gone(children) == []
+
+
+def test_the_embedded_passwords_stay_out_of_every_log(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    proc, base = _start(data_dir)
+    children = _servers_of(proc)
+    redis_config = (data_dir / "redis" / "redis.conf").read_text()
+    passwords = [
+        (data_dir / "postgres.password").read_text().strip(),
+        redis_config.removeprefix("requirepass ").strip(),
+    ]
+    assert all(passwords) and redis_config.startswith("requirepass ")
+    assert httpx.get(f"{base}/health").status_code == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(STOP_TIMEOUT) == 0
+    assert _wait_gone(children) == []
+
+    output = _output(data_dir)
+    logs = [output, data_dir / "postgres.log", data_dir / "redis" / "redis-server.log"]
+    assert "serving" in output.read_text()  # the server's own log lines were captured
+    for log in logs:
+        text = log.read_text(errors="replace")
+        for password in passwords:
+            assert password not in text, f"a password is in {log}"

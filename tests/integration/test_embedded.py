@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import psutil
@@ -50,6 +51,7 @@ try:
         print(json.dumps({
             "postgres_pid": services.postgres.pid,
             "postgres_port": services.postgres.port,
+            "postgres_url": services.postgres.url,
             "redis_pid": services.redis.pid,
             "redis_port": services.redis.port,
         }), flush=True)
@@ -105,13 +107,11 @@ def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
     return True
 
 
-def _query(port: int, sql: str) -> list[Any]:
+def _query(url: str, sql: str) -> list[Any]:
     """Rows of one query, or [] after running a script of several statements."""
 
     async def run() -> list[Any]:
-        conn = await asyncpg.connect(
-            host="127.0.0.1", port=port, user="postgres", database="settlement"
-        )
+        conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
             if ";" in sql:
                 await conn.execute(sql)
@@ -123,24 +123,27 @@ def _query(port: int, sql: str) -> list[Any]:
     return asyncio.run(run())
 
 
-def _busy_client(port: int) -> subprocess.Popen[bytes]:
+def _busy_client(url: str) -> subprocess.Popen[bytes]:
     """A psql session whose backend sits in a long query."""
     psql = EmbeddedPostgres.bin_dir() / "psql"
+    parts = urlsplit(url)
+    assert parts.password is not None
     client = subprocess.Popen(
         [
-            *(str(psql), "-X", "-h", "127.0.0.1", "-p", str(port)),
+            *(str(psql), "-X", "-w", "-h", "127.0.0.1", "-p", str(parts.port)),
             *("-U", "postgres", "-d", "settlement", "-c", "SELECT pg_sleep(60)"),
         ],
+        env={**os.environ, "PGPASSWORD": parts.password},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
     busy = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'"
-    assert _wait_until(lambda: _query(port, busy) == [(1,)], 10)
+    assert _wait_until(lambda: _query(url, busy) == [(1,)], 10)
     return client
 
 
 @contextmanager
-def _owner(data_dir: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, int]]]:
+def _owner(data_dir: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
     """A child Python process that starts the services and sleeps inside the ``with``."""
     stderr_path = data_dir.parent / f"{data_dir.name}.owner.err"
     with stderr_path.open("w") as stderr:
@@ -170,15 +173,18 @@ def test_services_answer_then_stop_leaves_nothing_running(tmp_path: Path) -> Non
         assert services.postgres is not None and services.redis is not None
         pg_port, redis_port = services.postgres.port, services.redis.port
         pids = [services.postgres.pid, services.redis.pid]
+        password = services.postgres.password_file.read_text().strip()
         assert services.database_url == (
-            f"postgresql+asyncpg://postgres@127.0.0.1:{pg_port}/settlement"
+            f"postgresql+asyncpg://postgres:{password}@127.0.0.1:{pg_port}/settlement"
         )
-        assert services.redis_url == f"redis://127.0.0.1:{redis_port}/0"
+        redis_password = urlsplit(services.redis_url).password
+        assert redis_password
+        assert services.redis_url == f"redis://:{redis_password}@127.0.0.1:{redis_port}/0"
         assert services.endpoints(redis_url="redis://elsewhere:6379/0") == ServiceEndpoints(
             database_url=services.database_url, redis_url="redis://elsewhere:6379/0"
         )
 
-        assert _query(pg_port, "SELECT 1") == [(1,)]
+        assert _query(services.database_url, "SELECT 1") == [(1,)]
         client = redis.Redis.from_url(services.redis_url, socket_timeout=2)
         try:
             assert client.ping() is True
@@ -196,7 +202,7 @@ def test_servers_go_away_when_their_owner_is_killed(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     pgdata = data_dir / "postgres"
     with _owner(data_dir) as (owner, info):
-        client = _busy_client(info["postgres_port"])
+        client = _busy_client(info["postgres_url"])
         cluster = _cluster_pids(pgdata)
         assert info["postgres_pid"] in cluster and len(cluster) > 2  # helpers and a backend
 
@@ -234,14 +240,14 @@ def test_ctrl_c_on_the_owner_stops_servers_cleanly(tmp_path: Path) -> None:
 def test_restart_on_a_durable_data_dir_keeps_data(tmp_path: Path) -> None:
     postgres = EmbeddedPostgres(tmp_path, durable=True)
     postgres.start()
-    _query(postgres.port, "CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')")
+    _query(postgres.url, "CREATE TABLE kept (v text); INSERT INTO kept VALUES ('still here')")
     postgres.stop()
     postgres.stop()
 
     again = EmbeddedPostgres(tmp_path, durable=True)
     again.start()
     try:
-        assert _query(again.port, "SELECT v FROM kept") == [("still here",)]
+        assert _query(again.url, "SELECT v FROM kept") == [("still here",)]
     finally:
         again.stop()
 
@@ -249,7 +255,7 @@ def test_restart_on_a_durable_data_dir_keeps_data(tmp_path: Path) -> None:
 def test_start_after_the_server_was_killed_recovers(tmp_path: Path) -> None:
     postgres = EmbeddedPostgres(tmp_path, durable=False)
     postgres.start()
-    _query(postgres.port, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)")
+    _query(postgres.url, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (7)")
     os.kill(postgres.pid, signal.SIGKILL)
     postgres.stop()
     assert (postgres.pgdata / "postmaster.pid").exists()
@@ -257,7 +263,7 @@ def test_start_after_the_server_was_killed_recovers(tmp_path: Path) -> None:
     again = EmbeddedPostgres(tmp_path, durable=False)
     again.start()
     try:
-        assert _query(again.port, "SELECT v FROM kept") == [(7,)]
+        assert _query(again.url, "SELECT v FROM kept") == [(7,)]
     finally:
         again.stop()
 
@@ -274,7 +280,7 @@ def test_start_ignores_a_pid_file_naming_an_unrelated_live_process(tmp_path: Pat
         (postgres.pgdata / "postmaster.pid").write_text(f"{unrelated.pid}\n{postgres.pgdata}\n")
         postgres.start()
         try:
-            assert _query(postgres.port, "SELECT 1") == [(1,)]
+            assert _query(postgres.url, "SELECT 1") == [(1,)]
         finally:
             postgres.stop()
         assert unrelated.poll() is None
@@ -292,7 +298,7 @@ def test_start_stops_a_server_left_running_on_the_data_dir(tmp_path: Path) -> No
         try:
             assert not any(_running(pid) for pid in leftover)
             assert postgres.pid != info["postgres_pid"]
-            assert _query(postgres.port, "SELECT 1") == [(1,)]
+            assert _query(postgres.url, "SELECT 1") == [(1,)]
         finally:
             postgres.stop()
 

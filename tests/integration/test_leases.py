@@ -64,7 +64,9 @@ class _Relay:
     async def start(self) -> str:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
-        return urlunsplit(self._target._replace(netloc=f"127.0.0.1:{port}"))
+        credentials, _, _ = self._target.netloc.rpartition("@")  # the password, if any
+        netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
+        return urlunsplit(self._target._replace(netloc=netloc))
 
     async def cut(self) -> None:
         assert self._server is not None
