@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from service.config import ConfigError, Settings
+from service.config import ConfigError, Settings, parse_feeds
 from service.logs import configure_logging
 
 __all__ = ["main"]
@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--embedded", action="store_true", help="use the embedded servers")
     sweep.set_defaults(run=_sweep)
+
+    observer = sub.add_parser("observer", help="the feed observer")
+    osub = observer.add_subparsers(required=True, metavar="ACTION")
+    orun = osub.add_parser("run", help="consume one feed of SETTLEMENT_FEEDS until stopped")
+    orun.add_argument("--feed", required=True, help="the feed's name in SETTLEMENT_FEEDS")
+    orun.add_argument("--once", action="store_true", help="one page, then exit")
+    orun.set_defaults(run=_observer_run)
 
     sim = sub.add_parser("provider-sim", help="run the downstream provider simulator")
     sim.add_argument("--host", default="127.0.0.1")
@@ -178,6 +185,11 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                 provider = stack.enter_context(_embedded_provider(settings, args.provider_port))
                 os.environ["SETTLEMENT_PROVIDER_URL"] = provider[0]
                 os.environ["SETTLEMENT_PROVIDER_SECRET"] = provider[1]
+                if not settings.feeds:
+                    os.environ["SETTLEMENT_FEEDS"] = (
+                        f"payments=cursor:{provider[0]}/feeds/cursor,"
+                        f"payments-ts=timestamp:{provider[0]}/feeds/timestamp"
+                    )
             if not settings.bootstrap_admin_key:
                 key = _local_admin_key(Path(settings.data_dir))
                 os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key
@@ -185,6 +197,10 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         # Worker processes read their settings from the environment, once.
         os.environ["SETTLEMENT_DATABASE_URL"] = ready.database_url
         os.environ["SETTLEMENT_REDIS_URL"] = ready.redis_url
+        if args.embedded:
+            # one observer process per configured feed (the simulator's two, by default)
+            for spec in parse_feeds(os.environ.get("SETTLEMENT_FEEDS", "")):
+                stack.enter_context(_observer_process(spec.name))
         log.info("serving", extra={"host": args.host, "port": args.port, "workers": args.workers})
         uvicorn.run(
             "service.http.app:app_from_env",
@@ -271,6 +287,64 @@ def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def _observer_process(feed: str) -> Iterator[None]:
+    """``settlement observer run --feed FEED`` beside the embedded dev server."""
+    import subprocess
+
+    from devstack import die_with_parent
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "observer", "run", "--feed", feed],
+        preexec_fn=die_with_parent(),
+        start_new_session=True,
+    )
+    print(f"feed observer for {feed} (pid {proc.pid})", flush=True)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _observer_run(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from service.app.root import Settlement, require_endpoints
+
+    specs = {spec.name: spec for spec in settings.feed_specs()}
+    spec = specs.get(args.feed)
+    if spec is None:
+        raise ConfigError(
+            f"no feed {args.feed!r} in SETTLEMENT_FEEDS (configured: {sorted(specs) or 'none'})"
+        )
+    require_endpoints(settings)
+
+    async def observe() -> int:
+        settlement = await Settlement.open(settings, background=False)
+        observer = settlement.observer(spec)
+        try:
+            if args.once:
+                page = await observer.run_once()
+                print(f"{spec.name}: {page.result.value} ({page.events} events)", flush=True)
+                return 0
+            log.info("observing", extra={"feed": spec.name, "kind": spec.kind})
+            await observer.run()
+            return 0
+        finally:
+            await observer.close()
+            await settlement.close()
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with contextlib.suppress(_Terminated, KeyboardInterrupt):
+        return asyncio.run(observe())
+    return 0
 
 
 def _local_secret(path: Path) -> str:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from service.core import TerminalPolicy
 
-__all__ = ["ConfigError", "Settings"]
+__all__ = ["ConfigError", "FeedSpec", "Settings", "parse_feeds"]
 
 T = TypeVar("T")
 
@@ -66,6 +67,22 @@ class Settings:
         "bearer token of the provider simulator's /_sim controls; needed off loopback.",
         secret=True,
     )
+    feeds: str = _setting(
+        "", "provider event feeds the observer consumes: name=cursor|timestamp:url,..."
+    )
+    feed_page_size: int = _setting(
+        100, "events asked per feed page; a tie group larger than this doubles it, up to 500."
+    )
+    feed_poll_interval: float = _setting(
+        1.0, "wait after a feed page with nothing new; doubled each time, up to the max."
+    )
+    feed_max_backoff: float = _setting(
+        30.0, "longest wait between feed requests while a feed is idle, stuck or failing."
+    )
+    feed_unknown_grace: float = _setting(
+        60.0, "an event about an operation not (yet) here is held this long, then quarantined."
+    )
+    feed_timeout: float = _setting(5.0, "each feed page request; past it, retry later.")
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(
         2_592_000.0, "how long an expired key is remembered (410) before it is new again."
@@ -130,6 +147,10 @@ class Settings:
         settings.validate()
         return settings
 
+    def feed_specs(self) -> list[FeedSpec]:
+        """The feeds of ``SETTLEMENT_FEEDS`` (checked at start by :meth:`validate`)."""
+        return parse_feeds(self.feeds)
+
     def validate(self) -> None:
         positive = (
             "lease_ttl",
@@ -140,12 +161,21 @@ class Settings:
             "db_lock_timeout",
             "db_hot_lock_timeout",
             "redis_timeout",
+            "feed_poll_interval",
+            "feed_max_backoff",
+            "feed_timeout",
             "health_timeout",
         )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be > 0")
-        for name in ("max_wait", "late_response_window", "retention", "tombstone_retention"):
+        for name in (
+            "max_wait",
+            "late_response_window",
+            "retention",
+            "tombstone_retention",
+            "feed_unknown_grace",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 0")
         at_least_one = (
@@ -158,6 +188,12 @@ class Settings:
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
+        if not 1 <= self.feed_page_size <= 500:
+            raise ConfigError(f"{PREFIX}FEED_PAGE_SIZE must be 1-500")
+        try:
+            parse_feeds(self.feeds)
+        except ValueError as exc:
+            raise ConfigError(f"{PREFIX}FEEDS: {exc}") from None
         if self.terminal_policy not in set(TerminalPolicy):
             raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
         if self.log_format not in ("json", "text"):
@@ -170,6 +206,38 @@ class Settings:
             value = getattr(self, name)
             if value is not None and "://" not in value:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be a URL (scheme://...)")
+
+
+# A feed's name: it keys the checkpoint and the receipts, and appears in admin URLs.
+FEED_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?!\n)$")
+FEED_KINDS = ("cursor", "timestamp")
+
+
+@dataclass(frozen=True)
+class FeedSpec:
+    name: str
+    kind: str
+    url: str
+
+
+def parse_feeds(raw: str) -> list[FeedSpec]:
+    """``name=kind:url,...`` as specs; ValueError naming what is wrong."""
+    specs: list[FeedSpec] = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, rest = item.partition("=")
+        kind, sep2, url = rest.partition(":")
+        if not sep or not sep2:
+            raise ValueError(f"{item!r} is not name=kind:url")
+        if not FEED_NAME.match(name):
+            raise ValueError(f"feed name {name!r} must match {FEED_NAME.pattern}")
+        if kind not in FEED_KINDS:
+            raise ValueError(f"feed {name}: kind must be cursor or timestamp, not {kind!r}")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"feed {name}: {url!r} is not an http(s) URL")
+        if any(spec.name == name for spec in specs):
+            raise ValueError(f"feed {name} is named twice")
+        specs.append(FeedSpec(name=name, kind=kind, url=url))
+    return specs
 
 
 def _parse_str(name: str, raw: str) -> str:
@@ -226,6 +294,11 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "db_statement_timeout": _seconds,
     "db_lock_timeout": _seconds,
     "db_hot_lock_timeout": _seconds,
+    "feed_page_size": _integer,
+    "feed_poll_interval": _seconds,
+    "feed_max_backoff": _seconds,
+    "feed_unknown_grace": _seconds,
+    "feed_timeout": _seconds,
     "redis_timeout": _seconds,
     "health_timeout": _seconds,
     "body_limit": _integer,

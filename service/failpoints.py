@@ -3,7 +3,9 @@
 ``SETTLEMENT_FAILPOINTS="name=action,..."`` where action is ``crash`` (the process ends at
 once, as a power cut would: SIGKILL to itself), ``sleep:SECONDS`` or ``error`` (raises
 :class:`FailpointError`). Names in use: ``claim.after``, ``effect.before_commit``,
-``effect.after_commit``, ``settle.after``, ``lease.heartbeat``.
+``effect.after_commit``, ``settle.after``, ``lease.heartbeat``, and the feed observer's
+``observer.event.before_commit|after_commit``, ``observer.quarantine.before|after``,
+``observer.barrier.before|after``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ NAMES = frozenset(
         "effect.after_commit",
         "settle.after",
         "lease.heartbeat",
+        "observer.event.before_commit",
+        "observer.event.after_commit",
+        "observer.quarantine.before",
+        "observer.quarantine.after",
+        "observer.barrier.before",
+        "observer.barrier.after",
     }
 )
 

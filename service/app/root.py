@@ -21,16 +21,19 @@ from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
 from service.app.late import LateAnswers
+from service.app.observer import FeedObserver
 from service.app.purger import Purger
 from service.app.requests import IdempotentRequests
 from service.app.routes import ACCOUNTS, TRANSFERS, payouts
 from service.app.status import StatusQueries
 from service.app.sweeper import Sweeper
-from service.config import ConfigError, Settings
+from service.config import ConfigError, FeedSpec, Settings
+from service.domain.feeds import FeedClient
 from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
 from service.leases import LeaseManager, Wakeups, make_redis
 from service.store.db import make_engine, reader
+from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
 from service.store.pool import make_pool
 from service.store.principals import PrincipalStore
@@ -54,6 +57,7 @@ class Settlement:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self._clock = clock
         self.engine = engine
         self.pool = pool  # asyncpg: the hot path's statements and the local effects
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
@@ -125,14 +129,34 @@ class Settlement:
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
         )
+        self.feeds = FeedStore(engine, self.store.runner, settle=self.store.settle_phase_of)
         self.purger = Purger(
             self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock
         )
         self._sweeping: asyncio.Task[None] | None = None
         self._purging: asyncio.Task[None] | None = None
 
+    def observer(self, spec: FeedSpec) -> FeedObserver:
+        """A feed observer of ``spec`` (its own HTTP client; close it when done)."""
+        settings = self.settings
+        return FeedObserver(
+            spec,
+            FeedClient(spec, timeout=settings.feed_timeout),
+            self.feeds,
+            self.store,
+            self.tombstones,
+            secret=settings.provider_secret,
+            external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+            failpoints=self.failpoints,
+            clock=self._clock,
+            page_size=settings.feed_page_size,
+            unknown_grace=settings.feed_unknown_grace,
+            poll_interval=settings.feed_poll_interval,
+            max_backoff=settings.feed_max_backoff,
+        )
+
     @classmethod
-    async def open(cls, settings: Settings) -> Settlement:
+    async def open(cls, settings: Settings, *, background: bool = True) -> Settlement:
         """Connect, check the schema, guarantee the bootstrap admin, start the sweeper and
         the retention purge."""
         require_endpoints(settings)
@@ -152,8 +176,13 @@ class Settlement:
                 await pool.close()
             await engine.dispose()
             raise
-        settlement._sweeping = asyncio.create_task(settlement.sweeper.run(), name="lease-sweeper")
-        settlement._purging = asyncio.create_task(settlement.purger.run(), name="retention-purge")
+        if background:  # a server process; an observer process runs only its observer
+            settlement._sweeping = asyncio.create_task(
+                settlement.sweeper.run(), name="lease-sweeper"
+            )
+            settlement._purging = asyncio.create_task(
+                settlement.purger.run(), name="retention-purge"
+            )
         return settlement
 
     async def close(self) -> None:

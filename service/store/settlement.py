@@ -53,7 +53,7 @@ from service.store.outcomes import (
     SweepCursor,
     SweepPage,
 )
-from service.store.phase import PhaseRunner, RowLocked, SettlementContention
+from service.store.phase import Phase, PhaseRunner, RowLocked, SettlementContention
 from service.store.principals import Principal
 from service.store.retention import Retention, Tombstone
 from service.store.rows import at, record_from_row
@@ -234,6 +234,30 @@ class SettlementStore:
             case (before, settled):
                 self._report(operation_id, before, settled)
                 return settled
+
+    @property
+    def runner(self) -> PhaseRunner:
+        """The phase runner (one retry policy) for phases that settle with more beside."""
+        return self._runner
+
+    def settle_phase_of(
+        self, operation_id: uuid.UUID, observation: Observation, detail: dict[str, Any]
+    ) -> Phase[tuple[Record, Settled] | None]:
+        """The settle phase of :meth:`settle`, for a caller that commits more in the same
+        transaction (a feed event's receipt); report its result with :meth:`report`."""
+        return settle_phase(
+            operation_id,
+            observation,
+            attempt_id=None,
+            detail=detail,
+            clock=self._clock,
+            policy=self._policy,
+            retention=self._retention,
+        )
+
+    def report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
+        """Tell the hooks (metrics, wake-ups) about a settlement committed by such a caller."""
+        self._report(operation_id, before, settled)
 
     def _report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
         observation, decision = settled.observation, settled.decision

@@ -29,6 +29,9 @@ __all__ = [
     "OPERATION_STATES",
     "accounts",
     "attempts",
+    "feed_alarms",
+    "feed_checkpoints",
+    "feed_receipts",
     "metadata",
     "observations",
     "operation_epochs",
@@ -297,4 +300,64 @@ transfers = Table(
     CheckConstraint("amount > 0", name="amount_positive"),
     CheckConstraint("source_id <> destination_id", name="distinct_accounts"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+)
+
+
+# -- the feed observer (DESIGN §8) -----------------------------------------------------------
+
+FEED_KINDS = ("cursor", "timestamp")
+RECEIPT_STATES = ("applied", "ignored", "quarantined", "held")
+
+feed_checkpoints = Table(
+    "feed_checkpoints",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("kind", String(16), nullable=False),
+    # cursor feeds: the cursor to ask with next ('' is the start), and the highest position
+    # every event up to which has a final receipt
+    Column("resume_cursor", Text, nullable=False, server_default=text("''")),
+    Column("applied_position", BigInteger),
+    # timestamp feeds: every event at or before it has a final receipt
+    Column("closed_through_timestamp", BigInteger),
+    Column("version", BigInteger, nullable=False, server_default=text("1")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    # the last time a page came back with nothing new (the observer was caught up)
+    Column("caught_up_at", DateTime(timezone=True)),
+    CheckConstraint(_in("kind", FEED_KINDS), name="kind"),
+    CheckConstraint("version >= 1", name="version"),
+)
+
+feed_receipts = Table(
+    "feed_receipts",
+    metadata,
+    Column("feed", String(64), primary_key=True),
+    Column("event_id", String(255), primary_key=True),
+    # the event's place in its feed: a position (cursor feeds) or a timestamp (timestamp feeds)
+    Column("event_order", BigInteger, nullable=False),
+    Column("operation_id", UUID(as_uuid=True)),
+    Column("state", String(16), nullable=False),
+    Column("reason", String(64), nullable=False),
+    Column("observation_id", BigInteger),
+    Column("first_seen_at", DateTime(timezone=True), nullable=False),
+    Column("decided_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
+)
+Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)
+Index(
+    "ix_feed_receipts_held",
+    feed_receipts.c.feed,
+    postgresql_where=text("state = 'held'"),
+)
+
+feed_alarms = Table(
+    "feed_alarms",
+    metadata,
+    Column("feed", String(64), primary_key=True),
+    Column("kind", String(32), primary_key=True),
+    # the event it is about ('' for the feed as a whole): one row per (feed, kind, event)
+    Column("event_id", String(255), primary_key=True),
+    Column("detail", Text, nullable=False),
+    Column("count", BigInteger, nullable=False, server_default=text("1")),
+    Column("first_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+    Column("last_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
 )

@@ -1,0 +1,399 @@
+"""The feed observer (DESIGN §8): one worker per feed, ``run()`` and ``run_once()`` (a page).
+
+Each page: read the checkpoint, fetch the page it names, check the page against the
+receipts (:mod:`service.core.feed`), give every new event one durable outcome, then move the
+checkpoint past the page only if all its events are final (a CAS: a losing observer rereads
+and never writes older progress over newer).
+
+An event's outcome, each committed with its receipt in one transaction:
+
+* evidence whose signature does not verify (or that is not evidence): **held**
+  (``bad-signature``) for an operator (``POST /admin/v1/feeds/{name}/holds/{event_id}``);
+* about an operation that is not here: held (``unknown-operation``) for
+  ``SETTLEMENT_FEED_UNKNOWN_GRACE``, then **quarantined**; purged by retention: quarantined
+  (``operation-expired``); about a local effect: quarantined (``not-external``);
+* otherwise settled through the core as a ``feed`` observation: the receipt is **applied**,
+  **ignored** (a replay) or **quarantined** (a tuple mismatch), as the core decided;
+* a database error on the way: the page stops, nothing is promoted, and the next page
+  retries the event.
+
+Failpoints: ``observer.event.before_commit|after_commit`` around a settled event's commit,
+``observer.quarantine.before|after`` around a quarantine the observer decides,
+``observer.barrier.before|after`` around the checkpoint's move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import uuid
+from collections.abc import Callable
+
+import msgspec
+
+from service.config import FeedSpec
+from service.core import Observation, Source
+from service.core.feed import (
+    Backoff,
+    Blocked,
+    FeedEvent,
+    Promote,
+    ReceiptState,
+    Seen,
+    Stop,
+    check_cursor_page,
+    check_timestamp_page,
+    closable_through,
+    cursor_barrier,
+)
+from service.domain.feeds import FeedClient, FeedUnavailable, RawEvent, decode_signed
+from service.evidence import observation_of, verify
+from service.failpoints import Failpoints
+from service.store.feeds import Checkpoint, FeedStore
+from service.store.retention import RetentionStore
+from service.store.rows import at
+from service.store.settlement import SettlementStore
+
+__all__ = ["MAX_PAGE", "FeedObserver", "Page", "PageResult"]
+
+log = logging.getLogger("settlement.observer")
+
+# The largest page asked for: a tie group larger than this stalls the feed (an alarm).
+MAX_PAGE = 500
+# How far back an idle timestamp feed looks for events that arrived at closed timestamps.
+LATE_LOOKBACK = 300
+
+
+class PageResult(enum.StrEnum):
+    PROMOTED = "promoted"  # the checkpoint moved past the page
+    BLOCKED = "blocked"  # an event is held: the checkpoint stays
+    CAUGHT_UP = "caught-up"  # nothing new
+    STUCK = "stuck"  # the feed returned the request's own cursor with events pending
+    STOPPED = "stopped"  # the page broke the feed's contract: alarmed, nothing moved
+    LOST = "lost"  # another observer moved the checkpoint first
+    UNAVAILABLE = "unavailable"  # no page, or a database error on the way
+    GROW = "grow"  # one tie group filled the page: ask for a larger one
+
+
+class Page(msgspec.Struct, frozen=True):
+    result: PageResult
+    events: int = 0
+    processed: int = 0
+
+
+# A page's outcome -> whether the next page may be asked for at once
+_PROGRESS = {PageResult.PROMOTED, PageResult.LOST, PageResult.GROW}
+
+
+class FeedObserver:
+    def __init__(
+        self,
+        spec: FeedSpec,
+        client: FeedClient,
+        feeds: FeedStore,
+        store: SettlementStore,
+        tombstones: RetentionStore,
+        *,
+        secret: str | None,
+        external_routes: frozenset[str],
+        failpoints: Failpoints,
+        clock: Callable[[], float],
+        page_size: int,
+        unknown_grace: float,
+        poll_interval: float,
+        max_backoff: float,
+    ) -> None:
+        self.spec = spec
+        self._client = client
+        self._feeds = feeds
+        self._store = store
+        self._tombstones = tombstones
+        self._secret = secret
+        self._external = external_routes
+        self._failpoints = failpoints
+        self._clock = clock
+        self._page_size = page_size
+        self._limit = page_size
+        self._grace = unknown_grace
+        self._poll = poll_interval
+        self._max_backoff = max_backoff
+        self._idle = 0  # pages in a row without progress: the backoff's exponent
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Page after page until cancelled: at once after progress; after a page without,
+        wait ``poll_interval`` doubled per such page up to ``max_backoff`` (a stuck or failing
+        feed is asked at most a few times a minute, never in a hot loop)."""
+        while True:
+            try:
+                page = await self.run_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("feed page failed", extra={"feed": self.spec.name})
+                page = Page(PageResult.UNAVAILABLE)
+            await asyncio.sleep(self.wait_after(page))
+
+    def wait_after(self, page: Page) -> float:
+        if page.result in _PROGRESS:
+            self._idle = 0
+            return 0.0
+        self._idle += 1
+        return float(min(self._max_backoff, self._poll * 2 ** min(self._idle - 1, 16)))
+
+    async def run_once(self) -> Page:
+        """One page of the feed."""
+        checkpoint = await self._feeds.checkpoint(self.spec.name, self.spec.kind)
+        try:
+            if self.spec.kind == "cursor":
+                return await self._cursor_page(checkpoint)
+            return await self._timestamp_page(checkpoint)
+        except FeedUnavailable as exc:
+            log.warning("feed unavailable", extra={"feed": self.spec.name, "error": str(exc)})
+            return Page(PageResult.UNAVAILABLE)
+
+    # -- cursor feeds -------------------------------------------------------------------------
+
+    async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
+        name = self.spec.name
+        page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
+        events = [FeedEvent(e.event_id, _order(e.position)) for e in page.events]
+        seen = await self._feeds.seen(name, [e.event_id for e in events])
+        owners = await self._feeds.owners(name, [e.order for e in events])
+        checked = check_cursor_page(checkpoint.applied_position, events, seen, owners)
+        if isinstance(checked, Stop):
+            return await self._stopped(checked, len(events))
+        for event in checked.backfilled:
+            await self._alarm(
+                "backfill", event.event_id, f"position {event.order} behind the applied prefix"
+            )
+        states = {event_id: s.state for event_id, s in seen.items()}
+        raw = {e.event_id: e for e in page.events}
+        processed = await self._process_all(checked.process, raw, seen, states)
+        if processed is None:
+            return Page(PageResult.UNAVAILABLE, len(events))
+        verdict = cursor_barrier(
+            checkpoint.resume_cursor,
+            page.next_cursor,
+            checkpoint.applied_position,
+            events,
+            states,
+        )
+        match verdict:
+            case Blocked(event_ids=held):
+                log.info("feed barrier held", extra={"feed": name, "held": held[:10]})
+                return Page(PageResult.BLOCKED, len(events), processed)
+            case Backoff():
+                if events:
+                    await self._alarm("stuck-token", "", "the feed returned the request's cursor")
+                    return Page(PageResult.STUCK, len(events), processed)
+                await self._feeds.caught_up(name, at(self._clock()))
+                return Page(PageResult.CAUGHT_UP)
+            case Promote(cursor=cursor, applied_position=applied):
+                await self._failpoints.hit("observer.barrier.before")
+                moved = await self._feeds.promote_cursor(
+                    checkpoint, cursor, applied, at(self._clock())
+                )
+                await self._failpoints.hit("observer.barrier.after")
+                if not moved:
+                    log.info("feed checkpoint moved by another observer", extra={"feed": name})
+                    return Page(PageResult.LOST, len(events), processed)
+                if not events:
+                    await self._feeds.caught_up(name, at(self._clock()))
+                return Page(PageResult.PROMOTED, len(events), processed)
+        raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
+
+    # -- timestamp feeds ----------------------------------------------------------------------
+
+    async def _timestamp_page(self, checkpoint: Checkpoint) -> Page:
+        name = self.spec.name
+        closed = checkpoint.closed_through_timestamp
+        limit = self._limit
+        page = await self._client.timestamp_page(closed, limit)
+        events = [FeedEvent(e.event_id, _order(e.timestamp)) for e in page.events]
+        seen = await self._feeds.seen(name, [e.event_id for e in events])
+        checked = check_timestamp_page(closed, events, seen)
+        if isinstance(checked, Stop):
+            return await self._stopped(checked, len(events))
+        for event in checked.late:
+            await self._alarm(
+                "late-event", event.event_id, f"timestamp {event.order} <= closed {closed}"
+            )
+        states = {event_id: s.state for event_id, s in seen.items()}
+        raw = {e.event_id: e for e in page.events}
+        processed = await self._process_all(checked.process, raw, seen, states)
+        if processed is None:
+            return Page(PageResult.UNAVAILABLE, len(events))
+        full = len(events) >= limit
+        through = closable_through(closed, events, states, page.finality_watermark, full=full)
+        if through is None:
+            if full and len({e.order for e in events}) == 1:
+                # one tie group fills the page: it cannot close until a page holds it whole
+                if limit < MAX_PAGE:
+                    self._limit = min(MAX_PAGE, limit * 2)
+                    return Page(PageResult.GROW, len(events), processed)
+                await self._alarm(
+                    "tie-stall", "", f"more than {MAX_PAGE} events at timestamp {events[0].order}"
+                )
+                return Page(PageResult.STUCK, len(events), processed)
+            if any(not _final(states.get(e.event_id)) for e in events):
+                return Page(PageResult.BLOCKED, len(events), processed)
+            if not events:
+                await self._late_audit(closed)
+                await self._feeds.caught_up(name, at(self._clock()))
+            return Page(PageResult.CAUGHT_UP, len(events), processed)
+        await self._failpoints.hit("observer.barrier.before")
+        moved = await self._feeds.close_through(checkpoint, through, at(self._clock()))
+        await self._failpoints.hit("observer.barrier.after")
+        self._limit = self._page_size
+        if not moved:
+            return Page(PageResult.LOST, len(events), processed)
+        return Page(PageResult.PROMOTED, len(events), processed)
+
+    async def _late_audit(self, closed: int | None) -> None:
+        """An idle feed looks back ``LATE_LOOKBACK`` seconds behind its closed timestamp: an
+        event that arrived there late is processed (never skipped) and alarmed."""
+        if closed is None:
+            return
+        page = await self._client.timestamp_page(max(-1, closed - LATE_LOOKBACK), MAX_PAGE)
+        late = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
+        if not late:
+            return
+        seen = await self._feeds.seen(self.spec.name, [e.event_id for e in late])
+        unknown = [
+            FeedEvent(e.event_id, _order(e.timestamp)) for e in late if e.event_id not in seen
+        ]
+        for event in unknown:
+            await self._alarm(
+                "late-event", event.event_id, f"timestamp {event.order} <= closed {closed}"
+            )
+        states: dict[str, ReceiptState] = {}
+        await self._process_all(unknown, {e.event_id: e for e in late}, seen, states)
+
+    # -- events -------------------------------------------------------------------------------
+
+    async def _process_all(
+        self,
+        events: list[FeedEvent],
+        raw: dict[str, RawEvent],
+        seen: dict[str, Seen],
+        states: dict[str, ReceiptState],
+    ) -> int | None:
+        """Give each event its outcome, in order; the number processed, or None when a
+        database error stopped the page."""
+        done = 0
+        for event in events:
+            try:
+                states[event.event_id] = await self._process(event, raw[event.event_id], seen)
+            except Exception as exc:
+                log.warning(
+                    "feed event not settled; the page stops and will be retried",
+                    extra={"feed": self.spec.name, "event_id": event.event_id, "error": repr(exc)},
+                )
+                return None
+            done += 1
+        return done
+
+    async def _process(
+        self, event: FeedEvent, raw: RawEvent, seen: dict[str, Seen]
+    ) -> ReceiptState:
+        name, now = self.spec.name, self._clock()
+        signed = decode_signed(raw)
+        verified = signed is not None and self._secret is not None and verify(signed, self._secret)
+        if signed is None or not verified:
+            known = seen.get(event.event_id)
+            if known is not None and known.state is ReceiptState.HELD:
+                return ReceiptState.HELD  # already held for an operator
+            operation_id = None if signed is None else signed.evidence.operation_id
+            observation = (
+                None
+                if signed is None
+                else observation_of(signed.evidence, Source.FEED, verified=False)
+            )
+            receipt = await self._feeds.refuse_event(
+                name, event.event_id, event.order, operation_id, observation,
+                "held", "bad-signature", at(now),
+            )  # fmt: skip
+            await self._alarm(
+                "bad-signature", event.event_id, "the event's evidence does not verify"
+            )
+            return ReceiptState(receipt.state)
+        assert signed is not None
+        operation_id = signed.evidence.operation_id
+        observation = observation_of(signed.evidence, Source.FEED)
+        owner = await self._store.owner_of(operation_id)
+        if owner is None:
+            if await self._tombstones.by_operation(operation_id) is not None:
+                return await self._quarantine(event, operation_id, observation, "operation-expired")
+            first = await self._feeds.receipt(name, event.event_id)
+            first_seen = now if first is None else first.first_seen_at.timestamp()
+            if now - first_seen >= self._grace:
+                return await self._quarantine(event, operation_id, observation, "unknown-operation")
+            receipt = await self._feeds.refuse_event(
+                name, event.event_id, event.order, None, None,
+                "held", "unknown-operation", at(now),
+            )  # fmt: skip
+            return ReceiptState(receipt.state)
+        if owner[1] not in self._external:
+            return await self._quarantine(event, operation_id, observation, "not-external")
+        receipt, found = await self._feeds.settle_event(
+            name,
+            event.event_id,
+            event.order,
+            operation_id,
+            observation,
+            at(now),
+            before_commit=lambda: self._failpoints.hit("observer.event.before_commit"),
+        )
+        await self._failpoints.hit("observer.event.after_commit")
+        if found is not None:
+            self._store.report(operation_id, found[0], found[1])
+        return ReceiptState(receipt.state)
+
+    async def _quarantine(
+        self, event: FeedEvent, operation_id: uuid.UUID, observation: Observation, reason: str
+    ) -> ReceiptState:
+        await self._failpoints.hit("observer.quarantine.before")
+        receipt = await self._feeds.refuse_event(
+            self.spec.name,
+            event.event_id,
+            event.order,
+            operation_id,
+            observation,
+            "quarantined",
+            reason,
+            at(self._clock()),
+        )
+        await self._failpoints.hit("observer.quarantine.after")
+        log.warning(
+            "feed event quarantined",
+            extra={"feed": self.spec.name, "event_id": event.event_id, "reason": reason},
+        )
+        return ReceiptState(receipt.state)
+
+    # -- alarms -------------------------------------------------------------------------------
+
+    async def _stopped(self, stop: Stop, events: int) -> Page:
+        await self._alarm(stop.kind, stop.event_id, stop.detail)
+        return Page(PageResult.STOPPED, events)
+
+    async def _alarm(self, kind: str, event_id: str, detail: str) -> None:
+        log.error(
+            "feed alarm",
+            extra={"feed": self.spec.name, "alarm": kind, "event_id": event_id, "detail": detail},
+        )
+        await self._feeds.alarm(self.spec.name, kind, event_id, detail, at(self._clock()))
+
+
+def _order(value: int | None) -> int:
+    assert value is not None  # the client refuses a page with an event without its order
+    return value
+
+
+def _final(state: ReceiptState | None) -> bool:
+    return state is not None and state.final

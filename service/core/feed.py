@@ -1,0 +1,234 @@
+"""The feed observer's barrier rules (DESIGN §8), pure: pages and receipts in, a verdict out.
+
+A provider feed serves events, each with signed evidence of one operation's outcome. The
+observer gives every event exactly one durable outcome (a *receipt*: applied, ignored as a
+replay, or quarantined; a *hold* is durable but not final) and moves its checkpoint only past
+events that have a final receipt.
+
+Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
+
+1. A page's positions must strictly increase, and an event identity keeps its position: a
+   page that breaks either (a regression, a conflicting identity) stops the attempt; the
+   checkpoint stays.
+2. Events at or below the applied position are overlap. A known one is skipped; an unknown
+   one (a backfill) is processed like any other, and alarmed: never skipped.
+3. The returned cursor is promoted only when every event of the page has a final receipt.
+   A cursor equal to the request's is not progress: back off. An empty page with a new
+   cursor passes the barrier.
+
+Timestamp feeds (:func:`check_timestamp_page`, :func:`closable_through`): the checkpoint is
+the timestamp through which every event is known and final; the next query asks strictly
+after it. A timestamp ``t`` is complete once the page shows an event strictly later than
+``t`` or the feed's finality watermark is at or past ``t``; it closes when it is complete and
+every event at or before it has a final receipt. A page filled by one tie group closes
+nothing and asks for a larger page; when the largest page cannot hold the group, the tie
+stalls (an alarm), and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+import msgspec
+
+__all__ = [
+    "Backoff",
+    "Blocked",
+    "CursorCheck",
+    "FeedEvent",
+    "Promote",
+    "ReceiptState",
+    "Seen",
+    "Stop",
+    "TimestampCheck",
+    "check_cursor_page",
+    "check_timestamp_page",
+    "closable_through",
+    "cursor_barrier",
+]
+
+
+class ReceiptState(enum.StrEnum):
+    APPLIED = "applied"
+    IGNORED = "ignored"
+    QUARANTINED = "quarantined"
+    HELD = "held"
+
+    @property
+    def final(self) -> bool:
+        return self is not ReceiptState.HELD
+
+
+class FeedEvent(msgspec.Struct, frozen=True):
+    """An event as the barrier sees it: its identity and its place in the feed's order
+    (a position for cursor feeds, a timestamp for timestamp feeds)."""
+
+    event_id: str
+    order: int
+
+
+class Seen(msgspec.Struct, frozen=True):
+    """What the receipts say of an event already met: where it was, and its state."""
+
+    order: int
+    state: ReceiptState
+
+
+class Stop(msgspec.Struct, frozen=True):
+    """The page breaks the feed's contract: nothing is promoted; alarm ``kind``."""
+
+    kind: str
+    event_id: str
+    detail: str
+
+
+class CursorCheck(msgspec.Struct, frozen=True):
+    """The events of the page to process (in order), and the backfilled ones to alarm."""
+
+    process: list[FeedEvent]
+    backfilled: list[FeedEvent]
+
+
+def check_cursor_page(
+    applied_position: int | None,
+    events: Sequence[FeedEvent],
+    seen: Mapping[str, Seen],
+    position_owners: Mapping[int, str],
+) -> CursorCheck | Stop:
+    """``seen``: receipts of this page's event ids; ``position_owners``: the event id each
+    of this page's positions has a receipt under."""
+    previous: int | None = None
+    process: list[FeedEvent] = []
+    backfilled: list[FeedEvent] = []
+    for event in events:
+        if previous is not None and event.order <= previous:
+            return Stop(
+                "regression",
+                event.event_id,
+                f"position {event.order} after {previous} in one page",
+            )
+        previous = event.order
+        known = seen.get(event.event_id)
+        owner = position_owners.get(event.order)
+        if known is not None and known.order != event.order:
+            return Stop(
+                "conflicting-identity",
+                event.event_id,
+                f"event seen at position {known.order}, now at {event.order}",
+            )
+        if owner is not None and owner != event.event_id:
+            return Stop(
+                "conflicting-identity",
+                event.event_id,
+                f"position {event.order} already holds event {owner}",
+            )
+        if known is not None and known.state.final:
+            continue  # overlap: already settled for good
+        if known is None and applied_position is not None and event.order <= applied_position:
+            backfilled.append(event)
+        process.append(event)
+    return CursorCheck(process=process, backfilled=backfilled)
+
+
+class Promote(msgspec.Struct, frozen=True):
+    """Move the checkpoint to ``cursor``, with ``applied_position``."""
+
+    cursor: str
+    applied_position: int | None
+
+
+class Blocked(msgspec.Struct, frozen=True):
+    """Events without a final receipt hold the barrier closed."""
+
+    event_ids: list[str]
+
+
+class Backoff(msgspec.Struct, frozen=True):
+    """The feed returned the request's own cursor: nothing to promote; wait before asking."""
+
+
+def cursor_barrier(
+    request_cursor: str,
+    next_cursor: str,
+    applied_position: int | None,
+    events: Sequence[FeedEvent],
+    states: Mapping[str, ReceiptState],
+) -> Promote | Blocked | Backoff:
+    """``states``: the receipts of the page's events after processing."""
+    open_ = [e.event_id for e in events if not _final(states.get(e.event_id))]
+    if open_:
+        return Blocked(open_)
+    if next_cursor == request_cursor:
+        return Backoff()
+    highest = max((e.order for e in events), default=None)
+    if applied_position is not None and (highest is None or highest < applied_position):
+        highest = applied_position
+    return Promote(cursor=next_cursor, applied_position=highest)
+
+
+class TimestampCheck(msgspec.Struct, frozen=True):
+    process: list[FeedEvent]
+    late: list[FeedEvent]
+    """unknown events at or before the closed timestamp: processed, and alarmed"""
+
+
+def check_timestamp_page(
+    closed_through: int | None, events: Sequence[FeedEvent], seen: Mapping[str, Seen]
+) -> TimestampCheck | Stop:
+    previous: int | None = None
+    process: list[FeedEvent] = []
+    late: list[FeedEvent] = []
+    for event in events:
+        if previous is not None and event.order < previous:
+            return Stop(
+                "regression",
+                event.event_id,
+                f"timestamp {event.order} after {previous} in one page",
+            )
+        previous = event.order
+        known = seen.get(event.event_id)
+        if known is not None and known.order != event.order:
+            return Stop(
+                "conflicting-identity",
+                event.event_id,
+                f"event seen at timestamp {known.order}, now at {event.order}",
+            )
+        if known is not None and known.state.final:
+            continue
+        if known is None and closed_through is not None and event.order <= closed_through:
+            late.append(event)
+        process.append(event)
+    return TimestampCheck(process=process, late=late)
+
+
+def closable_through(
+    closed_through: int | None,
+    events: Sequence[FeedEvent],
+    states: Mapping[str, ReceiptState],
+    watermark: int | None,
+    *,
+    full: bool,
+) -> int | None:
+    """The new closed-through timestamp, or None when it does not move.
+
+    ``events`` is the page: the events the feed has strictly after ``closed_through``, in
+    order; when the page is ``full`` it may be cut inside its last timestamp, so the
+    watermark proves nothing at or past that timestamp."""
+    complete = watermark
+    if events:
+        last = max(e.order for e in events)
+        # every timestamp before the page's last is complete: a later event exists; a full
+        # page may be cut inside its last timestamp, whatever the watermark says
+        complete = last - 1 if full or complete is None else max(complete, last - 1)
+    if complete is None:
+        return None
+    unsettled = [e.order for e in events if not _final(states.get(e.event_id))]
+    bound = complete if not unsettled else min(complete, min(unsettled) - 1)
+    if closed_through is not None and bound <= closed_through:
+        return None
+    return bound
+
+
+def _final(state: ReceiptState | None) -> bool:
+    return state is not None and state.final

@@ -1,0 +1,431 @@
+"""The feed observer's durable state (DESIGN §8): checkpoints, receipts, alarms.
+
+* Every event's outcome commits with its receipt in one transaction
+  (:meth:`FeedStore.settle_event`, :meth:`FeedStore.refuse_event`): the receipt row is
+  inserted first, so a second observer on the same event waits on it and then finds it.
+* A hold (:meth:`FeedStore.hold_event`) is a durable receipt in state ``held``: not final.
+* A checkpoint moves only by a CAS on its version and the value it was read with
+  (:meth:`FeedStore.promote_cursor`, :meth:`FeedStore.close_through`); a losing observer
+  rereads, and never writes older progress over newer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.core import Observation
+from service.core.feed import ReceiptState, Seen
+from service.store.outcomes import Settled
+from service.store.phase import Phase, PhaseRunner
+from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
+from service.store.unit_of_work import UnitOfWork
+
+__all__ = ["Alarm", "Checkpoint", "FeedStore", "Receipt"]
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    name: str
+    kind: str
+    resume_cursor: str
+    applied_position: int | None
+    closed_through_timestamp: int | None
+    version: int
+    updated_at: datetime
+    caught_up_at: datetime | None
+
+
+class Receipt(msgspec.Struct, frozen=True):
+    feed: str
+    event_id: str
+    event_order: int
+    operation_id: uuid.UUID | None
+    state: str
+    reason: str
+    observation_id: int | None
+    first_seen_at: datetime
+    decided_at: datetime
+
+
+class Alarm(msgspec.Struct, frozen=True):
+    feed: str
+    kind: str
+    event_id: str
+    detail: str
+    count: int
+    first_at: datetime
+    last_at: datetime
+
+
+# (operation, observation, detail) -> the phase that settles it under the row lock; the phase
+# returns None when there is no such operation
+SettlePhase = Callable[[uuid.UUID, Observation, dict[str, Any]], Phase[tuple[Any, Settled] | None]]
+
+
+def _receipt(row: Any) -> Receipt:
+    return Receipt(**dict(row))
+
+
+class FeedStore:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        runner: PhaseRunner,
+        *,
+        settle: SettlePhase,
+    ) -> None:
+        """``settle``: builds the settle phase of an observation (the settlement store's own
+        policy, clock and retention), so an event's settlement and its receipt share one
+        transaction."""
+        self._engine = engine
+        self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._runner = runner
+        self._settle = settle
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    async def checkpoint(self, name: str, kind: str) -> Checkpoint:
+        """The feed's checkpoint, created at the start of the feed if it has none."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                pg_insert(feed_checkpoints)
+                .values(name=name, kind=kind)
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            row = (
+                (
+                    await conn.execute(
+                        select(feed_checkpoints).where(feed_checkpoints.c.name == name)
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        found = Checkpoint(**dict(row))
+        if found.kind != kind:
+            raise ValueError(f"feed {name} is a {found.kind} feed, not {kind}")
+        return found
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        async with self._reader.connect() as conn:
+            rows = (
+                await conn.execute(select(feed_checkpoints).order_by(feed_checkpoints.c.name))
+            ).mappings()
+            return [Checkpoint(**dict(row)) for row in rows]
+
+    async def promote_cursor(
+        self, current: Checkpoint, cursor: str, applied_position: int | None, now: datetime
+    ) -> bool:
+        """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read."""
+        return await self._cas(
+            current, now, resume_cursor=cursor, applied_position=applied_position
+        )
+
+    async def close_through(self, current: Checkpoint, timestamp: int, now: datetime) -> bool:
+        """Move a timestamp feed's checkpoint, if nobody moved it since ``current``."""
+        return await self._cas(current, now, closed_through_timestamp=timestamp)
+
+    async def _cas(self, current: Checkpoint, now: datetime, **values: Any) -> bool:
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            moved = await conn.execute(
+                update(feed_checkpoints)
+                .where(
+                    c.name == current.name,
+                    c.version == current.version,
+                    c.resume_cursor == current.resume_cursor,
+                    c.closed_through_timestamp.is_not_distinct_from(
+                        current.closed_through_timestamp
+                    ),
+                )
+                .values(version=c.version + 1, updated_at=now, **values)
+            )
+        return moved.rowcount == 1
+
+    async def caught_up(self, name: str, now: datetime) -> None:
+        """Note that a page came back with nothing new (for the lag shown to operators)."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(feed_checkpoints)
+                .where(feed_checkpoints.c.name == name)
+                .values(caught_up_at=now)
+            )
+
+    # -- receipts -----------------------------------------------------------------------------
+
+    async def seen(self, feed: str, event_ids: Sequence[str]) -> dict[str, Seen]:
+        """Receipts of ``event_ids``: where each event was, and its state."""
+        if not event_ids:
+            return {}
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            rows = await conn.execute(
+                select(r.event_id, r.event_order, r.state).where(
+                    r.feed == feed, r.event_id.in_(list(event_ids))
+                )
+            )
+            return {
+                row.event_id: Seen(order=row.event_order, state=ReceiptState(row.state))
+                for row in rows
+            }
+
+    async def owners(self, feed: str, orders: Sequence[int]) -> dict[int, str]:
+        """The event id holding a receipt at each of ``orders`` (cursor positions)."""
+        if not orders:
+            return {}
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            rows = await conn.execute(
+                select(r.event_order, r.event_id).where(
+                    r.feed == feed, r.event_order.in_(list(orders))
+                )
+            )
+            return {row.event_order: row.event_id for row in rows}
+
+    async def receipt(self, feed: str, event_id: str) -> Receipt | None:
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            row = (
+                (
+                    await conn.execute(
+                        select(feed_receipts).where(r.feed == feed, r.event_id == event_id)
+                    )
+                )
+                .mappings()
+                .first()
+            )
+        return None if row is None else _receipt(row)
+
+    async def holds(self, feed: str) -> list[Receipt]:
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(feed_receipts)
+                    .where(r.feed == feed, r.state == "held")
+                    .order_by(r.event_order, r.event_id)
+                    .limit(100)
+                )
+            ).mappings()
+            return [_receipt(row) for row in rows]
+
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """(feed, state) -> receipts: what the metrics show, the same from every process."""
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            rows = await conn.execute(
+                select(r.feed, r.state, func.count()).group_by(r.feed, r.state)
+            )
+            return {(row[0], row[1]): int(row[2]) for row in rows}
+
+    async def settle_event(
+        self,
+        feed: str,
+        event_id: str,
+        order: int,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        now: datetime,
+        *,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> tuple[Receipt, tuple[Any, Settled] | None]:
+        """Settle the event's observation and write its final receipt, in one transaction;
+        returns the receipt and what the settle phase returned (the row before, the
+        settlement), None when nothing was settled. An event that already has a final receipt
+        is left alone (returned as it is)."""
+
+        async def phase(uow: UnitOfWork) -> tuple[Receipt, tuple[Any, Settled] | None]:
+            existing = await _claim_receipt(uow.connection, feed, event_id, order, now)
+            if existing is not None and ReceiptState(existing.state).final:
+                return existing, None
+            detail = {"feed": feed, "event_id": event_id}
+            found = await self._settle(operation_id, observation, detail)(uow)
+            if found is None:  # the row went between the caller's read and this transaction
+                state, reason, observation_id = "held", "unknown-operation", None
+            else:
+                settled = found[1]
+                disposition = settled.decision.disposition.value
+                state = _RECEIPT_OF.get(disposition, "applied")
+                reason, observation_id = settled.decision.reason.value, settled.observation_id
+            receipt = await _write_receipt(
+                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now
+            )
+            return receipt, found
+
+        return await self._runner.run(
+            f"feed {feed} event {event_id}", phase, before_commit=before_commit
+        )
+
+    async def refuse_event(
+        self,
+        feed: str,
+        event_id: str,
+        order: int,
+        operation_id: uuid.UUID | None,
+        observation: Observation | None,
+        state: str,
+        reason: str,
+        now: datetime,
+        *,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
+    ) -> Receipt:
+        """A receipt in ``state`` (quarantined: final; held: not) with the refused observation
+        recorded (stage A, quarantined), in one transaction. A final receipt already there is
+        kept."""
+
+        async def phase(uow: UnitOfWork) -> Receipt:
+            existing = await _claim_receipt(uow.connection, feed, event_id, order, now)
+            if existing is not None and ReceiptState(existing.state).final:
+                return existing
+            observation_id = None
+            if observation is not None and operation_id is not None:
+                observation_id = await uow.record_observation(
+                    operation_id,
+                    observation,
+                    stage="A",
+                    disposition="quarantined",
+                    reason=reason,
+                    revision_before=None,
+                    revision_after=None,
+                    detail={"feed": feed, "event_id": event_id, "receipt": state},
+                )
+            return await _write_receipt(
+                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now
+            )
+
+        return await self._runner.run(
+            f"feed {feed} refuse {event_id}", phase, before_commit=before_commit
+        )
+
+    async def release_hold(self, feed: str, event_id: str) -> bool:
+        """An operator's ``retry``: the hold goes, so the next page processes the event anew."""
+        r = feed_receipts.c
+        async with self._engine.begin() as conn:
+            gone = await conn.execute(
+                feed_receipts.delete().where(
+                    r.feed == feed, r.event_id == event_id, r.state == "held"
+                )
+            )
+        return gone.rowcount == 1
+
+    # -- alarms -------------------------------------------------------------------------------
+
+    async def alarm(self, feed: str, kind: str, event_id: str, detail: str, now: datetime) -> None:
+        """Raise (or repeat) an alarm: one row per (feed, kind, event), counted."""
+        a = feed_alarms.c
+        statement = pg_insert(feed_alarms).values(
+            feed=feed, kind=kind, event_id=event_id, detail=detail[:1000], first_at=now, last_at=now
+        )
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                statement.on_conflict_do_update(
+                    index_elements=[a.feed, a.kind, a.event_id],
+                    set_={
+                        "count": a.count + 1,
+                        "last_at": now,
+                        "detail": statement.excluded.detail,
+                    },
+                )
+            )
+
+    async def alarms(self, feed: str | None = None) -> list[Alarm]:
+        a = feed_alarms.c
+        stmt = select(feed_alarms).order_by(a.last_at.desc()).limit(100)
+        if feed is not None:
+            stmt = stmt.where(a.feed == feed)
+        async with self._reader.connect() as conn:
+            return [Alarm(**dict(row)) for row in (await conn.execute(stmt)).mappings()]
+
+    async def alarm_counts(self) -> dict[tuple[str, str], int]:
+        a = feed_alarms.c
+        async with self._reader.connect() as conn:
+            rows = await conn.execute(
+                select(a.feed, a.kind, func.sum(a.count)).group_by(a.feed, a.kind)
+            )
+            return {(row[0], row[1]): int(row[2]) for row in rows}
+
+
+# a core disposition -> the receipt it gives (conflict and strengthened are applied outcomes)
+_RECEIPT_OF = {
+    "applied": "applied",
+    "strengthened": "applied",
+    "conflict": "applied",
+    "ignored": "ignored",
+    "quarantined": "quarantined",
+}
+
+
+async def _claim_receipt(
+    conn: AsyncConnection, feed: str, event_id: str, order: int, now: datetime
+) -> Receipt | None:
+    """Insert the event's receipt as a hold (the row this transaction will finish), or lock
+    and return the one already there. A concurrent observer of the same event waits here
+    until the first one commits."""
+    r = feed_receipts.c
+    inserted = await conn.execute(
+        pg_insert(feed_receipts)
+        .values(
+            feed=feed,
+            event_id=event_id,
+            event_order=order,
+            state="held",
+            reason="processing",
+            first_seen_at=now,
+            decided_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["feed", "event_id"])
+        .returning(r.event_id)
+    )
+    if inserted.first() is not None:
+        return None
+    row = (
+        (
+            await conn.execute(
+                select(feed_receipts)
+                .where(r.feed == feed, r.event_id == event_id)
+                .with_for_update()
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return _receipt(row)
+
+
+async def _write_receipt(
+    conn: AsyncConnection,
+    feed: str,
+    event_id: str,
+    operation_id: uuid.UUID | None,
+    state: str,
+    reason: str,
+    observation_id: int | None,
+    now: datetime,
+) -> Receipt:
+    r = feed_receipts.c
+    row = (
+        (
+            await conn.execute(
+                update(feed_receipts)
+                .where(and_(r.feed == feed, r.event_id == event_id))
+                .values(
+                    operation_id=operation_id,
+                    state=state,
+                    reason=reason[:64],
+                    observation_id=observation_id,
+                    decided_at=now,
+                )
+                .returning(*feed_receipts.c)
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return _receipt(row)

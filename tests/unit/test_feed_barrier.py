@@ -1,0 +1,283 @@
+"""The feed observer's barrier rules (service/core/feed.py): tables of pages, and a stateful
+property test that drives random feeds, page sizes, overlaps, ties and crashes."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from service.core.feed import (
+    Backoff,
+    Blocked,
+    CursorCheck,
+    FeedEvent,
+    Promote,
+    ReceiptState,
+    Seen,
+    Stop,
+    TimestampCheck,
+    check_cursor_page,
+    check_timestamp_page,
+    closable_through,
+    cursor_barrier,
+)
+
+A, IGN, Q, H = (
+    ReceiptState.APPLIED,
+    ReceiptState.IGNORED,
+    ReceiptState.QUARANTINED,
+    ReceiptState.HELD,
+)
+
+
+def ev(event_id: str, order: int) -> FeedEvent:
+    return FeedEvent(event_id, order)
+
+
+# -- cursor feeds: the page check ------------------------------------------------------------
+
+
+def test_final_states() -> None:
+    assert [s.final for s in (A, IGN, Q, H)] == [True, True, True, False]
+
+
+def test_a_fresh_page_is_processed_in_order() -> None:
+    page = [ev("a", 1), ev("b", 2)]
+    assert check_cursor_page(None, page, {}, {}) == CursorCheck(process=page, backfilled=[])
+
+
+def test_overlap_with_final_receipts_is_skipped_and_a_held_one_is_retried() -> None:
+    page = [ev("a", 104), ev("b", 106), ev("c", 107)]
+    seen = {"a": Seen(104, A), "b": Seen(106, H)}
+    checked = check_cursor_page(105, page, seen, {104: "a", 106: "b"})
+    assert checked == CursorCheck(process=[ev("b", 106), ev("c", 107)], backfilled=[])
+
+
+def test_an_unknown_event_behind_the_prefix_is_processed_and_reported() -> None:
+    checked = check_cursor_page(105, [ev("x", 103), ev("c", 107)], {}, {})
+    assert checked == CursorCheck(process=[ev("x", 103), ev("c", 107)], backfilled=[ev("x", 103)])
+
+
+def test_positions_that_do_not_increase_stop_the_page() -> None:
+    for page in ([ev("a", 5), ev("b", 5)], [ev("a", 5), ev("b", 4)]):
+        stop = check_cursor_page(None, page, {}, {})
+        assert isinstance(stop, Stop) and stop.kind == "regression" and stop.event_id == "b"
+
+
+def test_an_event_that_moved_or_a_taken_position_is_a_conflicting_identity() -> None:
+    moved = check_cursor_page(None, [ev("a", 7)], {"a": Seen(6, A)}, {})
+    assert isinstance(moved, Stop) and moved.kind == "conflicting-identity"
+    taken = check_cursor_page(None, [ev("z", 6)], {}, {6: "a"})
+    assert isinstance(taken, Stop) and taken.kind == "conflicting-identity"
+    assert "already holds event a" in taken.detail
+
+
+# -- cursor feeds: the barrier -----------------------------------------------------------------
+
+
+def test_the_cursor_is_promoted_only_when_every_event_is_final() -> None:
+    page = [ev("a", 104), ev("b", 106), ev("c", 107)]
+    half = {"a": A, "b": IGN}
+    assert cursor_barrier("C7", "C8", 105, page, half) == Blocked(["c"])
+    held = {**half, "c": H}
+    assert cursor_barrier("C7", "C8", 105, page, held) == Blocked(["c"])
+    done = {**half, "c": Q}
+    assert cursor_barrier("C7", "C8", 105, page, done) == Promote("C8", 107)
+
+
+def test_the_applied_position_never_moves_back() -> None:
+    assert cursor_barrier("C7", "C8", 105, [ev("a", 104)], {"a": A}) == Promote("C8", 105)
+    assert cursor_barrier("C7", "C8", 105, [], {}) == Promote("C8", 105)
+    assert cursor_barrier("", "C1", None, [], {}) == Promote("C1", None)
+
+
+def test_the_request_cursor_coming_back_is_a_backoff() -> None:
+    assert cursor_barrier("C7", "C7", 105, [], {}) == Backoff()
+    assert cursor_barrier("C7", "C7", 105, [ev("a", 106)], {"a": A}) == Backoff()
+
+
+# -- timestamp feeds ---------------------------------------------------------------------------
+
+
+def test_timestamp_pages_are_checked_like_cursor_pages() -> None:
+    page = [ev("a", 10), ev("b", 10), ev("c", 11)]
+    assert check_timestamp_page(9, page, {"a": Seen(10, A)}) == TimestampCheck(
+        process=[ev("b", 10), ev("c", 11)], late=[]
+    )
+    back = check_timestamp_page(None, [ev("a", 11), ev("b", 10)], {})
+    assert isinstance(back, Stop) and back.kind == "regression"
+    moved = check_timestamp_page(None, [ev("a", 11)], {"a": Seen(10, A)})
+    assert isinstance(moved, Stop) and moved.kind == "conflicting-identity"
+    late = check_timestamp_page(10, [ev("x", 9), ev("a", 11)], {})
+    assert late == TimestampCheck(process=[ev("x", 9), ev("a", 11)], late=[ev("x", 9)])
+
+
+def test_the_worked_example_of_a_tie_group_across_pages() -> None:
+    """10:00 closed; A and B at 10:01 fill a page; C at 10:01 and D at 10:02 follow."""
+    first = [ev("A", 1001), ev("B", 1001)]
+    # a full page of one group: nothing closes, whatever the watermark says
+    assert closable_through(1000, first, {"A": A, "B": A}, 1005, full=True) is None
+    whole = [*first, ev("C", 1001), ev("D", 1002)]
+    assert closable_through(1000, whole, {"A": A, "B": A}, None, full=False) is None  # C open
+    assert closable_through(1000, whole, {"A": A, "B": A, "C": IGN}, None, full=False) == 1001
+    # D is durable too, but only a watermark (or a later event) proves 10:02 complete
+    states = {"A": A, "B": A, "C": IGN, "D": A}
+    assert closable_through(1000, whole, states, None, full=False) == 1001
+    assert closable_through(1000, whole, states, 1002, full=False) == 1002
+    assert closable_through(1000, whole, states, 1002, full=True) == 1001
+
+
+def test_a_watermark_closes_an_empty_stretch_and_a_hold_keeps_it_open() -> None:
+    assert closable_through(1000, [], {}, 1005, full=False) == 1005
+    assert closable_through(1000, [], {}, 999, full=False) is None
+    assert closable_through(None, [], {}, None, full=False) is None
+    assert closable_through(None, [ev("a", 7)], {"a": H}, 9, full=False) == 6
+    assert closable_through(6, [ev("a", 7)], {"a": H}, 9, full=False) is None
+
+
+# -- a stateful property: random feeds, pages, ties and crashes --------------------------------
+
+
+class CursorFeedMachine(RuleBasedStateMachine):
+    """A feed appends events; an observer reads pages of random sizes, gives each event a
+    receipt (sometimes a hold that an operator resolves later), may crash after any number
+    of receipts, and promotes only through the barrier. Nothing is skipped or done twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[FeedEvent] = []
+        self.receipts: dict[str, ReceiptState] = {}
+        self.writes: dict[str, int] = {}
+        self.cursor = 0  # the checkpoint: index into events of the next one to ask for
+        self.applied: int | None = None
+
+    @rule(n=st.integers(1, 5))
+    def append(self, n: int) -> None:
+        for _ in range(n):
+            self.events.append(ev(f"e{len(self.events)}", 10 * (len(self.events) + 1)))
+
+    @rule(
+        size=st.integers(1, 6),
+        overlap=st.integers(0, 3),
+        crash_after=st.one_of(st.none(), st.integers(0, 6)),
+        hold_every=st.integers(0, 4),
+    )
+    def page(self, size: int, overlap: int, crash_after: int | None, hold_every: int) -> None:
+        start = max(0, self.cursor - overlap)
+        page = self.events[start : self.cursor + size]
+        next_index = self.cursor + len(self.events[self.cursor : self.cursor + size])
+        request, next_token = f"c{self.cursor}", f"c{next_index}"
+        seen = {
+            e.event_id: Seen(e.order, self.receipts[e.event_id])
+            for e in page
+            if e.event_id in self.receipts
+        }
+        owners = {e.order: e.event_id for e in page if e.event_id in self.receipts}
+        checked = check_cursor_page(self.applied, page, seen, owners)
+        assert isinstance(checked, CursorCheck)
+        assert not checked.backfilled
+        for n, event in enumerate(checked.process):
+            if crash_after is not None and n >= crash_after:
+                return  # the process dies: what was written stays, nothing else happens
+            if event.event_id in self.receipts:
+                continue  # held: waits for the operator
+            if hold_every and int(event.event_id[1:]) % hold_every == 0:
+                self.receipts[event.event_id] = H
+            else:
+                self.receipts[event.event_id] = A
+                self.writes[event.event_id] = self.writes.get(event.event_id, 0) + 1
+        verdict = cursor_barrier(request, next_token, self.applied, page, dict(self.receipts))
+        if isinstance(verdict, Promote):
+            self.cursor = next_index
+            self.applied = verdict.applied_position
+
+    @precondition(lambda self: any(s is H for s in self.receipts.values()))
+    @rule()
+    def operator_resolves_holds(self) -> None:
+        for event_id, state in self.receipts.items():
+            if state is H:
+                self.receipts[event_id] = Q
+
+    @invariant()
+    def nothing_is_passed_without_a_final_receipt(self) -> None:
+        for event in self.events[: self.cursor]:
+            assert self.receipts.get(event.event_id, H).final, event
+
+    @invariant()
+    def no_event_is_applied_twice(self) -> None:
+        assert all(n <= 1 for n in self.writes.values()), self.writes
+
+    @invariant()
+    def the_applied_position_is_the_last_passed_event(self) -> None:
+        if self.cursor:
+            assert self.applied == self.events[self.cursor - 1].order
+
+
+CursorFeedMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=30, deadline=None
+)
+TestCursorFeed = CursorFeedMachine.TestCase
+
+
+class TimestampFeedMachine(RuleBasedStateMachine):
+    """Events arrive with non-decreasing whole-second timestamps (many ties); the observer
+    asks strictly after its closed timestamp with a page size that doubles while one tie
+    group fills the page; crashes lose nothing. The closed timestamp never passes an event
+    without a final receipt, and never moves back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[FeedEvent] = []
+        self.now = 100
+        self.receipts: dict[str, ReceiptState] = {}
+        self.closed: int | None = None
+        self.limit = 2
+
+    @rule(n=st.integers(1, 6), tick=st.integers(0, 2))
+    def append(self, n: int, tick: int) -> None:
+        self.now += tick
+        for _ in range(n):
+            self.events.append(ev(f"e{len(self.events)}", self.now))
+
+    @rule(crash_after=st.one_of(st.none(), st.integers(0, 4)), watermark_lag=st.integers(0, 3))
+    def page(self, crash_after: int | None, watermark_lag: int) -> None:
+        after = self.closed if self.closed is not None else -1
+        page = [e for e in self.events if e.order > after][: self.limit]
+        # the feed promises nothing at or before its watermark will still come
+        watermark = self.now - 1 - watermark_lag
+        seen = {
+            e.event_id: Seen(e.order, self.receipts[e.event_id])
+            for e in page
+            if e.event_id in self.receipts
+        }
+        checked = check_timestamp_page(self.closed, page, seen)
+        assert isinstance(checked, TimestampCheck) and not checked.late
+        for n, event in enumerate(checked.process):
+            if crash_after is not None and n >= crash_after:
+                self.limit = 2
+                return
+            self.receipts[event.event_id] = A
+        full = len(page) >= self.limit
+        through = closable_through(self.closed, page, dict(self.receipts), watermark, full=full)
+        if through is None:
+            if len(page) >= self.limit and len({e.order for e in page}) == 1:
+                self.limit *= 2
+            return
+        assert self.closed is None or through > self.closed
+        self.closed = through
+        self.limit = 2
+
+    @invariant()
+    def nothing_at_or_before_the_closed_timestamp_lacks_a_receipt(self) -> None:
+        if self.closed is None:
+            return
+        for event in self.events:
+            if event.order <= self.closed:
+                assert event.event_id in self.receipts, (event, self.closed)
+
+
+TimestampFeedMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=30, deadline=None
+)
+TestTimestampFeed = TimestampFeedMachine.TestCase
