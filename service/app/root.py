@@ -20,6 +20,7 @@ from service.app.admin import Admin
 from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
+from service.app.feeds import FeedAdmin
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
 from service.app.purger import Purger
@@ -130,6 +131,7 @@ class Settlement:
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
         )
         self.feeds = FeedStore(engine, self.store.runner, settle=self.store.settle_phase_of)
+        self.feed_admin = FeedAdmin(self.feeds, settings.feed_specs(), clock=clock)
         self.purger = Purger(
             self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock
         )

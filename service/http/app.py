@@ -25,6 +25,7 @@ from service.http.routes.admin import (
     rotate_principal,
     supersede_operation,
 )
+from service.http.routes.feeds import decide_hold, get_feed, list_feeds
 from service.http.routes.ledger import get_account, post_account, post_transfer
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
@@ -76,6 +77,9 @@ def create_app(settings: Settings) -> Litestar:
             list_work,
             post_payout,
             post_observation,
+            list_feeds,
+            get_feed,
+            decide_hold,
         ],
         dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],

@@ -563,13 +563,16 @@ EVERY_ROUTE = [
     ("POST", "/admin/v1/principals/{id}/revoke"),
     ("POST", "/admin/v1/operations/{id}/supersede"),
     ("GET", "/admin/v1/operations"),
+    ("GET", "/admin/v1/feeds"),
+    ("GET", "/admin/v1/feeds/{id}"),
+    ("POST", "/admin/v1/feeds/{id}/holds/{id}"),
 ]
 # Field names the routes' schemas know, so generated objects reach their validators.
 FIELD_NAMES = [
     "source", "destination", "amount", "currency", "memo", "opening_balance", "beneficiary",
     "tenant", "name", "role", "reason", "force", "rebind", "request", "evidence", "signature",
     "operation_id", "binding_generation", "request_fingerprint", "outcome", "result",
-    "result_digest", "issued_at", "status", "body",
+    "result_digest", "issued_at", "status", "body", "action",
 ]  # fmt: skip
 BIG = [
     "x" * 100_000,

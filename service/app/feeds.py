@@ -1,0 +1,194 @@
+"""Feed administration (DESIGN §8): what each feed observer has done, and operator decisions
+on held events. Feeds span tenants, so only an all-tenant admin may read or act on them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Literal
+
+import msgspec
+
+from service.app.answers import Problem
+from service.config import FEED_NAME, FeedSpec
+from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
+from service.store.principals import Principal
+
+__all__ = ["FeedAdmin", "FeedView", "HoldAction", "HoldDecided"]
+
+
+class HoldAction(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    action: Literal["quarantine", "retry"]
+
+
+class HoldView(msgspec.Struct):
+    event_id: str
+    order: int
+    operation_id: str | None
+    reason: str
+    first_seen_at: datetime
+
+
+class AlarmView(msgspec.Struct):
+    kind: str
+    event_id: str
+    detail: str
+    count: int
+    first_at: datetime
+    last_at: datetime
+
+
+class FeedView(msgspec.Struct, omit_defaults=True):
+    """A cursor feed shows ``resume_cursor`` and ``applied_position``; a timestamp feed
+    ``closed_through_timestamp``."""
+
+    name: str
+    kind: str
+    configured: bool
+    checkpoint_version: int
+    lag: float | None
+    """seconds since the observer last found nothing new (None: it never has)"""
+    holds: list[HoldView]
+    alarms: list[AlarmView]
+    resume_cursor: str | None = None
+    applied_position: int | None = None
+    closed_through_timestamp: int | None = None
+
+
+class FeedList(msgspec.Struct):
+    items: list[FeedView]
+
+
+class HoldDecided(msgspec.Struct):
+    feed: str
+    event_id: str
+    action: str
+    state: str
+
+
+class FeedAdmin:
+    def __init__(
+        self, store: FeedStore, specs: list[FeedSpec], *, clock: Callable[[], float]
+    ) -> None:
+        self._store = store
+        self._specs = {spec.name: spec for spec in specs}
+        self._clock = clock
+
+    async def list(self, admin: Principal) -> FeedList | Problem:
+        if not admin.all_tenants:
+            return _forbidden()
+        checkpoints = {c.name: c for c in await self._store.checkpoints()}
+        names = sorted(set(checkpoints) | set(self._specs))
+        return FeedList([await self._view(n, checkpoints.get(n)) for n in names])
+
+    async def show(self, admin: Principal, name: str) -> FeedView | Problem:
+        if not admin.all_tenants:
+            return _forbidden()
+        if not FEED_NAME.match(name):
+            return Problem("not-found", f"no feed {name[:64]!r}")
+        found = {c.name: c for c in await self._store.checkpoints()}.get(name)
+        if found is None and name not in self._specs:
+            return Problem("not-found", f"no feed {name!r}")
+        return await self._view(name, found)
+
+    async def decide(
+        self, admin: Principal, name: str, event_id: str, body: HoldAction
+    ) -> HoldDecided | Problem:
+        """``quarantine``: a final disposition (the barrier may pass the event); ``retry``: the
+        hold goes and the next page processes the event anew."""
+        if not admin.all_tenants:
+            return _forbidden()
+        if not FEED_NAME.match(name) or "\x00" in event_id:
+            return Problem("not-found", f"no held event on feed {name[:64]!r}")
+        held = await self._store.receipt(name, event_id)
+        if held is None or held.state != "held":
+            return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
+        if body.action == "retry":
+            if not await self._store.release_hold(name, event_id):
+                return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
+            return HoldDecided(feed=name, event_id=event_id, action="retry", state="released")
+        decided = await self._store.refuse_event(
+            name,
+            event_id,
+            held.event_order,
+            held.operation_id,
+            None,
+            "quarantined",
+            "operator-quarantine",
+            datetime.fromtimestamp(self._clock(), UTC),
+        )
+        return HoldDecided(feed=name, event_id=event_id, action="quarantine", state=decided.state)
+
+    async def metrics(self) -> str:
+        """The feeds' figures in the Prometheus text format, read from the database: the same
+        from every process, whichever observer did the work."""
+        lines = [
+            "# HELP settlement_feed_events Feed events by receipt state (ignored: a replay).",
+            "# TYPE settlement_feed_events gauge",
+        ]
+        for (feed, state), n in sorted((await self._store.counts()).items()):
+            lines.append(f'settlement_feed_events{{feed="{feed}",state="{state}"}} {n}')
+        lines += [
+            "# HELP settlement_feed_alarms_total Feed alarms raised, by kind.",
+            "# TYPE settlement_feed_alarms_total counter",
+        ]
+        for (feed, kind), n in sorted((await self._store.alarm_counts()).items()):
+            lines.append(f'settlement_feed_alarms_total{{feed="{feed}",kind="{kind}"}} {n}')
+        lines += [
+            "# HELP settlement_feed_lag_seconds Seconds since the feed's observer last found "
+            "nothing new.",
+            "# TYPE settlement_feed_lag_seconds gauge",
+        ]
+        now = self._clock()
+        for checkpoint in await self._store.checkpoints():
+            if checkpoint.caught_up_at is not None:
+                lag = max(0.0, now - checkpoint.caught_up_at.timestamp())
+                lines.append(f'settlement_feed_lag_seconds{{feed="{checkpoint.name}"}} {lag:g}')
+        return "\n".join(lines) + "\n"
+
+    async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
+        spec = self._specs.get(name)
+        kind = checkpoint.kind if checkpoint is not None else spec.kind if spec else "cursor"
+        view = FeedView(
+            name=name,
+            kind=kind,
+            configured=spec is not None,
+            checkpoint_version=0 if checkpoint is None else checkpoint.version,
+            lag=None,
+            holds=[_hold(r) for r in await self._store.holds(name)],
+            alarms=[_alarm(a) for a in await self._store.alarms(name)],
+        )
+        if checkpoint is not None:
+            if kind == "cursor":
+                view.resume_cursor = checkpoint.resume_cursor
+                view.applied_position = checkpoint.applied_position
+            else:
+                view.closed_through_timestamp = checkpoint.closed_through_timestamp
+            if checkpoint.caught_up_at is not None:
+                view.lag = max(0.0, self._clock() - checkpoint.caught_up_at.timestamp())
+        return view
+
+
+def _forbidden() -> Problem:
+    return Problem("forbidden", "feeds span tenants: only an all-tenant admin may see them")
+
+
+def _hold(receipt: Receipt) -> HoldView:
+    return HoldView(
+        event_id=receipt.event_id,
+        order=receipt.event_order,
+        operation_id=None if receipt.operation_id is None else str(receipt.operation_id),
+        reason=receipt.reason,
+        first_seen_at=receipt.first_seen_at,
+    )
+
+
+def _alarm(alarm: Alarm) -> AlarmView:
+    return AlarmView(
+        kind=alarm.kind,
+        event_id=alarm.event_id,
+        detail=alarm.detail,
+        count=alarm.count,
+        first_at=alarm.first_at,
+        last_at=alarm.last_at,
+    )

@@ -1,0 +1,54 @@
+"""Admin routes of the feed observers: checkpoints, holds, alarms, and hold decisions."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from litestar import Request, Response, get, post
+from litestar.params import Parameter
+
+from service.app.feeds import HoldAction
+from service.http.auth import authenticate, require_role
+from service.http.bodies import decode_json
+from service.http.deps import Services
+from service.http.problems import ProblemError, problem_response
+from service.http.render import render_json_or_problem
+from service.store.principals import Role
+
+__all__ = ["decide_hold", "get_feed", "list_feeds"]
+
+FeedName = Annotated[str, Parameter(max_length=64)]
+EventId = Annotated[str, Parameter(max_length=255)]
+
+
+@get("/admin/v1/feeds", summary="Feed observers: checkpoints, holds, alarms (admin)")
+async def list_feeds(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
+    admin = await authenticate(request, settlement.principals)
+    require_role(admin, Role.ADMIN)
+    return render_json_or_problem(await settlement.feed_admin.list(admin))
+
+
+@get("/admin/v1/feeds/{name:str}", summary="One feed observer (admin)")
+async def get_feed(
+    request: Request[Any, Any, Any], settlement: Services, name: FeedName
+) -> Response[bytes]:
+    admin = await authenticate(request, settlement.principals)
+    require_role(admin, Role.ADMIN)
+    return render_json_or_problem(await settlement.feed_admin.show(admin, name))
+
+
+@post(
+    "/admin/v1/feeds/{name:str}/holds/{event_id:str}",
+    status_code=200,
+    summary="Decide a held feed event: quarantine or retry (admin)",
+)
+async def decide_hold(
+    request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
+) -> Response[bytes]:
+    admin = await authenticate(request, settlement.principals)
+    require_role(admin, Role.ADMIN)
+    try:
+        body = decode_json(await request.body(), HoldAction, request.headers.get("content-type"))
+    except ProblemError as exc:
+        return problem_response(exc.slug, exc.detail)
+    return render_json_or_problem(await settlement.feed_admin.decide(admin, name, event_id, body))

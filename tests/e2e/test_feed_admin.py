@@ -1,0 +1,98 @@
+"""The feed admin routes over HTTP: only an all-tenant admin sees feeds; a held event is
+quarantined or released by an operator, once."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import Services
+from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+ENV = {
+    "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+    # configured but never observed here (no observer process runs in this module)
+    "SETTLEMENT_FEEDS": "payments=cursor:http://127.0.0.1:9/feeds/cursor",
+}
+
+
+@pytest.fixture(scope="module")
+def server(services: Services, app_database: str) -> Iterator[ServerProcess]:
+    with ServerProcess(app_database, services.redis_url, env=ENV) as proc:
+        yield proc
+
+
+def hold(database_url: str, event_id: str) -> None:
+    execute(
+        database_url,
+        "INSERT INTO feed_checkpoints (name, kind) VALUES ('payments', 'cursor') "
+        "ON CONFLICT DO NOTHING",
+    )
+    execute(
+        database_url,
+        "INSERT INTO feed_receipts (feed, event_id, event_order, operation_id, state, reason, "
+        "first_seen_at, decided_at) VALUES ('payments', :e, 7, :op, 'held', 'bad-signature', "
+        "now(), now())",
+        e=event_id,
+        op=uuid.uuid4(),
+    )
+
+
+def test_only_an_all_tenant_admin_sees_the_feeds(server: ServerProcess) -> None:
+    base = server.base_url
+    tenant_admin = new_principal(base, role="admin")["api_key"]
+    client = new_principal(base)["api_key"]
+    assert httpx.get(f"{base}/admin/v1/feeds", headers=auth(tenant_admin)).status_code == 403
+    assert httpx.get(f"{base}/admin/v1/feeds", headers=auth(client)).status_code == 403
+    assert httpx.get(f"{base}/admin/v1/feeds").status_code == 401
+    listed = httpx.get(f"{base}/admin/v1/feeds", headers=auth(ADMIN_KEY))
+    assert listed.status_code == 200, listed.text
+    names = [feed["name"] for feed in listed.json()["items"]]
+    assert "payments" in names
+    one = httpx.get(f"{base}/admin/v1/feeds/payments", headers=auth(ADMIN_KEY))
+    assert one.status_code == 200 and one.json()["kind"] == "cursor"
+    for missing in ("nope", "BAD%00NAME", "x" * 70):
+        answer = httpx.get(f"{base}/admin/v1/feeds/{missing}", headers=auth(ADMIN_KEY))
+        assert answer.status_code in (400, 404), answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+
+
+def test_an_operator_quarantines_or_releases_a_held_event_once(
+    server: ServerProcess, app_database: str
+) -> None:
+    base = server.base_url
+    hold(app_database, "held-1")
+    hold(app_database, "held-2")
+    shown = httpx.get(f"{base}/admin/v1/feeds/payments", headers=auth(ADMIN_KEY)).json()
+    assert {h["event_id"] for h in shown["holds"]} >= {"held-1", "held-2"}
+
+    url = f"{base}/admin/v1/feeds/payments/holds"
+    quarantined = httpx.post(
+        f"{url}/held-1", json={"action": "quarantine"}, headers=auth(ADMIN_KEY)
+    )
+    assert quarantined.status_code == 200, quarantined.text
+    assert quarantined.json()["state"] == "quarantined"
+    again = httpx.post(f"{url}/held-1", json={"action": "retry"}, headers=auth(ADMIN_KEY))
+    assert again.status_code == 404  # final now: nothing to decide
+    released = httpx.post(f"{url}/held-2", json={"action": "retry"}, headers=auth(ADMIN_KEY))
+    assert released.status_code == 200 and released.json()["state"] == "released"
+    shown = httpx.get(f"{base}/admin/v1/feeds/payments", headers=auth(ADMIN_KEY)).json()
+    assert not {h["event_id"] for h in shown["holds"]} & {"held-1", "held-2"}
+    bad = httpx.post(f"{url}/held-3", json={"action": "forget"}, headers=auth(ADMIN_KEY))
+    assert bad.status_code == 400
+    tenant_admin = new_principal(base, role="admin")["api_key"]
+    hold(app_database, "held-4")
+    refused = httpx.post(f"{url}/held-4", json={"action": "retry"}, headers=auth(tenant_admin))
+    assert refused.status_code == 403
+
+
+def test_metrics_show_the_feeds_figures(server: ServerProcess, app_database: str) -> None:
+    hold(app_database, "held-m")
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert 'settlement_feed_events{feed="payments",state="held"}' in text
