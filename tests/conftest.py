@@ -29,6 +29,19 @@ class Services:
         self.redis_url = redis_url
 
 
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A fresh directory per test, outside pytest's own base directory: the embedded
+    PostgreSQL runs as another user when we are root and must pass through the directory's
+    parents, and each pytest session on the machine resets ``/tmp/pytest-of-<user>`` to
+    0700, which would cut off a cluster of a session running beside it."""
+    path = Path(tempfile.mkdtemp(prefix="settlement-tmp-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
     database_url = os.environ.get("SETTLEMENT_DATABASE_URL") or None
