@@ -10,7 +10,7 @@ import msgspec
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.store.tables import attempts, operation_epochs, operations
+from service.store.tables import attempts, observations, operation_epochs, operations
 
 __all__ = ["OperationView", "find_by_key", "operation_view"]
 
@@ -49,6 +49,26 @@ class EpochView(msgspec.Struct):
     superseded_at: datetime
 
 
+class ObservationView(msgspec.Struct):
+    """One observation settled (or refused) about the operation: who reported what, and
+    what the core did with it."""
+
+    source: str
+    kind: str
+    verified: bool
+    stage: str
+    disposition: str
+    reason: str
+    revision_before: int | None
+    revision_after: int | None
+    detail: dict[str, Any] | None
+    created_at: datetime
+
+
+# The most observations one status answer lists (oldest first).
+MAX_OBSERVATIONS = 100
+
+
 class OperationView(msgspec.Struct):
     id: uuid.UUID
     tenant: str
@@ -67,6 +87,7 @@ class OperationView(msgspec.Struct):
     attempts: list[AttemptView]
     epochs: list[EpochView]
     conflict: dict[str, Any] | None
+    observations: list[ObservationView]
 
 
 def _body(content_type: str | None, body: bytes | None) -> Any:
@@ -93,6 +114,14 @@ async def _view(conn: AsyncConnection, row: Any) -> OperationView:
             select(operation_epochs)
             .where(operation_epochs.c.operation_id == row.id)
             .order_by(operation_epochs.c.binding_generation)
+        )
+    ).all()
+    observation_rows = (
+        await conn.execute(
+            select(observations)
+            .where(observations.c.operation_id == row.id)
+            .order_by(observations.c.id)
+            .limit(MAX_OBSERVATIONS)
         )
     ).all()
     result = None
@@ -151,6 +180,21 @@ async def _view(conn: AsyncConnection, row: Any) -> OperationView:
             for e in epoch_rows
         ],
         conflict=row.conflict,
+        observations=[
+            ObservationView(
+                source=o.source,
+                kind=o.kind,
+                verified=o.verified,
+                stage=o.stage,
+                disposition=o.disposition,
+                reason=o.reason,
+                revision_before=o.revision_before,
+                revision_after=o.revision_after,
+                detail=o.detail,
+                created_at=o.created_at,
+            )
+            for o in observation_rows
+        ],
     )
 
 

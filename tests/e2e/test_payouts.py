@@ -448,7 +448,9 @@ def test_evidence_about_a_local_effect_or_another_tenant_is_404(
     view = status(payout_server.base_url, client_key, done.headers["operation-id"])
     local = observe(payout_server.base_url, observer_key, evidence_for(view, reference="p"))
     assert local.status_code == 404
-    assert status(payout_server.base_url, client_key, view["id"]) == view
+    after = status(payout_server.base_url, client_key, view["id"])
+    assert {**after, "observations": []} == {**view, "observations": []}
+    assert after["observations"][-1]["disposition"] == "quarantined"  # kept, not applied
 
     elsewhere = new_principal(payout_server.base_url, tenant="elsewhere", role="observer")
     payout_view = status(
@@ -462,7 +464,9 @@ def test_evidence_about_a_local_effect_or_another_tenant_is_404(
         evidence_for(payout_view, reference="p_other"),
     )
     assert foreign.status_code == 404
-    assert status(payout_server.base_url, client_key, payout_view["id"]) == payout_view
+    after = status(payout_server.base_url, client_key, payout_view["id"])
+    assert {**after, "observations": []} == {**payout_view, "observations": []}
+    assert after["observations"][-1]["disposition"] == "quarantined"
 
 
 def test_evidence_for_an_unknown_operation_is_404(
