@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -15,6 +16,7 @@ from typing import Any, Self
 import httpx
 import msgspec
 
+from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.domain.provider_auth import request_key, signed_headers
 from tests.e2e.server import START_TIMEOUT, STOP_TIMEOUT, free_port
 
@@ -42,6 +44,31 @@ def signed(
             now=time.time() if now is None else now,
         ),
     }
+
+
+def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
+    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``; its
+    ``request_fingerprint`` is the server's for its payout unless given."""
+    body: dict[str, Any] = {
+        "operation_id": str(uuid.uuid4()),
+        "binding_generation": 1,
+        "beneficiary": "ACME Ltd",
+        "amount": 1250,
+        "currency": "EUR",
+        **overrides,
+    }
+    body.setdefault("request_fingerprint", fingerprint_of(body))
+    return body, f"{body['operation_id']}:{body['binding_generation']}"
+
+
+def fingerprint_of(body: dict[str, Any]) -> str:
+    """The fingerprint the server computes for the payout ``body`` describes (64 zeros when
+    the server would refuse that payout)."""
+    fields = {name: body.get(name) for name in ("beneficiary", "amount", "currency")}
+    try:
+        return payout_fingerprint(msgspec.convert(fields, type=PayoutRequest))
+    except msgspec.ValidationError:
+        return "0" * 64
 
 
 class ProviderProcess:
