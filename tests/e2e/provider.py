@@ -210,3 +210,53 @@ class ProviderProcess:
     def total(self) -> int:
         """Committed payments over every sink key."""
         return self.counts()["count"]
+
+    def pay_new(self, **overrides: Any) -> httpx.Response:
+        """A new payment (``make_payment(**overrides)``), signed; its answer."""
+        body, key = make_payment(**overrides)
+        return self.pay(body, key)
+
+    # --- the event feeds ---------------------------------------------------------------------
+
+    def cursor_feed(self, cursor: str | None = None, limit: int | None = None) -> httpx.Response:
+        """``GET /feeds/cursor``, leaving out what is None."""
+        return self._feed("/feeds/cursor", {"cursor": cursor, "limit": limit})
+
+    def timestamp_feed(self, after: int | None = None, limit: int | None = None) -> httpx.Response:
+        """``GET /feeds/timestamp``, leaving out what is None."""
+        return self._feed("/feeds/timestamp", {"after": after, "limit": limit})
+
+    def _feed(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        given = {name: value for name, value in params.items() if value is not None}
+        return httpx.get(f"{self.base_url}{path}", params=given, timeout=CALL_TIMEOUT)
+
+    def arm_feed(self, mode: str, count: int = 1) -> list[dict[str, Any]]:
+        """Arm a feed fault; what is armed afterwards."""
+        response = httpx.post(
+            f"{self.base_url}/_sim/feed-faults",
+            json={"mode": mode, "count": count},
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        armed: list[dict[str, Any]] = response.json()["armed"]
+        return armed
+
+    def feed_faults(self) -> list[dict[str, Any]]:
+        response = httpx.get(
+            f"{self.base_url}/_sim/feed-faults",
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        armed: list[dict[str, Any]] = response.json()["armed"]
+        return armed
+
+    def clear_feed_faults(self) -> None:
+        response = httpx.delete(
+            f"{self.base_url}/_sim/feed-faults",
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json() == {"armed": []}

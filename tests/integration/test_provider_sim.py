@@ -490,6 +490,9 @@ CONTROLS = [
     ("GET", "/_sim/faults", None),
     ("DELETE", "/_sim/faults", None),
     ("GET", "/_sim/payments", None),
+    ("POST", "/_sim/feed-faults", {"mode": "overlap", "count": 1}),
+    ("GET", "/_sim/feed-faults", None),
+    ("DELETE", "/_sim/feed-faults", None),
 ]
 
 
@@ -513,6 +516,7 @@ def test_controls_with_a_token_set_refuse_a_call_without_it(
         f"{locked.base_url}/_sim/faults", headers=locked.control_headers(), timeout=CALL_TIMEOUT
     )
     assert good.json() == {"armed": []}  # the refused POST armed nothing
+    assert locked.feed_faults() == []
 
 
 def test_controls_with_a_token_set_take_the_token(locked: ProviderProcess) -> None:

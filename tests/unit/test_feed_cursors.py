@@ -1,5 +1,6 @@
-"""Cursor tokens of the simulator's cursor feed, as pure functions: a token is deterministic,
-opaque and refused when forged; both variants of a position decode to it."""
+"""Cursor tokens of the simulator's cursor feed and the feeds' query parameters, as pure
+functions: a token is deterministic, opaque and refused when forged; both variants of a
+position decode to it; bad parameters are refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devstack.provider.cursors import MAX_POSITION, CursorCodec, CursorError, Variant
+from devstack.provider.feeds import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
+    FeedError,
+    parse_after,
+    parse_cursor,
+    parse_limit,
+)
 
 SECRET = "unit-feed-secret"
 CODEC = CursorCodec(SECRET)
@@ -103,3 +112,35 @@ def test_a_position_out_of_range_cannot_be_encoded() -> None:
         CODEC.encode(-1)
     with pytest.raises(ValueError):
         CODEC.encode(MAX_POSITION + 1)
+
+
+@pytest.mark.parametrize(
+    ("values", "limit"), [([], DEFAULT_LIMIT), (["1"], 1), (["500"], MAX_LIMIT), (["007"], 7)]
+)
+def test_limit_takes_1_to_500(values: list[str], limit: int) -> None:
+    assert parse_limit(values) == limit
+
+
+@pytest.mark.parametrize(
+    "values", [["0"], ["501"], ["-1"], ["1.5"], ["ten"], [""], ["1e2"], ["١٢"], ["1", "2"]]
+)
+def test_limit_outside_1_to_500_is_refused(values: list[str]) -> None:
+    with pytest.raises(FeedError):
+        parse_limit(values)
+
+
+def test_after_is_absent_or_whole_seconds() -> None:
+    assert parse_after([]) is None
+    assert parse_after(["0"]) == 0
+    assert parse_after(["1700000000"]) == 1_700_000_000
+    for bad in (["-1"], ["1.5"], [""], ["soon"], ["1" * 13], ["1", "2"]):
+        with pytest.raises(FeedError):
+            parse_after(bad)
+
+
+def test_cursor_is_given_at_most_once_and_short() -> None:
+    assert parse_cursor([]) == ""
+    assert parse_cursor(["abc"]) == "abc"
+    for bad in (["a", "b"], ["A" * 65]):
+        with pytest.raises(FeedError):
+            parse_cursor(bad)
