@@ -10,12 +10,16 @@ reservation its sink key belongs to, and its ``request_fingerprint`` must be the
 server computes for the payout it describes (:func:`~devstack.provider.payments.paid_fingerprint`),
 else 422: evidence is only ever signed for a tuple that stands for what was paid.
 
+``GET /feeds/cursor`` and ``GET /feeds/timestamp`` serve one event per committed payment, with
+its signed evidence (the contract is in :mod:`devstack.provider.feeds`).
+
 ``/_sim/*`` is the control surface for tests and demos: ``POST /_sim/faults`` arms faults for
 the next new payments, ``DELETE /_sim/faults`` clears them, ``GET /_sim/payments[?key=]``
-counts committed payments and recorded declines. With a control token
-(``SETTLEMENT_SIM_TOKEN``) every ``/_sim`` call needs ``Authorization: Bearer <token>``, else
-401; without one the controls are open, which :func:`devstack.provider.run.serve` allows
-only on a loopback address.
+counts committed payments and recorded declines; ``/_sim/feed-faults`` arms, lists and
+clears misbehaviour of the feeds. With a control token (``SETTLEMENT_SIM_TOKEN``) every
+``/_sim`` call needs ``Authorization: Bearer <token>``, else 401; without one the controls
+are open, which :func:`devstack.provider.run.serve` allows only on a loopback address. The
+feeds themselves need no token.
 
 Faults apply only to a call that would create a new payment; a replay is always answered
 normally, without delay or drop. A delayed commit runs in its own shielded task, so a caller
@@ -45,7 +49,16 @@ from litestar.handlers.base import BaseRouteHandler
 from litestar.response.base import ASGIResponse
 from litestar.types import Receive, Send, TypeEncodersMap
 
-from devstack.provider.faults import Fault, FaultError, FaultMode, FaultQueue, FaultRequest
+from devstack.provider.faults import (
+    Fault,
+    FaultError,
+    FaultMode,
+    FaultQueue,
+    FaultRequest,
+    FeedFault,
+    FeedFaultRequest,
+)
+from devstack.provider.feeds import FeedError, Feeds, parse_after, parse_cursor, parse_limit
 from devstack.provider.payments import (
     Outcome,
     Payment,
@@ -94,8 +107,12 @@ class Armed(msgspec.Struct, frozen=True):
     armed: list[Fault]
 
 
+class ArmedFeedFaults(msgspec.Struct, frozen=True):
+    armed: list[FeedFault]
+
+
 class Simulator:
-    """What one simulator process holds: the secrets, the store, the armed faults."""
+    """What one simulator process holds: the secrets, the store, the armed faults, the feeds."""
 
     def __init__(self, secret: str, db_path: Path, sim_token: str | None = None) -> None:
         self.secret = secret
@@ -103,6 +120,7 @@ class Simulator:
         self.sim_token = sim_token
         self.db_path = db_path
         self.faults = FaultQueue()
+        self.feeds = Feeds(secret)
         self._store: PaymentStore | None = None
         self._commits: set[asyncio.Task[tuple[Payment, bool]]] = set()
 
@@ -168,7 +186,7 @@ class Simulator:
             now=datetime.now(UTC),
             secret=self.secret,
         )
-        return await asyncio.to_thread(self.store.commit, payment)
+        return await asyncio.to_thread(self.feeds.commit, self.store, payment)
 
     def _commit_done(self, task: asyncio.Task[tuple[Payment, bool]]) -> None:
         self._commits.discard(task)
@@ -327,6 +345,52 @@ async def clear_faults(state: State) -> Armed:
     return Armed(armed=faults.armed())
 
 
+@post("/feed-faults", status_code=200)
+async def arm_feed_faults(request: Request[Any, Any, Any], state: State) -> ArmedFeedFaults:
+    fault = _decode(await request.body(), FeedFaultRequest)
+    try:
+        armed = await asyncio.to_thread(_simulator(state).feeds.arm, fault)
+    except FaultError as exc:
+        raise ClientError(400, str(exc)) from None
+    return ArmedFeedFaults(armed=armed)
+
+
+@get("/feed-faults")
+async def list_feed_faults(state: State) -> ArmedFeedFaults:
+    return ArmedFeedFaults(armed=await asyncio.to_thread(_simulator(state).feeds.armed))
+
+
+@delete("/feed-faults", status_code=200)
+async def clear_feed_faults(state: State) -> ArmedFeedFaults:
+    return ArmedFeedFaults(armed=await asyncio.to_thread(_simulator(state).feeds.clear))
+
+
+@get("/feeds/cursor")
+async def cursor_feed(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    simulator = _simulator(state)
+    query = request.query_params
+    try:
+        cursor = parse_cursor(query.getall("cursor", []))
+        limit = parse_limit(query.getall("limit", []))
+        page = await asyncio.to_thread(simulator.feeds.cursor_page, simulator.store, cursor, limit)
+    except FeedError as exc:
+        raise ClientError(400, str(exc)) from None
+    return Response(msgspec.json.encode(page), media_type=MediaType.JSON)
+
+
+@get("/feeds/timestamp")
+async def timestamp_feed(request: Request[Any, Any, Any], state: State) -> Response[bytes]:
+    simulator = _simulator(state)
+    query = request.query_params
+    try:
+        after = parse_after(query.getall("after", []))
+        limit = parse_limit(query.getall("limit", []))
+    except FeedError as exc:
+        raise ClientError(400, str(exc)) from None
+    page = await asyncio.to_thread(simulator.feeds.timestamp_page, simulator.store, after, limit)
+    return Response(msgspec.json.encode(page), media_type=MediaType.JSON)
+
+
 @get("/payments")
 async def count_payments(state: State, key: str | None = None) -> Counts:
     return await asyncio.to_thread(_simulator(state).store.counts, key)
@@ -362,7 +426,15 @@ def create_provider_app(secret: str, db_path: Path, *, sim_token: str | None = N
     simulator = Simulator(secret, db_path, sim_token)
     controls = Router(
         path="/_sim",
-        route_handlers=[arm_faults, list_faults, clear_faults, count_payments],
+        route_handlers=[
+            arm_faults,
+            list_faults,
+            clear_faults,
+            arm_feed_faults,
+            list_feed_faults,
+            clear_feed_faults,
+            count_payments,
+        ],
         guards=[_control_token],
     )
 
@@ -376,7 +448,7 @@ def create_provider_app(secret: str, db_path: Path, *, sim_token: str | None = N
             await simulator.close()
 
     return Litestar(
-        route_handlers=[post_payment, controls, health],
+        route_handlers=[post_payment, cursor_feed, timestamp_feed, controls, health],
         state=State({"simulator": simulator}),
         lifespan=[lifespan],
         exception_handlers={

@@ -1,14 +1,19 @@
-"""Armed faults: a FIFO, in memory, each entry covering the next ``count`` new payments.
+"""Armed faults, in memory: payment faults and feed faults.
 
-Only a ``POST /payments`` that would create a new payment takes a fault; a replay of a
-committed sink key is always answered normally and leaves the queue alone.
+Payment faults are a FIFO, each entry covering the next ``count`` new payments. Only a
+``POST /payments`` that would create a new payment takes a fault; a replay of a committed
+sink key is always answered normally and leaves the queue alone.
+
+Feed faults (:class:`FeedFaultQueue`) cover the next ``count`` feed pages or commits they
+concern; :mod:`devstack.provider.feeds` says which and what each does.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import deque
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, TypeVar
 
 import msgspec
 
@@ -21,7 +26,13 @@ __all__ = [
     "FaultMode",
     "FaultQueue",
     "FaultRequest",
+    "FeedFault",
+    "FeedFaultMode",
+    "FeedFaultQueue",
+    "FeedFaultRequest",
 ]
+
+T = TypeVar("T")
 
 # A delay past this is a hung provider, not a slow one; it also bounds a graceful shutdown.
 MAX_DELAY_MS = 120_000
@@ -89,4 +100,77 @@ class FaultQueue:
         self._entries.clear()
 
     def armed(self) -> list[Fault]:
+        return list(self._entries)
+
+
+class FeedFaultMode(enum.StrEnum):
+    """Misbehaviour of the event feeds; what each does is in :mod:`devstack.provider.feeds`."""
+
+    OVERLAP = "overlap"
+    BACKFILL = "backfill"
+    EMPTY_ADVANCE = "empty_advance"
+    STUCK_TOKEN = "stuck_token"
+    BIG_TIE = "big_tie"
+    LATE_TIE = "late_tie"
+    CONFLICTING_IDENTITY = "conflicting_identity"
+    BAD_SIGNATURE = "bad_signature"
+
+
+class FeedFaultRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The body of ``POST /_sim/feed-faults``."""
+
+    mode: FeedFaultMode
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_FAULT_COUNT)]
+
+
+class FeedFault(msgspec.Struct, frozen=True):
+    """One armed entry; ``count`` is what is left of it."""
+
+    mode: FeedFaultMode
+    count: int
+
+
+class FeedFaultQueue:
+    """Armed feed faults in arming order. Not thread-safe: its owner serialises the calls.
+
+    Unlike :class:`FaultQueue`, an entry does not wait for the ones before it: the next page
+    (or commit) takes the earliest entry whose mode concerns it *and* applies to it.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[FeedFault] = []
+
+    def arm(self, request: FeedFaultRequest) -> None:
+        if len(self._entries) >= MAX_FAULT_ENTRIES:
+            raise FaultError(f"at most {MAX_FAULT_ENTRIES} fault entries may be armed; clear them")
+        self._entries.append(FeedFault(request.mode, request.count))
+
+    def first(
+        self, modes: frozenset[FeedFaultMode], attempt: Callable[[FeedFaultMode], T | None]
+    ) -> tuple[int, FeedFaultMode, T] | None:
+        """The earliest entry with a mode in ``modes`` for which ``attempt(mode)`` is not None,
+        with that result; each mode is attempted at most once. Nothing is consumed."""
+        refused: set[FeedFaultMode] = set()
+        for index, entry in enumerate(self._entries):
+            if entry.mode not in modes or entry.mode in refused:
+                continue
+            result = attempt(entry.mode)
+            if result is not None:
+                return index, entry.mode, result
+            refused.add(entry.mode)
+        return None
+
+    def consume(self, index: int) -> bool:
+        """Take one unit of the entry at ``index``; True when it was the entry's last."""
+        entry = self._entries[index]
+        if entry.count > 1:
+            self._entries[index] = msgspec.structs.replace(entry, count=entry.count - 1)
+            return False
+        del self._entries[index]
+        return True
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def armed(self) -> list[FeedFault]:
         return list(self._entries)

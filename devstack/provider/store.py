@@ -4,24 +4,36 @@ WAL with ``synchronous=FULL`` makes each commit durable before it is answered, s
 survives the simulator's restart (and its crash). Every call is short and synchronous; the
 app runs them with ``asyncio.to_thread``. One connection, serialised by a lock, is enough
 for a test double; ``BEGIN IMMEDIATE`` keeps a second process on the same file honest too.
+
+Each row also has its place in the event feeds (:mod:`devstack.provider.feeds`): an integer
+``position``, unique, given at commit, and a ``timestamp`` in whole Unix seconds. A file made
+before those columns existed is migrated when it is opened: the columns are added, existing
+rows get positions ``POSITION_STEP, 2 * POSITION_STEP, ...`` in insertion (rowid) order and
+the whole second of their ``created_at`` as timestamp, all in one transaction.
 """
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import msgspec
 
 from devstack.provider.payments import Outcome, Payment
 
-__all__ = ["Counts", "PaymentStore"]
+__all__ = ["POSITION_STEP", "Counts", "Entry", "PaymentStore", "Stamp", "Transaction"]
 
 # A second process on the same file (a simulator restarting) may hold the write lock briefly.
 BUSY_TIMEOUT = 5.0
+# Positions of successive commits are this far apart, so a feed fault can put an event
+# between two that were already served (see feeds.py, fault backfill).
+POSITION_STEP = 10
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS payments (
@@ -32,11 +44,33 @@ CREATE TABLE IF NOT EXISTS payments (
     status     INTEGER NOT NULL,
     evidence   BLOB NOT NULL,
     signature  TEXT NOT NULL,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    position   INTEGER NOT NULL,
+    timestamp  INTEGER NOT NULL
 )
 """
 
+# Added to a file made before the feeds; the defaults are overwritten at once by _BACKFILL.
+_ADD_POSITION = "ALTER TABLE payments ADD COLUMN position INTEGER NOT NULL DEFAULT 0"
+_ADD_TIMESTAMP = "ALTER TABLE payments ADD COLUMN timestamp INTEGER NOT NULL DEFAULT 0"
+_BACKFILL_POSITION = f"""
+UPDATE payments SET position = numbered.n * {POSITION_STEP}
+FROM (SELECT rowid AS id, ROW_NUMBER() OVER (ORDER BY rowid) AS n FROM payments) AS numbered
+WHERE payments.rowid = numbered.id
+"""
+_BACKFILL_TIMESTAMP = (
+    "UPDATE payments SET timestamp = COALESCE(CAST(strftime('%s', created_at) AS INTEGER), 0)"
+)
+_INDEXES = (
+    "CREATE UNIQUE INDEX IF NOT EXISTS payments_by_position ON payments (position)",
+    "CREATE INDEX IF NOT EXISTS payments_by_timestamp ON payments (timestamp, position)",
+)
+
 _COLUMNS = "sink_key, reference, request, outcome, status, evidence, signature, created_at"
+_ENTRY = "reference, position, timestamp, evidence, signature"
+
+# Rows looked at when searching for a free position below a cursor: bounds that search.
+_GAP_SEARCH_ROWS = 64
 
 
 class Counts(msgspec.Struct, frozen=True):
@@ -44,6 +78,131 @@ class Counts(msgspec.Struct, frozen=True):
 
     count: int
     declines: int
+
+
+class Stamp(msgspec.Struct, frozen=True):
+    """Where a new row goes in the feeds."""
+
+    position: int
+    timestamp: int
+
+
+class Entry(msgspec.Struct, frozen=True):
+    """A row as the feeds serve it: its reference, its place, its signed evidence."""
+
+    reference: str
+    position: int
+    timestamp: int
+    evidence: bytes
+    signature: str
+
+
+class Transaction:
+    """Queries inside one ``BEGIN IMMEDIATE`` transaction (see :meth:`PaymentStore.transaction`)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def find(self, sink_key: str) -> Payment | None:
+        row = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM payments WHERE sink_key = ?", (sink_key,)
+        ).fetchone()
+        return None if row is None else _payment(row)
+
+    def insert(self, payment: Payment, stamp: Stamp) -> None:
+        self._conn.execute(
+            f"INSERT INTO payments ({_COLUMNS}, position, timestamp) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                payment.sink_key,
+                payment.reference,
+                payment.request,
+                payment.outcome,
+                payment.status,
+                payment.evidence,
+                payment.signature,
+                payment.created_at,
+                stamp.position,
+                stamp.timestamp,
+            ),
+        )
+
+    def last_position(self) -> int:
+        """The highest position given so far, 0 when there is none."""
+        row = self._conn.execute("SELECT COALESCE(MAX(position), 0) FROM payments").fetchone()
+        return int(row[0])
+
+    def last_timestamp(self) -> int:
+        """The highest timestamp given so far, 0 when there is none."""
+        row = self._conn.execute("SELECT COALESCE(MAX(timestamp), 0) FROM payments").fetchone()
+        return int(row[0])
+
+    def after_position(self, position: int, limit: int) -> list[Entry]:
+        """At most ``limit`` rows with a position above ``position``, ascending."""
+        return self._entries(
+            "WHERE position > ? ORDER BY position LIMIT ?", (position, limit), reverse=False
+        )
+
+    def up_to_position(self, position: int, limit: int) -> list[Entry]:
+        """The last ``limit`` rows with a position at or below ``position``, ascending."""
+        return self._entries(
+            "WHERE position <= ? ORDER BY position DESC LIMIT ?", (position, limit), reverse=True
+        )
+
+    def at_position(self, position: int) -> Entry | None:
+        found = self._entries("WHERE position = ?", (position,), reverse=False)
+        return found[0] if found else None
+
+    def free_position_below(self, position: int) -> int | None:
+        """A position no row has, between the two highest rows at or below ``position`` that
+        have room between them (0 counts as the row below the first), or None when the last
+        few such rows are packed."""
+        rows = self._conn.execute(
+            "SELECT position FROM payments WHERE position <= ? ORDER BY position DESC LIMIT ?",
+            (position, _GAP_SEARCH_ROWS),
+        ).fetchall()
+        taken = [int(row[0]) for row in rows]
+        if len(taken) < _GAP_SEARCH_ROWS:
+            taken.append(0)
+        for high, low in itertools.pairwise(taken):
+            if high - low > 1:
+                return low + (high - low) // 2
+        return None
+
+    def after_timestamp(self, timestamp: int | None, limit: int) -> list[Entry]:
+        """At most ``limit`` rows with a timestamp above ``timestamp`` (every row when None),
+        ordered by timestamp, then position."""
+        after = -1 if timestamp is None else timestamp
+        return self._entries(
+            "WHERE timestamp > ? ORDER BY timestamp, position LIMIT ?",
+            (after, limit),
+            reverse=False,
+        )
+
+    def up_to_timestamp(self, timestamp: int, limit: int) -> list[Entry]:
+        """The last ``limit`` rows, in (timestamp, position) order, with a timestamp at or below
+        ``timestamp``; ascending."""
+        return self._entries(
+            "WHERE timestamp <= ? ORDER BY timestamp DESC, position DESC LIMIT ?",
+            (timestamp, limit),
+            reverse=True,
+        )
+
+    def _entries(self, where: str, params: tuple[int, ...], *, reverse: bool) -> list[Entry]:
+        rows = self._conn.execute(f"SELECT {_ENTRY} FROM payments {where}", params).fetchall()
+        entries = [
+            Entry(
+                reference=row[0],
+                position=int(row[1]),
+                timestamp=int(row[2]),
+                evidence=bytes(row[3]),
+                signature=row[4],
+            )
+            for row in rows
+        ]
+        if reverse:
+            entries.reverse()
+        return entries
 
 
 class PaymentStore:
@@ -60,7 +219,7 @@ class PaymentStore:
         try:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(_SCHEMA)
+            _migrate(conn)
         except BaseException:
             conn.close()
             raise
@@ -81,38 +240,37 @@ class PaymentStore:
     ) -> None:
         self.close()
 
-    def find(self, sink_key: str) -> Payment | None:
-        with self._lock:
-            return self._select(sink_key)
-
-    def commit(self, payment: Payment) -> tuple[Payment, bool]:
-        """Insert unless the sink key already has a row; return the row that stands and
-        whether it is the one just inserted. Two concurrent commits make one payment."""
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """One ``BEGIN IMMEDIATE`` transaction under the lock: committed when the block ends,
+        rolled back when it raises. Holding SQLite's write lock, it also orders itself against
+        every commit of another process on the same file."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                cursor = self._conn.execute(
-                    f"INSERT INTO payments ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT(sink_key) DO NOTHING",
-                    (
-                        payment.sink_key,
-                        payment.reference,
-                        payment.request,
-                        payment.outcome,
-                        payment.status,
-                        payment.evidence,
-                        payment.signature,
-                        payment.created_at,
-                    ),
-                )
-                created = cursor.rowcount == 1
-                stored = self._select(payment.sink_key)
+                yield Transaction(self._conn)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
-        assert stored is not None, "a row inserted or kept under the lock cannot vanish"
-        return stored, created
+
+    def find(self, sink_key: str) -> Payment | None:
+        with self._lock:
+            return Transaction(self._conn).find(sink_key)
+
+    def commit(
+        self, payment: Payment, stamp: Callable[[Transaction], Stamp]
+    ) -> tuple[Payment, bool]:
+        """Insert unless the sink key already has a row; return the row that stands and
+        whether it is the one just inserted. Two concurrent commits make one payment.
+        ``stamp`` places the new row in the feeds; it runs only when a row is inserted,
+        inside the transaction."""
+        with self.transaction() as tx:
+            existing = tx.find(payment.sink_key)
+            if existing is not None:
+                return existing, False
+            tx.insert(payment, stamp(tx))
+        return payment, True
 
     def counts(self, sink_key: str | None = None) -> Counts:
         query = (
@@ -126,20 +284,36 @@ class PaymentStore:
                 row = self._conn.execute(query + " WHERE sink_key = ?", (sink_key,)).fetchone()
         return Counts(count=int(row[0]), declines=int(row[1]))
 
-    def _select(self, sink_key: str) -> Payment | None:
-        row = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM payments WHERE sink_key = ?", (sink_key,)
-        ).fetchone()
-        if row is None:
-            return None
-        outcome: Outcome = "completed" if row[3] == "completed" else "declined"
-        return Payment(
-            sink_key=row[0],
-            reference=row[1],
-            request=bytes(row[2]),
-            outcome=outcome,
-            status=int(row[4]),
-            evidence=bytes(row[5]),
-            signature=row[6],
-            created_at=row[7],
-        )
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Create the table, or bring a file made before the feeds up to date, atomically."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(_SCHEMA)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(payments)")}
+        if "position" not in columns:
+            conn.execute(_ADD_POSITION)
+            conn.execute(_BACKFILL_POSITION)
+        if "timestamp" not in columns:
+            conn.execute(_ADD_TIMESTAMP)
+            conn.execute(_BACKFILL_TIMESTAMP)
+        for statement in _INDEXES:
+            conn.execute(statement)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _payment(row: Any) -> Payment:
+    outcome: Outcome = "completed" if row[3] == "completed" else "declined"
+    return Payment(
+        sink_key=row[0],
+        reference=row[1],
+        request=bytes(row[2]),
+        outcome=outcome,
+        status=int(row[4]),
+        evidence=bytes(row[5]),
+        signature=row[6],
+        created_at=row[7],
+    )

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -15,6 +16,7 @@ from typing import Any, Self
 import httpx
 import msgspec
 
+from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.domain.provider_auth import request_key, signed_headers
 from tests.e2e.server import START_TIMEOUT, STOP_TIMEOUT, free_port
 
@@ -42,6 +44,31 @@ def signed(
             now=time.time() if now is None else now,
         ),
     }
+
+
+def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
+    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``; its
+    ``request_fingerprint`` is the server's for its payout unless given."""
+    body: dict[str, Any] = {
+        "operation_id": str(uuid.uuid4()),
+        "binding_generation": 1,
+        "beneficiary": "ACME Ltd",
+        "amount": 1250,
+        "currency": "EUR",
+        **overrides,
+    }
+    body.setdefault("request_fingerprint", fingerprint_of(body))
+    return body, f"{body['operation_id']}:{body['binding_generation']}"
+
+
+def fingerprint_of(body: dict[str, Any]) -> str:
+    """The fingerprint the server computes for the payout ``body`` describes (64 zeros when
+    the server would refuse that payout)."""
+    fields = {name: body.get(name) for name in ("beneficiary", "amount", "currency")}
+    try:
+        return payout_fingerprint(msgspec.convert(fields, type=PayoutRequest))
+    except msgspec.ValidationError:
+        return "0" * 64
 
 
 class ProviderProcess:
@@ -183,3 +210,53 @@ class ProviderProcess:
     def total(self) -> int:
         """Committed payments over every sink key."""
         return self.counts()["count"]
+
+    def pay_new(self, **overrides: Any) -> httpx.Response:
+        """A new payment (``make_payment(**overrides)``), signed; its answer."""
+        body, key = make_payment(**overrides)
+        return self.pay(body, key)
+
+    # --- the event feeds ---------------------------------------------------------------------
+
+    def cursor_feed(self, cursor: str | None = None, limit: int | None = None) -> httpx.Response:
+        """``GET /feeds/cursor``, leaving out what is None."""
+        return self._feed("/feeds/cursor", {"cursor": cursor, "limit": limit})
+
+    def timestamp_feed(self, after: int | None = None, limit: int | None = None) -> httpx.Response:
+        """``GET /feeds/timestamp``, leaving out what is None."""
+        return self._feed("/feeds/timestamp", {"after": after, "limit": limit})
+
+    def _feed(self, path: str, params: dict[str, Any]) -> httpx.Response:
+        given = {name: value for name, value in params.items() if value is not None}
+        return httpx.get(f"{self.base_url}{path}", params=given, timeout=CALL_TIMEOUT)
+
+    def arm_feed(self, mode: str, count: int = 1) -> list[dict[str, Any]]:
+        """Arm a feed fault; what is armed afterwards."""
+        response = httpx.post(
+            f"{self.base_url}/_sim/feed-faults",
+            json={"mode": mode, "count": count},
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        armed: list[dict[str, Any]] = response.json()["armed"]
+        return armed
+
+    def feed_faults(self) -> list[dict[str, Any]]:
+        response = httpx.get(
+            f"{self.base_url}/_sim/feed-faults",
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        armed: list[dict[str, Any]] = response.json()["armed"]
+        return armed
+
+    def clear_feed_faults(self) -> None:
+        response = httpx.delete(
+            f"{self.base_url}/_sim/feed-faults",
+            headers=self.control_headers(),
+            timeout=CALL_TIMEOUT,
+        )
+        assert response.status_code == 200, response.text
+        assert response.json() == {"armed": []}

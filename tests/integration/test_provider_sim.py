@@ -23,10 +23,15 @@ import msgspec
 import pytest
 
 from devstack.provider.faults import MAX_FAULT_COUNT
-from service.domain.payouts import PayoutRequest, payout_fingerprint
 from service.domain.provider_auth import MAX_CLOCK_SKEW
 from service.evidence import SignedEvidence, verify
-from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess, signed
+from tests.e2e.provider import (
+    CALL_TIMEOUT,
+    SECRET,
+    ProviderProcess,
+    make_payment,
+    signed,
+)
 from tests.e2e.server import START_TIMEOUT, free_port
 
 # Concurrent identical calls in the one-winner test.
@@ -39,31 +44,6 @@ COMMIT_DEADLINE = 3.0
 
 # The control token of the locked simulator.
 SIM_TOKEN = "sim-control-token"
-
-
-def make_payment(**overrides: Any) -> tuple[dict[str, Any], str]:
-    """A valid payment body and its sink key ``<operation_id>:<binding_generation>``; its
-    ``request_fingerprint`` is the server's for its payout unless given."""
-    body: dict[str, Any] = {
-        "operation_id": str(uuid.uuid4()),
-        "binding_generation": 1,
-        "beneficiary": "ACME Ltd",
-        "amount": 1250,
-        "currency": "EUR",
-        **overrides,
-    }
-    body.setdefault("request_fingerprint", fingerprint_of(body))
-    return body, f"{body['operation_id']}:{body['binding_generation']}"
-
-
-def fingerprint_of(body: dict[str, Any]) -> str:
-    """The fingerprint the server computes for the payout ``body`` describes (64 zeros when
-    the server would refuse that payout)."""
-    fields = {name: body.get(name) for name in ("beneficiary", "amount", "currency")}
-    try:
-        return payout_fingerprint(msgspec.convert(fields, type=PayoutRequest))
-    except msgspec.ValidationError:
-        return "0" * 64
 
 
 def signed_evidence(response: httpx.Response) -> SignedEvidence:
@@ -510,6 +490,9 @@ CONTROLS = [
     ("GET", "/_sim/faults", None),
     ("DELETE", "/_sim/faults", None),
     ("GET", "/_sim/payments", None),
+    ("POST", "/_sim/feed-faults", {"mode": "overlap", "count": 1}),
+    ("GET", "/_sim/feed-faults", None),
+    ("DELETE", "/_sim/feed-faults", None),
 ]
 
 
@@ -533,6 +516,7 @@ def test_controls_with_a_token_set_refuse_a_call_without_it(
         f"{locked.base_url}/_sim/faults", headers=locked.control_headers(), timeout=CALL_TIMEOUT
     )
     assert good.json() == {"armed": []}  # the refused POST armed nothing
+    assert locked.feed_faults() == []
 
 
 def test_controls_with_a_token_set_take_the_token(locked: ProviderProcess) -> None:
