@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("reason", sa.String(length=64), nullable=False),
         sa.Column("observation_id", sa.BigInteger(), nullable=True),
+        sa.Column("digest", sa.String(length=64), server_default=sa.text("''"), nullable=False),
         sa.Column("first_seen_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
         sa.CheckConstraint(

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -61,8 +62,10 @@ log = logging.getLogger("settlement.observer")
 
 # The largest page asked for: a tie group larger than this stalls the feed (an alarm).
 MAX_PAGE = 500
-# How far back an idle timestamp feed looks for events that arrived at closed timestamps.
+# How far back an idle timestamp feed looks for events that arrived at closed timestamps,
+# and on which idle page (every tenth: the look-back is a large page).
 LATE_LOOKBACK = 300
+AUDIT_EVERY = 10
 
 
 class PageResult(enum.StrEnum):
@@ -119,6 +122,7 @@ class FeedObserver:
         self._poll = poll_interval
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
+        self._idle_pages = 0  # empty timestamp pages so far: every AUDIT_EVERY-th looks back
 
     async def close(self) -> None:
         await self._client.close()
@@ -162,7 +166,7 @@ class FeedObserver:
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
-        events = [FeedEvent(e.event_id, _order(e.position)) for e in page.events]
+        events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
         owners = await self._feeds.owners(name, [e.order for e in events])
         checked = check_cursor_page(checkpoint.applied_position, events, seen, owners)
@@ -215,7 +219,7 @@ class FeedObserver:
         closed = checkpoint.closed_through_timestamp
         limit = self._limit
         page = await self._client.timestamp_page(closed, limit)
-        events = [FeedEvent(e.event_id, _order(e.timestamp)) for e in page.events]
+        events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
@@ -244,7 +248,9 @@ class FeedObserver:
             if any(not _final(states.get(e.event_id)) for e in events):
                 return Page(PageResult.BLOCKED, len(events), processed)
             if not events:
-                await self._late_audit(closed)
+                self._idle_pages += 1
+                if self._idle_pages % AUDIT_EVERY == 1:
+                    await self._late_audit(closed)
                 await self._feeds.caught_up(name, at(self._clock()))
             return Page(PageResult.CAUGHT_UP, len(events), processed)
         await self._failpoints.hit("observer.barrier.before")
@@ -256,8 +262,9 @@ class FeedObserver:
         return Page(PageResult.PROMOTED, len(events), processed)
 
     async def _late_audit(self, closed: int | None) -> None:
-        """An idle feed looks back ``LATE_LOOKBACK`` seconds behind its closed timestamp: an
-        event that arrived there late is processed (never skipped) and alarmed."""
+        """An idle feed (its first empty page, then every ``AUDIT_EVERY``-th) looks back
+        ``LATE_LOOKBACK`` seconds behind its closed timestamp: an event that arrived there
+        late is processed (never skipped) and alarmed."""
         if closed is None:
             return
         page = await self._client.timestamp_page(max(-1, closed - LATE_LOOKBACK), MAX_PAGE)
@@ -266,7 +273,9 @@ class FeedObserver:
             return
         seen = await self._feeds.seen(self.spec.name, [e.event_id for e in late])
         unknown = [
-            FeedEvent(e.event_id, _order(e.timestamp)) for e in late if e.event_id not in seen
+            FeedEvent(e.event_id, _order(e.timestamp), _digest(e))
+            for e in late
+            if e.event_id not in seen
         ]
         for event in unknown:
             await self._alarm(
@@ -303,12 +312,14 @@ class FeedObserver:
         self, event: FeedEvent, raw: RawEvent, seen: dict[str, Seen]
     ) -> ReceiptState:
         name, now = self.spec.name, self._clock()
+        known = seen.get(event.event_id)
+        if known is not None and known.state is ReceiptState.HELD:
+            held = await self._feeds.receipt(name, event.event_id)
+            if held is not None and held.reason == "bad-signature":
+                return ReceiptState.HELD  # for an operator to decide, whatever comes now
         signed = decode_signed(raw)
         verified = signed is not None and self._secret is not None and verify(signed, self._secret)
         if signed is None or not verified:
-            known = seen.get(event.event_id)
-            if known is not None and known.state is ReceiptState.HELD:
-                return ReceiptState.HELD  # already held for an operator
             operation_id = None if signed is None else signed.evidence.operation_id
             observation = (
                 None
@@ -317,7 +328,7 @@ class FeedObserver:
             )
             receipt = await self._feeds.refuse_event(
                 name, event.event_id, event.order, operation_id, observation,
-                "held", "bad-signature", at(now),
+                "held", "bad-signature", at(now), digest=event.digest,
             )  # fmt: skip
             await self._alarm(
                 "bad-signature", event.event_id, "the event's evidence does not verify"
@@ -336,7 +347,7 @@ class FeedObserver:
                 return await self._quarantine(event, operation_id, observation, "unknown-operation")
             receipt = await self._feeds.refuse_event(
                 name, event.event_id, event.order, None, None,
-                "held", "unknown-operation", at(now),
+                "held", "unknown-operation", at(now), digest=event.digest,
             )  # fmt: skip
             return ReceiptState(receipt.state)
         if owner[1] not in self._external:
@@ -348,6 +359,7 @@ class FeedObserver:
             operation_id,
             observation,
             at(now),
+            digest=event.digest,
             before_commit=lambda: self._failpoints.hit("observer.event.before_commit"),
         )
         await self._failpoints.hit("observer.event.after_commit")
@@ -368,6 +380,7 @@ class FeedObserver:
             "quarantined",
             reason,
             at(self._clock()),
+            digest=event.digest,
         )
         await self._failpoints.hit("observer.quarantine.after")
         log.warning(
@@ -388,6 +401,11 @@ class FeedObserver:
             extra={"feed": self.spec.name, "alarm": kind, "event_id": event_id, "detail": detail},
         )
         await self._feeds.alarm(self.spec.name, kind, event_id, detail, at(self._clock()))
+
+
+def _digest(event: RawEvent) -> str:
+    """What the event says, as served: its evidence bytes and its signature."""
+    return hashlib.sha256(bytes(event.evidence) + b"\n" + event.signature.encode()).hexdigest()
 
 
 def _order(value: int | None) -> int:

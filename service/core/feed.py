@@ -7,9 +7,9 @@ events that have a final receipt.
 
 Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
 
-1. A page's positions must strictly increase, and an event identity keeps its position: a
-   page that breaks either (a regression, a conflicting identity) stops the attempt; the
-   checkpoint stays.
+1. A page's positions must strictly increase, and an event identity keeps its position and
+   its content: a page that breaks either (a regression, a conflicting identity) stops the
+   attempt; the checkpoint stays.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
 3. The returned cursor is promoted only when every event of the page has a final receipt.
@@ -61,18 +61,21 @@ class ReceiptState(enum.StrEnum):
 
 
 class FeedEvent(msgspec.Struct, frozen=True):
-    """An event as the barrier sees it: its identity and its place in the feed's order
-    (a position for cursor feeds, a timestamp for timestamp feeds)."""
+    """An event as the barrier sees it: its identity, its place in the feed's order (a
+    position for cursor feeds, a timestamp for timestamp feeds) and a digest of its content."""
 
     event_id: str
     order: int
+    digest: str = ""
 
 
 class Seen(msgspec.Struct, frozen=True):
-    """What the receipts say of an event already met: where it was, and its state."""
+    """What the receipts say of an event already met: where it was, its state, and the
+    digest of its content when it was settled."""
 
     order: int
     state: ReceiptState
+    digest: str = ""
 
 
 class Stop(msgspec.Struct, frozen=True):
@@ -124,6 +127,9 @@ def check_cursor_page(
                 f"position {event.order} already holds event {owner}",
             )
         if known is not None and known.state.final:
+            changed = _changed(known, event)
+            if changed is not None:
+                return changed
             continue  # overlap: already settled for good
         if known is None and applied_position is not None and event.order <= applied_position:
             backfilled.append(event)
@@ -195,6 +201,9 @@ def check_timestamp_page(
                 f"event seen at timestamp {known.order}, now at {event.order}",
             )
         if known is not None and known.state.final:
+            changed = _changed(known, event)
+            if changed is not None:
+                return changed
             continue
         if known is None and closed_through is not None and event.order <= closed_through:
             late.append(event)
@@ -228,6 +237,17 @@ def closable_through(
     if closed_through is not None and bound <= closed_through:
         return None
     return bound
+
+
+def _changed(known: Seen, event: FeedEvent) -> Stop | None:
+    """A final receipt's event served again with other content: a conflicting identity."""
+    if known.state.final and known.digest and event.digest and known.digest != event.digest:
+        return Stop(
+            "conflicting-identity",
+            event.event_id,
+            "event served again with other content than the one settled",
+        )
+    return None
 
 
 def _final(state: ReceiptState | None) -> bool:

@@ -50,6 +50,7 @@ class Receipt(msgspec.Struct, frozen=True):
     state: str
     reason: str
     observation_id: int | None
+    digest: str
     first_seen_at: datetime
     decided_at: datetime
 
@@ -167,12 +168,14 @@ class FeedStore:
         r = feed_receipts.c
         async with self._reader.connect() as conn:
             rows = await conn.execute(
-                select(r.event_id, r.event_order, r.state).where(
+                select(r.event_id, r.event_order, r.state, r.digest).where(
                     r.feed == feed, r.event_id.in_(list(event_ids))
                 )
             )
             return {
-                row.event_id: Seen(order=row.event_order, state=ReceiptState(row.state))
+                row.event_id: Seen(
+                    order=row.event_order, state=ReceiptState(row.state), digest=row.digest
+                )
                 for row in rows
             }
 
@@ -234,6 +237,7 @@ class FeedStore:
         observation: Observation,
         now: datetime,
         *,
+        digest: str = "",
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Receipt, tuple[Any, Settled] | None]:
         """Settle the event's observation and write its final receipt, in one transaction;
@@ -255,8 +259,9 @@ class FeedStore:
                 state = _RECEIPT_OF.get(disposition, "applied")
                 reason, observation_id = settled.decision.reason.value, settled.observation_id
             receipt = await _write_receipt(
-                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now
-            )
+                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now,
+                digest,
+            )  # fmt: skip
             return receipt, found
 
         return await self._runner.run(
@@ -274,6 +279,7 @@ class FeedStore:
         reason: str,
         now: datetime,
         *,
+        digest: str = "",
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Receipt:
         """A receipt in ``state`` (quarantined: final; held: not) with the refused observation
@@ -297,8 +303,9 @@ class FeedStore:
                     detail={"feed": feed, "event_id": event_id, "receipt": state},
                 )
             return await _write_receipt(
-                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now
-            )
+                uow.connection, feed, event_id, operation_id, state, reason, observation_id, now,
+                digest or (existing.digest if existing is not None else ""),
+            )  # fmt: skip
 
         return await self._runner.run(
             f"feed {feed} refuse {event_id}", phase, before_commit=before_commit
@@ -408,6 +415,7 @@ async def _write_receipt(
     reason: str,
     observation_id: int | None,
     now: datetime,
+    digest: str,
 ) -> Receipt:
     r = feed_receipts.c
     row = (
@@ -420,6 +428,7 @@ async def _write_receipt(
                     state=state,
                     reason=reason[:64],
                     observation_id=observation_id,
+                    digest=digest,
                     decided_at=now,
                 )
                 .returning(*feed_receipts.c)

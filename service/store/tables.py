@@ -338,6 +338,9 @@ feed_receipts = Table(
     Column("state", String(16), nullable=False),
     Column("reason", String(64), nullable=False),
     Column("observation_id", BigInteger),
+    # SHA-256 of the event's evidence and signature as served: the same event id served
+    # again with other content is a conflicting identity
+    Column("digest", String(64), nullable=False, server_default=text("''")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
     CheckConstraint(_in("state", RECEIPT_STATES), name="state"),

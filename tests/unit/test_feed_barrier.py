@@ -73,6 +73,22 @@ def test_an_event_that_moved_or_a_taken_position_is_a_conflicting_identity() -> 
     assert "already holds event a" in taken.detail
 
 
+def test_an_event_served_again_with_other_content_is_a_conflicting_identity() -> None:
+    settled = {"a": Seen(5, A, digest="d1")}
+    same = [FeedEvent("a", 5, "d1")]
+    other = [FeedEvent("a", 5, "d2")]
+    assert check_cursor_page(None, same, settled, {5: "a"}) == CursorCheck([], [])
+    stop = check_cursor_page(None, other, settled, {5: "a"})
+    assert isinstance(stop, Stop) and stop.kind == "conflicting-identity"
+    assert check_timestamp_page(4, same, settled) == TimestampCheck([], [])
+    stop = check_timestamp_page(4, other, settled)
+    assert isinstance(stop, Stop) and stop.kind == "conflicting-identity"
+    # a held event may come back changed (it is being retried); an unknown digest proves nothing
+    held = {"a": Seen(5, H, digest="d1")}
+    assert check_cursor_page(None, other, held, {5: "a"}) == CursorCheck(other, [])
+    assert check_cursor_page(None, [FeedEvent("a", 5)], settled, {5: "a"}) == CursorCheck([], [])
+
+
 # -- cursor feeds: the barrier -----------------------------------------------------------------
 
 

@@ -1,0 +1,455 @@
+"""The feed observer end to end: real observer processes (``settlement observer run``) against
+the provider simulator's two feeds, a real server and real PostgreSQL and Redis.
+
+A payout whose answer was lost reaches ``completed`` through the feed with no client retry;
+an observer killed (SIGKILL) at each failpoint and restarted leaves every event with exactly
+one durable outcome; two observers on one feed apply nothing twice; every feed misbehaviour
+the simulator can be armed with ends with every payout settled once, or held for an operator.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Services
+from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar
+from tests.e2e.provider import SECRET, ProviderProcess, make_payment
+from tests.e2e.server import STOP_TIMEOUT, ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+FEED_PATHS = {"cursor": "/feeds/cursor", "timestamp": "/feeds/timestamp"}
+# Longest wait for the observers to settle what a test made.
+PATIENCE = 30.0
+FAILPOINTS = [
+    "observer.event.before_commit",
+    "observer.event.after_commit",
+    "observer.quarantine.before",
+    "observer.quarantine.after",
+    "observer.barrier.before",
+    "observer.barrier.after",
+]
+
+
+def server_env(provider: ProviderProcess) -> dict[str, str]:
+    return {
+        "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+        "SETTLEMENT_PROVIDER_URL": provider.base_url,
+        "SETTLEMENT_PROVIDER_SECRET": SECRET,
+        "SETTLEMENT_PROVIDER_TIMEOUT": "0.8",
+        # a dropped answer never comes back late: only the feed can settle it
+        "SETTLEMENT_LATE_RESPONSE_WINDOW": "0",
+    }
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[ProviderProcess]:
+    with ProviderProcess() as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def server(
+    services: Services, app_database: str, provider: ProviderProcess
+) -> Iterator[ServerProcess]:
+    with ServerProcess(app_database, services.redis_url, env=server_env(provider)) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def client_key(server: ServerProcess) -> str:
+    return str(new_principal(server.base_url)["api_key"])
+
+
+@pytest.fixture(autouse=True)
+def no_faults_leak(provider: ProviderProcess) -> Iterator[None]:
+    provider.clear_faults()
+    provider.clear_feed_faults()
+    yield
+    provider.clear_faults()
+    provider.clear_feed_faults()
+
+
+class Observer:
+    """``settlement observer run --feed NAME`` as its own process, on a feed of its own name
+    (so its checkpoint starts at the feed's beginning)."""
+
+    def __init__(
+        self,
+        services: Services,
+        database_url: str,
+        provider: ProviderProcess,
+        kind: str,
+        *,
+        name: str | None = None,
+        failpoint: str | None = None,
+        page_size: int = 20,
+    ) -> None:
+        self.name = name or f"{kind[:2]}-{uuid.uuid4().hex[:10]}"
+        self.kind = kind
+        self._log = tempfile.NamedTemporaryFile(prefix="settlement-observer-", suffix=".log")  # noqa: SIM115 - closed in stop
+        env = {
+            **os.environ,
+            "SETTLEMENT_DATABASE_URL": database_url,
+            "SETTLEMENT_REDIS_URL": services.redis_url,
+            "SETTLEMENT_PROVIDER_SECRET": SECRET,
+            "SETTLEMENT_FEEDS": f"{self.name}={kind}:{provider.base_url}{FEED_PATHS[kind]}",
+            "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
+            "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
+            "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",
+            "SETTLEMENT_FEED_UNKNOWN_GRACE": "0",
+            "SETTLEMENT_LOG_FORMAT": "json",
+        }
+        if failpoint is not None:
+            env["SETTLEMENT_ENABLE_FAILPOINTS"] = "1"
+            env["SETTLEMENT_FAILPOINTS"] = f"{failpoint}=crash"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "observer", "run", "--feed", self.name],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+    def output(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        time.sleep(0.1)
+
+
+def lost_payout(base: str, key: str, provider: ProviderProcess) -> str:
+    """A payout the provider made but whose answer was dropped: 504, ``unknown``."""
+    provider.arm("drop_response")
+    lost = httpx.post(
+        f"{base}/v1/payouts",
+        json={"beneficiary": "ACME Supplies", "amount": 700, "currency": "EUR"},
+        headers={**auth(key), "Idempotency-Key": uuid.uuid4().hex},
+        timeout=30,
+    )
+    assert lost.status_code == 504, lost.text
+    return lost.headers["operation-id"]
+
+
+def state(base: str, key: str, operation_id: str) -> dict[str, Any]:
+    answer = httpx.get(f"{base}/v1/operations/{operation_id}", headers=auth(key))
+    assert answer.status_code == 200, answer.text
+    view: dict[str, Any] = answer.json()
+    return view
+
+
+def feed_view(base: str, name: str) -> dict[str, Any]:
+    """The admin view of the feed (empty until its observer has made its checkpoint)."""
+    answer = httpx.get(f"{base}/admin/v1/feeds/{name}", headers=auth(ADMIN_KEY))
+    if answer.status_code == 404:
+        return {"lag": None, "holds": [], "alarms": []}
+    assert answer.status_code == 200, answer.text
+    view: dict[str, Any] = answer.json()
+    return view
+
+
+def completed(base: str, key: str, ops: list[str]) -> bool:
+    return all(state(base, key, op)["state"] == "completed" for op in ops)
+
+
+def feed_settlements(database_url: str, operation_id: str) -> int:
+    return int(
+        scalar(
+            database_url,
+            "SELECT count(*) FROM observations WHERE operation_id = :op AND source = 'feed' "
+            "AND disposition = 'applied'",
+            op=uuid.UUID(operation_id),
+        )
+    )
+
+
+def caught_up(base: str, name: str) -> bool:
+    view = feed_view(base, name)
+    return view["lag"] is not None and not view["holds"]
+
+
+def every_event_passed_has_a_final_receipt(
+    database_url: str, provider: ProviderProcess, name: str, kind: str
+) -> None:
+    """The checkpoint never passes an event without a durable final outcome."""
+    if kind == "cursor":
+        through = scalar(
+            database_url,
+            "SELECT coalesce(applied_position, 0) FROM feed_checkpoints WHERE name = :n",
+            n=name,
+        )
+        page = httpx.get(f"{provider.base_url}/feeds/cursor", params={"limit": 500}).json()
+        passed = [e for e in page["events"] if e["position"] <= through]
+    else:
+        through = scalar(
+            database_url,
+            "SELECT coalesce(closed_through_timestamp, -1) FROM feed_checkpoints WHERE name = :n",
+            n=name,
+        )
+        page = httpx.get(f"{provider.base_url}/feeds/timestamp", params={"limit": 500}).json()
+        passed = [e for e in page["events"] if e["timestamp"] <= through]
+    for event in passed:
+        final = scalar(
+            database_url,
+            "SELECT count(*) FROM feed_receipts WHERE feed = :n AND event_id = :e "
+            "AND state <> 'held'",
+            n=name,
+            e=event["event_id"],
+        )
+        assert final == 1, (event["event_id"], through)
+
+
+# -- the promise ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["cursor", "timestamp"])
+def test_a_lost_answer_payout_completes_through_the_feed_with_no_retry(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    kind: str,
+) -> None:
+    base = server.base_url
+    op = lost_payout(base, client_key, provider)
+    assert state(base, client_key, op)["state"] == "unknown"
+    observer = Observer(services, app_database, provider, kind)
+    try:
+        until(lambda: completed(base, client_key, [op]), "the feed settles the payout")
+    finally:
+        observer.stop()
+    view = state(base, client_key, op)
+    feed = [o for o in view["observations"] if o["source"] == "feed"]
+    assert [(o["kind"], o["disposition"]) for o in feed] == [("completed", "applied")]
+    assert feed[0]["detail"]["feed"] == observer.name
+    replay = httpx.post(
+        f"{base}/v1/payouts",
+        json={"beneficiary": "ACME Supplies", "amount": 700, "currency": "EUR"},
+        headers={**auth(client_key), "Idempotency-Key": view["key"]},
+    )
+    assert replay.status_code == 201 and replay.headers["idempotent-replayed"] == "true"
+    assert provider.counts(f"{op}:1") == {"count": 1, "declines": 0}
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+def test_an_observer_killed_at_a_failpoint_resumes_with_one_outcome_per_event(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    failpoint: str,
+) -> None:
+    base = server.base_url
+    ops = [lost_payout(base, client_key, provider) for _ in range(3)]
+    body, sink_key = make_payment()  # a payment about an operation that is not here
+    assert provider.pay(body, sink_key).status_code in (200, 201)
+    kind = "timestamp" if "barrier" in failpoint else "cursor"
+    doomed = Observer(services, app_database, provider, kind, failpoint=failpoint, page_size=2)
+    try:
+        doomed.proc.wait(PATIENCE)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the observer never reached {failpoint}:\n{doomed.output()}")
+    finally:
+        code = doomed.stop()
+    assert code == -signal.SIGKILL, doomed.output()
+    every_event_passed_has_a_final_receipt(app_database, provider, doomed.name, kind)
+
+    resumed = Observer(services, app_database, provider, kind, name=doomed.name, page_size=2)
+    try:
+        until(lambda: completed(base, client_key, ops), "every payout settles")
+        until(lambda: caught_up(base, doomed.name), "the observer catches up")
+    finally:
+        resumed.stop()
+    every_event_passed_has_a_final_receipt(app_database, provider, doomed.name, kind)
+    for op in ops:
+        assert feed_settlements(app_database, op) == 1
+    quarantined = scalar(
+        app_database,
+        "SELECT state FROM feed_receipts WHERE feed = :n AND operation_id = :op",
+        n=doomed.name,
+        op=uuid.UUID(body["operation_id"]),
+    )
+    assert quarantined == "quarantined"
+
+
+def test_two_observers_on_one_feed_apply_each_event_once(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+) -> None:
+    base = server.base_url
+    first = Observer(services, app_database, provider, "cursor", page_size=3)
+    second = Observer(services, app_database, provider, "cursor", name=first.name, page_size=3)
+    try:
+        ops = [lost_payout(base, client_key, provider) for _ in range(8)]
+        until(lambda: completed(base, client_key, ops), "every payout settles")
+        until(lambda: caught_up(base, first.name), "the observers catch up")
+    finally:
+        first.stop()
+        second.stop()
+    for op in ops:
+        assert feed_settlements(app_database, op) == 1
+    every_event_passed_has_a_final_receipt(app_database, provider, first.name, "cursor")
+    assert not [a for a in feed_view(base, first.name)["alarms"] if a["kind"] != "stuck-token"]
+
+
+# -- misbehaving feeds ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "mode", "count", "alarm"),
+    [
+        ("cursor", "overlap", 3, None),
+        ("timestamp", "overlap", 3, None),
+        ("cursor", "empty_advance", 2, None),
+        ("cursor", "stuck_token", 3, None),
+        ("timestamp", "stuck_token", 3, None),
+        ("timestamp", "big_tie", 7, None),
+        ("timestamp", "late_tie", 1, None),
+        ("cursor", "conflicting_identity", 1, "conflicting-identity"),
+        ("timestamp", "conflicting_identity", 1, "conflicting-identity"),
+    ],
+)
+def test_a_misbehaving_feed_still_settles_every_payout_once(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    kind: str,
+    mode: str,
+    count: int,
+    alarm: str | None,
+) -> None:
+    base = server.base_url
+    before = [lost_payout(base, client_key, provider) for _ in range(2)]
+    observer = Observer(services, app_database, provider, kind, page_size=3)
+    try:
+        until(lambda: completed(base, client_key, before), "the first payouts settle")
+        until(lambda: caught_up(base, observer.name), "the observer catches up")
+        provider.arm_feed(mode, count)
+        ops = [
+            lost_payout(base, client_key, provider)
+            for _ in range(count if mode == "big_tie" else 3)
+        ]
+        until(lambda: completed(base, client_key, ops), f"every payout settles under {mode}")
+        until(lambda: caught_up(base, observer.name), "the observer catches up again")
+    finally:
+        observer.stop()
+    for op in before + ops:
+        assert feed_settlements(app_database, op) == 1
+    every_event_passed_has_a_final_receipt(app_database, provider, observer.name, kind)
+    if alarm is not None:
+        kinds = {a["kind"] for a in feed_view(base, observer.name)["alarms"]}
+        assert alarm in kinds, kinds
+
+
+@pytest.mark.parametrize("kind", ["cursor", "timestamp"])
+def test_a_bad_signature_is_held_until_an_operator_releases_it(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    kind: str,
+) -> None:
+    base = server.base_url
+    observer = Observer(services, app_database, provider, kind, page_size=50)
+    try:
+        until(lambda: caught_up(base, observer.name), "the observer catches up")
+        # two pages flip a signature: an idle observer's look-back page may take one
+        provider.arm_feed("bad_signature", 2)
+        op = lost_payout(base, client_key, provider)
+        holds = until(lambda: feed_view(base, observer.name)["holds"], "the event is held")
+        assert [h["reason"] for h in holds] == ["bad-signature"]
+        time.sleep(0.5)  # held: the barrier stays closed, the payout stays unknown
+        assert state(base, client_key, op)["state"] == "unknown"
+        assert feed_view(base, observer.name)["holds"] == holds
+
+        def released() -> bool:
+            for hold in feed_view(base, observer.name)["holds"]:
+                decided = httpx.post(
+                    f"{base}/admin/v1/feeds/{observer.name}/holds/{hold['event_id']}",
+                    json={"action": "retry"},
+                    headers=auth(ADMIN_KEY),
+                )
+                assert decided.status_code in (200, 404), decided.text
+            return completed(base, client_key, [op])
+
+        until(released, "the released event settles")
+    finally:
+        observer.stop()
+    assert feed_settlements(app_database, op) == 1
+    assert "bad-signature" in {a["kind"] for a in feed_view(base, observer.name)["alarms"]}
+
+
+@pytest.mark.parametrize("kind", ["cursor", "timestamp"])
+def test_a_backfilled_event_behind_the_checkpoint_is_found_and_never_skipped(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+    kind: str,
+) -> None:
+    """Cursor feed: the backfill shows up on a following overlap page; timestamp feed: the
+    idle observer's look-back finds it. Either way it gets a durable outcome (its operation
+    is not here: quarantined) and an alarm."""
+    base = server.base_url
+    observer = Observer(services, app_database, provider, kind, page_size=50)
+    try:
+        lost_payout(base, client_key, provider)
+        until(lambda: caught_up(base, observer.name), "the observer catches up")
+        provider.arm_feed("backfill", 1)
+        if kind == "cursor":
+            provider.arm_feed("overlap", 5)
+        lost_payout(base, client_key, provider)  # a new event: the next page applies the fault
+        alarm = "backfill" if kind == "cursor" else "late-event"
+        until(
+            lambda: alarm in {a["kind"] for a in feed_view(base, observer.name)["alarms"]},
+            f"a {alarm} alarm",
+        )
+        until(lambda: caught_up(base, observer.name), "the observer catches up again")
+    finally:
+        observer.stop()
+    quarantined = scalar(
+        app_database,
+        "SELECT count(*) FROM feed_receipts WHERE feed = :n AND state = 'quarantined'",
+        n=observer.name,
+    )
+    assert quarantined >= 1
