@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,7 +110,7 @@ def _assert_all_servers_running(children: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.Error):
             lines.append(" ".join(child.cmdline()))
     running = " ".join(lines)
-    for name in ("postgres", "redis-server", "devstack.provider"):
+    for name in ("postgres", "redis-server", "devstack.provider", "observer run --feed payments"):
         assert name in running, f"{name} was not found running"
 
 
@@ -186,3 +187,38 @@ def test_the_embedded_passwords_stay_out_of_every_log(tmp_path: Path) -> None:
         text = log.read_text(errors="replace")
         for password in passwords:
             assert password not in text, f"a password is in {log}"
+
+
+def test_the_embedded_observers_settle_a_lost_payout_with_no_retry(tmp_path: Path) -> None:
+    """make run's promise: a payout whose answer was lost reaches completed through the
+    simulator's feeds, observed by the two observer processes the server started."""
+    _, base = _start(tmp_path)
+    provider = re.search(r"provider simulator at (\S+)", _output(tmp_path).read_text())
+    assert provider is not None
+    admin = {"Authorization": "Bearer " + (tmp_path / "admin.key").read_text().strip()}
+    made = httpx.post(
+        f"{base}/admin/v1/principals",
+        json={"tenant": "acme", "name": "shop", "role": "client"},
+        headers=admin,
+    )
+    key = {"Authorization": f"Bearer {made.json()['api_key']}"}
+    armed = httpx.post(
+        f"{provider.group(1)}/_sim/faults", json={"mode": "drop_response", "count": 1}
+    )
+    assert armed.status_code == 200, armed.text
+    lost = httpx.post(
+        f"{base}/v1/payouts",
+        json={"beneficiary": "ACME", "amount": 1200, "currency": "EUR"},
+        headers={**key, "Idempotency-Key": "po-1"},
+        timeout=30,
+    )
+    assert lost.status_code == 504, lost.text
+    url = f"{base}/v1/operations/{lost.headers['operation-id']}"
+    deadline = time.monotonic() + 30
+    while httpx.get(url, headers=key).json()["state"] != "completed":
+        assert time.monotonic() < deadline, httpx.get(url, headers=key).text
+        time.sleep(0.2)
+    sources = [o["source"] for o in httpx.get(url, headers=key).json()["observations"]]
+    assert "feed" in sources
+    feeds = httpx.get(f"{base}/admin/v1/feeds", headers=admin).json()["items"]
+    assert {f["name"] for f in feeds} == {"payments", "payments-ts"}
