@@ -9,15 +9,11 @@ the simulator can be armed with ends with every payout settled once, or held for
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,12 +21,12 @@ import pytest
 
 from tests.conftest import Services
 from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar
+from tests.e2e.observer import Observer
 from tests.e2e.provider import SECRET, ProviderProcess, make_payment
-from tests.e2e.server import STOP_TIMEOUT, ServerProcess
+from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-FEED_PATHS = {"cursor": "/feeds/cursor", "timestamp": "/feeds/timestamp"}
 # Longest wait for the observers to settle what a test made.
 PATIENCE = 30.0
 FAILPOINTS = [
@@ -80,62 +76,6 @@ def no_faults_leak(provider: ProviderProcess) -> Iterator[None]:
     yield
     provider.clear_faults()
     provider.clear_feed_faults()
-
-
-class Observer:
-    """``settlement observer run --feed NAME`` as its own process, on a feed of its own name
-    (so its checkpoint starts at the feed's beginning)."""
-
-    def __init__(
-        self,
-        services: Services,
-        database_url: str,
-        provider: ProviderProcess,
-        kind: str,
-        *,
-        name: str | None = None,
-        failpoint: str | None = None,
-        page_size: int = 20,
-    ) -> None:
-        self.name = name or f"{kind[:2]}-{uuid.uuid4().hex[:10]}"
-        self.kind = kind
-        self._log = tempfile.NamedTemporaryFile(prefix="settlement-observer-", suffix=".log")  # noqa: SIM115 - closed in stop
-        env = {
-            **os.environ,
-            "SETTLEMENT_DATABASE_URL": database_url,
-            "SETTLEMENT_REDIS_URL": services.redis_url,
-            "SETTLEMENT_PROVIDER_SECRET": SECRET,
-            "SETTLEMENT_FEEDS": f"{self.name}={kind}:{provider.base_url}{FEED_PATHS[kind]}",
-            "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
-            "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
-            "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",
-            "SETTLEMENT_FEED_UNKNOWN_GRACE": "0",
-            "SETTLEMENT_LOG_FORMAT": "json",
-        }
-        if failpoint is not None:
-            env["SETTLEMENT_ENABLE_FAILPOINTS"] = "1"
-            env["SETTLEMENT_FAILPOINTS"] = f"{failpoint}=crash"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "observer", "run", "--feed", self.name],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=Path(__file__).resolve().parents[2],
-        )
-
-    def output(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")[-4000:]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def until(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
@@ -245,7 +185,7 @@ def test_a_lost_answer_payout_completes_through_the_feed_with_no_retry(
     base = server.base_url
     op = lost_payout(base, client_key, provider)
     assert state(base, client_key, op)["state"] == "unknown"
-    observer = Observer(services, app_database, provider, kind)
+    observer = Observer(services.redis_url, app_database, provider, kind)
     try:
         until(lambda: completed(base, client_key, [op]), "the feed settles the payout")
     finally:
@@ -277,7 +217,9 @@ def test_an_observer_killed_at_a_failpoint_resumes_with_one_outcome_per_event(
     body, sink_key = make_payment()  # a payment about an operation that is not here
     assert provider.pay(body, sink_key).status_code in (200, 201)
     kind = "timestamp" if "barrier" in failpoint else "cursor"
-    doomed = Observer(services, app_database, provider, kind, failpoint=failpoint, page_size=2)
+    doomed = Observer(
+        services.redis_url, app_database, provider, kind, failpoint=failpoint, page_size=2
+    )
     try:
         doomed.proc.wait(PATIENCE)
     except subprocess.TimeoutExpired:
@@ -287,7 +229,9 @@ def test_an_observer_killed_at_a_failpoint_resumes_with_one_outcome_per_event(
     assert code == -signal.SIGKILL, doomed.output()
     every_event_passed_has_a_final_receipt(app_database, provider, doomed.name, kind)
 
-    resumed = Observer(services, app_database, provider, kind, name=doomed.name, page_size=2)
+    resumed = Observer(
+        services.redis_url, app_database, provider, kind, name=doomed.name, page_size=2
+    )
     try:
         until(lambda: completed(base, client_key, ops), "every payout settles")
         until(lambda: caught_up(base, doomed.name), "the observer catches up")
@@ -313,8 +257,10 @@ def test_two_observers_on_one_feed_apply_each_event_once(
     client_key: str,
 ) -> None:
     base = server.base_url
-    first = Observer(services, app_database, provider, "cursor", page_size=3)
-    second = Observer(services, app_database, provider, "cursor", name=first.name, page_size=3)
+    first = Observer(services.redis_url, app_database, provider, "cursor", page_size=3)
+    second = Observer(
+        services.redis_url, app_database, provider, "cursor", name=first.name, page_size=3
+    )
     try:
         ops = [lost_payout(base, client_key, provider) for _ in range(8)]
         until(lambda: completed(base, client_key, ops), "every payout settles")
@@ -358,7 +304,7 @@ def test_a_misbehaving_feed_still_settles_every_payout_once(
 ) -> None:
     base = server.base_url
     before = [lost_payout(base, client_key, provider) for _ in range(2)]
-    observer = Observer(services, app_database, provider, kind, page_size=3)
+    observer = Observer(services.redis_url, app_database, provider, kind, page_size=3)
     try:
         until(lambda: completed(base, client_key, before), "the first payouts settle")
         until(lambda: caught_up(base, observer.name), "the observer catches up")
@@ -389,7 +335,7 @@ def test_a_bad_signature_is_held_until_an_operator_releases_it(
     kind: str,
 ) -> None:
     base = server.base_url
-    observer = Observer(services, app_database, provider, kind, page_size=50)
+    observer = Observer(services.redis_url, app_database, provider, kind, page_size=50)
     try:
         until(lambda: caught_up(base, observer.name), "the observer catches up")
         # two pages flip a signature: an idle observer's look-back page may take one
@@ -431,7 +377,7 @@ def test_a_backfilled_event_behind_the_checkpoint_is_found_and_never_skipped(
     idle observer's look-back finds it. Either way it gets a durable outcome (its operation
     is not here: quarantined) and an alarm."""
     base = server.base_url
-    observer = Observer(services, app_database, provider, kind, page_size=50)
+    observer = Observer(services.redis_url, app_database, provider, kind, page_size=50)
     try:
         lost_payout(base, client_key, provider)
         until(lambda: caught_up(base, observer.name), "the observer catches up")

@@ -1,0 +1,75 @@
+"""``settlement observer run --feed NAME`` as a real process, for end-to-end and reliability
+tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from tests.e2e.provider import SECRET, ProviderProcess
+from tests.e2e.server import STOP_TIMEOUT
+
+__all__ = ["FEED_PATHS", "Observer"]
+
+FEED_PATHS = {"cursor": "/feeds/cursor", "timestamp": "/feeds/timestamp"}
+
+
+class Observer:
+    """``settlement observer run --feed NAME`` as its own process, on a feed of its own name
+    (so its checkpoint starts at the feed's beginning)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        database_url: str,
+        provider: ProviderProcess,
+        kind: str,
+        *,
+        name: str | None = None,
+        failpoint: str | None = None,
+        page_size: int = 20,
+    ) -> None:
+        self.name = name or f"{kind[:2]}-{uuid.uuid4().hex[:10]}"
+        self.kind = kind
+        self._log = tempfile.NamedTemporaryFile(prefix="settlement-observer-", suffix=".log")  # noqa: SIM115 - closed in stop
+        env = {
+            **os.environ,
+            "SETTLEMENT_DATABASE_URL": database_url,
+            "SETTLEMENT_REDIS_URL": redis_url,
+            "SETTLEMENT_PROVIDER_SECRET": SECRET,
+            "SETTLEMENT_FEEDS": f"{self.name}={kind}:{provider.base_url}{FEED_PATHS[kind]}",
+            "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
+            "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
+            "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",
+            "SETTLEMENT_FEED_UNKNOWN_GRACE": "0",
+            "SETTLEMENT_LOG_FORMAT": "json",
+        }
+        if failpoint is not None:
+            env["SETTLEMENT_ENABLE_FAILPOINTS"] = "1"
+            env["SETTLEMENT_FAILPOINTS"] = f"{failpoint}=crash"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "observer", "run", "--feed", self.name],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+
+    def output(self) -> str:
+        return Path(self._log.name).read_text(errors="replace")[-4000:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
