@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ clean: ## remove the virtualenv and caches (keeps .data/)
 
 bench: $(BENCH_STAMP) ## load test with a peer and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
+
+chaos: $(STAMP) ## the long reliability run: CHAOS_DURATION (1200) s of load under random faults, then the checker
+	$(BIN)/python -m tests.reliability.chaos --duration $${CHAOS_DURATION:-1200} $${CHAOS_SEED:+--seed $$CHAOS_SEED}
 
 soak: $(STAMP) ## memory soak: steady load for SOAK_DURATION (600) s, RSS per worker; bench/results/<date>-soak.json
 	$(BIN)/python -m bench.soak

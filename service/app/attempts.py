@@ -53,7 +53,7 @@ from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager
-from service.store.db import PoolTimeout
+from service.store.db import DATABASE_GONE, PoolTimeout
 from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
@@ -70,10 +70,18 @@ log = logging.getLogger("settlement.attempts")
 T = TypeVar("T")
 
 
-# What a local attempt meets when the database is busy, not broken: a row lock not granted in
-# the lock timeout, no pooled connection within the connect timeout, or a deadlock PostgreSQL
-# broke by aborting this transaction (two attempts of one operation after a lease takeover).
-BUSY = (RowLocked, TimeoutError, PoolTimeout, asyncpg.exceptions.DeadlockDetectedError)
+# What a local attempt meets when the database is busy or away, not broken: a row lock not
+# granted in the lock timeout, no pooled connection within the connect timeout, a deadlock
+# PostgreSQL broke by aborting this transaction (two attempts of one operation after a lease
+# takeover), or a connection lost (a restart). A retry with the same key is safe after each:
+# it replays whatever committed, or runs the operation again if nothing did.
+BUSY = (
+    RowLocked,
+    TimeoutError,
+    PoolTimeout,
+    asyncpg.exceptions.DeadlockDetectedError,
+    *DATABASE_GONE,
+)
 
 
 class _Ended(enum.Enum):
@@ -175,14 +183,19 @@ class Attempts:
         try:
             settled = work.result()
         except BUSY as exc:
-            # a row the effect needs stayed locked, or no connection came free: nothing was
-            # written (the transaction rolled back); the attempt gives up so a retry runs
+            # a row the effect needs stayed locked, no connection came free, or the
+            # connection was lost: the attempt gives up so a retry runs (or replays what a
+            # COMMIT in flight may have written)
             op = str(context.operation_id)
-            log.warning("attempt found the database busy", extra={"operation_id": op})
-            await self._give_up(attempt)
+            log.warning(
+                "attempt found the database busy or away",
+                extra={"operation_id": op, "error": type(exc).__name__},
+            )
+            with contextlib.suppress(*BUSY):  # the give-up needs the database too
+                await self._give_up(attempt)
             return Problem(
                 "service-unavailable",
-                f"the database was busy ({type(exc).__name__}); nothing was written; "
+                f"the database was busy or unreachable ({type(exc).__name__}); "
                 "retry with the same key",
                 op,
                 state="unknown",

@@ -21,7 +21,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
 from service.leases import LeaseUnavailable
-from service.store.db import PoolTimeout
+from service.store.db import DATABASE_GONE, PoolTimeout
 from service.store.principals import PrincipalExists
 from service.store.settlement import OperationNotFound, RowLocked, SettlementContention
 
@@ -87,6 +87,8 @@ ERROR_SLUGS: dict[type[BaseException], tuple[str, bool]] = {
     # no pooled database connection within the connect timeout (SQLAlchemy's, asyncpg's)
     PoolTimeout: ("service-unavailable", True),
     TimeoutError: ("service-unavailable", True),
+    # the database went away (a restart, a dropped connection): retry with the same key
+    **dict.fromkeys(DATABASE_GONE, ("service-unavailable", True)),
 }
 
 

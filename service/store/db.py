@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncpg
+import sqlalchemy.exc
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -10,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from service.config import Settings
 
 __all__ = [
+    "DATABASE_GONE",
     "PoolTimeout",
     "async_url",
     "make_engine",
@@ -19,6 +22,18 @@ __all__ = [
 ]
 
 # PoolTimeout: no connection of SQLAlchemy's pool came free within its timeout.
+
+# The database went away under a statement or would not take a connection (a restart, a
+# dropped connection, "the database system is starting up"): the transaction is gone, and
+# whether a COMMIT in flight landed is not known, so the answer is "retry with the same key".
+DATABASE_GONE: tuple[type[BaseException], ...] = (
+    ConnectionError,  # a reset socket; asyncpg's "unexpected connection_lost() call"
+    asyncpg.exceptions.PostgresConnectionError,  # 08xxx, and a connection closed mid-query
+    asyncpg.exceptions.OperatorInterventionError,  # shutting down, starting up (57P0x)
+    asyncpg.exceptions.InterfaceError,  # "the underlying connection is closed"
+    sqlalchemy.exc.OperationalError,  # the same, wrapped by SQLAlchemy
+    sqlalchemy.exc.InterfaceError,
+)
 
 
 def async_url(url: str) -> str:

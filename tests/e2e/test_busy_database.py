@@ -158,3 +158,48 @@ def test_the_hot_path_waits_for_an_account_lock_only_its_own_short_lock_timeout(
             assert busy.json()["type"] == "/problems/service-unavailable"
         retry = transfer(proc.base_url, key, "hot-lock", source, destination, 10)
         assert retry.status_code == 201, retry.text
+
+
+def test_a_database_connection_lost_mid_request_is_a_503_and_the_retry_moves_money_once(
+    services: Services, app_database: str
+) -> None:
+    """Found by the reliability suite: a PostgreSQL restart under load gave 500s. The server
+    reaches the database through a relay; the relay is cut while a transfer waits for an
+    account lock, so its connection dies mid-statement."""
+    from sqlalchemy.engine import make_url
+
+    from tests.reliability.relay import Relay
+
+    port = make_url(app_database).port
+    assert port is not None
+    relay = Relay(port).start()
+    env = {**ENV, "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": "10", "SETTLEMENT_DB_LOCK_TIMEOUT": "10"}
+    try:
+        with ServerProcess(relay.url_for(app_database, port), services.redis_url, env=env) as proc:
+            key = new_principal(proc.base_url)["api_key"]
+            source = new_account(proc.base_url, key, 100)
+            destination = new_account(proc.base_url, key, 0)
+            lock = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE"
+            with row_locked(app_database, lock, uuid.UUID(source)):
+                cutter = threading.Timer(1.0, relay.cut)
+                cutter.start()
+                lost = transfer(proc.base_url, key, "cut-mid-request", source, destination, 10)
+                cutter.join()
+                assert lost.status_code == 503, lost.text
+                assert lost.json()["type"] == "/problems/service-unavailable"
+                assert lost.headers["retry-after"]
+            relay.restore()
+            deadline = time.monotonic() + 30
+            while True:
+                # the pool's dead connections are replaced on the way (503), and the row
+                # left in_progress answers 409 until its lease runs out
+                retry = transfer(proc.base_url, key, "cut-mid-request", source, destination, 10)
+                if retry.status_code not in (409, 503) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert retry.status_code == 201, retry.text
+            assert balance(proc.base_url, key, source) == 90
+    finally:
+        relay.stop()
+    moved = "SELECT count(*) FROM transfers WHERE source_id = :s"
+    assert scalar(app_database, moved, s=source) == 1

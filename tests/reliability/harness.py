@@ -1,0 +1,556 @@
+"""The reliability harness: a cluster, concurrent clients, a nemesis, a history and a checker.
+
+* **Cluster**: PostgreSQL and Redis of its own (restartable), each behind a :class:`Relay`
+  so their address never changes; two server processes; the provider simulator; a feed
+  observer process on the simulator's cursor feed.
+* **Clients** (threads): each performs intended actions (a transfer between two of the
+  run's accounts, or a payout), each with its own Idempotency-Key, retrying with jitter
+  through connection errors, 409 in progress, 429, 503 and 504 until a terminal answer; a
+  third of the requests ask ``Prefer: wait``.
+* **Nemesis** (the main thread, which may restart PostgreSQL): a schedule drawn from the
+  seed of: SIGKILL of a server then a restart; a server restarted with a crash failpoint at a
+  commit boundary, then restarted clean; a Redis outage (connections cut, every key lost,
+  then back); a Redis ``FLUSHALL`` (every lease lost); a PostgreSQL fast restart; provider
+  faults (dropped answers, 5xx, delays past the timeout); SIGKILL of the observer; an admin
+  supersede of an ``unknown`` operation.
+* **Checker** over the history and the final database: one effect per intended action
+  (at most one transfer per operation and epoch; money conserved; every balance equal to
+  its opening plus its transfers; exactly one provider payment per sink key of a completed
+  payout), the same terminal answer on every replay, no operation left ``in_progress``, and
+  every 5xx one of the documented ones.
+
+``run(seed, duration, ...)`` returns a :class:`Summary`; ``violations`` must be empty. The
+seed fixes the actions' kinds, amounts and the fault schedule; thread timing is the OS's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis
+
+from devstack import EmbeddedPostgres, EmbeddedRedis
+from service.store.migrate import upgrade
+from tests.e2e.client import scalar
+from tests.e2e.observer import Observer
+from tests.e2e.provider import SECRET, ProviderProcess
+from tests.e2e.server import ServerProcess
+from tests.reliability.relay import Relay
+
+__all__ = ["Summary", "run"]
+
+ADMIN_KEY = "chaos-admin-" + uuid.uuid4().hex
+LEASE_TTL = 2.0
+ACCOUNTS = 6
+OPENING = 1_000_000
+# How long one client keeps retrying one action before it leaves it to the settling phase.
+ACTION_PATIENCE = 45.0
+# After the load: how long unfinished actions are retried against the healed cluster.
+SETTLE_PATIENCE = 90.0
+REQUEST_TIMEOUT = 10.0
+# The 5xx answers the contract documents (DESIGN §6); anything else is a violation.
+DOCUMENTED_5XX = {
+    (503, "service-unavailable"),
+    (503, "lease-unavailable"),
+    (504, "operation-outcome-unknown"),
+}
+# Answers after which the client retries the same request.
+RETRY_SLUGS = {
+    "operation-in-progress",
+    "operation-superseded",
+    "too-many-requests",
+    "service-unavailable",
+    "lease-unavailable",
+    "operation-outcome-unknown",
+    "internal-error",
+}
+FAULTS = [
+    "kill-server",
+    "failpoint-crash",
+    "redis-outage",
+    "redis-flushall",
+    "postgres-restart",
+    "provider-fault",
+    "kill-observer",
+    "supersede-unknown",
+]
+CRASH_POINTS = ["claim.after", "effect.before_commit", "effect.after_commit", "settle.after"]
+
+
+@dataclass
+class Action:
+    key: str
+    kind: str  # transfer | payout
+    body: dict[str, Any]
+    wait: bool
+    requests: int = 0
+    answers: list[tuple[int, bytes]] = field(default_factory=list)  # terminal answers
+    operation_id: str | None = None
+
+
+@dataclass
+class Summary:
+    seed: int
+    duration: float
+    actions: int = 0
+    finished: int = 0
+    requests: int = 0
+    retries: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        lines = [
+            f"seed {self.seed}, load {self.duration:.0f} s",
+            f"actions {self.actions} ({self.finished} with a terminal answer), "
+            f"requests {self.requests}, retries {self.retries}",
+            "answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.statuses.items())),
+            "faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.faults.items())),
+            *self.notes,
+            f"violations: {len(self.violations)}",
+            *(f"  - {v}" for v in self.violations),
+        ]
+        return "\n".join(lines)
+
+
+class Cluster:
+    def __init__(self, data_dir: Path) -> None:
+        self.pg = EmbeddedPostgres(data_dir, durable=False)
+        self.redis = EmbeddedRedis(data_dir)
+        pg_url, redis_url = self.pg.start(), self.redis.start()
+        self.pg_relay = Relay(self.pg.port).start()
+        self.redis_relay = Relay(self.redis.port).start()
+        self.database_url = self.pg_relay.url_for(pg_url, self.pg.port)
+        self.redis_url = self.redis_relay.url_for(redis_url, self.redis.port)
+        self._redis_direct = redis_url
+        upgrade(self.database_url)
+        self.provider = ProviderProcess().start()
+        self.env = {
+            "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "SETTLEMENT_PROVIDER_URL": self.provider.base_url,
+            "SETTLEMENT_PROVIDER_SECRET": SECRET,
+            "SETTLEMENT_PROVIDER_TIMEOUT": "0.5",
+            "SETTLEMENT_LATE_RESPONSE_WINDOW": "2",
+            "SETTLEMENT_LEASE_TTL": str(LEASE_TTL),
+            "SETTLEMENT_SWEEP_INTERVAL": "0.5",
+            "SETTLEMENT_DB_CONNECT_TIMEOUT": "2",
+            "SETTLEMENT_REDIS_TIMEOUT": "1",
+            "SETTLEMENT_LOG_FORMAT": "json",
+        }
+        self._lock = threading.Lock()
+        self.started: list[ServerProcess] = []
+        self.servers: list[ServerProcess | None] = [self._server() for _ in range(2)]
+        self.observer: Observer | None = self._observer()
+
+    def _server(self, failpoint: str | None = None) -> ServerProcess:
+        env = dict(self.env)
+        if failpoint is not None:
+            env |= {"SETTLEMENT_ENABLE_FAILPOINTS": "1", "SETTLEMENT_FAILPOINTS": failpoint}
+        server = ServerProcess(self.database_url, self.redis_url, env=env).start()
+        self.started.append(server)
+        return server
+
+    def errors(self, limit: int = 5) -> list[str]:
+        """The first distinct unhandled errors the servers logged (for the summary)."""
+        found: list[str] = []
+        for server in self.started:
+            for line in server.output().splitlines():
+                if '"level": "error"' not in line:
+                    continue
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                said = f"{record.get('msg')}: {str(record.get('exc', ''))[-700:]}"
+                if said not in found:
+                    found.append(said)
+        return found[:limit]
+
+    def _observer(self) -> Observer:
+        return Observer(self.redis_url, self.database_url, self.provider, "cursor", name="payments")
+
+    def urls(self) -> list[str]:
+        with self._lock:
+            return [s.base_url for s in self.servers if s is not None]
+
+    def replace_server(self, index: int, server: ServerProcess | None) -> ServerProcess | None:
+        with self._lock:
+            old, self.servers[index] = self.servers[index], server
+        return old
+
+    def flushall(self) -> None:
+        with redis.Redis.from_url(self._redis_direct, socket_timeout=2) as direct:
+            direct.flushall()
+
+    def heal(self) -> None:
+        self.pg_relay.restore()
+        self.redis_relay.restore()
+        self.provider.clear_faults()
+        for i, server in enumerate(self.servers):
+            if server is None or server.proc is None or server.proc.poll() is not None:
+                self.replace_server(i, self._server())
+        if self.observer is None or self.observer.proc.poll() is not None:
+            self.observer = self._observer()
+
+    def close(self) -> None:
+        for server in self.servers:
+            if server is not None:
+                server.stop()
+        if self.observer is not None:
+            self.observer.stop()
+        self.provider.stop()
+        self.pg_relay.stop()
+        self.redis_relay.stop()
+        self.redis.stop()
+        self.pg.stop()
+
+
+# -- clients -------------------------------------------------------------------------------------
+
+
+class Clients:
+    def __init__(self, cluster: Cluster, seed: int, count: int, summary: Summary) -> None:
+        self.cluster = cluster
+        self.summary = summary
+        self.actions: list[Action] = []
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._rngs = [random.Random(seed * 1000 + n) for n in range(count)]
+        self.fives: list[tuple[int, str, str]] = []
+        base = cluster.urls()[0]
+        made = httpx.post(
+            f"{base}/admin/v1/principals",
+            json={"tenant": "chaos", "name": "client", "role": "client"},
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+        assert made.status_code == 201, made.text
+        self.key = made.json()["api_key"]
+        self.accounts = []
+        for n in range(ACCOUNTS):
+            opened = httpx.post(
+                f"{base}/v1/accounts",
+                json={"currency": "EUR", "opening_balance": OPENING},
+                headers={**self._auth(), "Idempotency-Key": f"open-{n}"},
+            )
+            assert opened.status_code == 201, opened.text
+            self.accounts.append(opened.json()["id"])
+        self._threads = [
+            threading.Thread(target=self._loop, args=(rng,), daemon=True) for rng in self._rngs
+        ]
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout: float) -> None:
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+    def _loop(self, rng: random.Random) -> None:
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as http:
+            while not self.stop.is_set():
+                action = self._new_action(rng)
+                with self._lock:
+                    self.actions.append(action)
+                self.perform(http, action, rng, ACTION_PATIENCE)
+
+    def _new_action(self, rng: random.Random) -> Action:
+        if rng.random() < 0.3:
+            body = {"beneficiary": "CHAOS LTD", "amount": rng.randint(1, 5000), "currency": "EUR"}
+            return Action(uuid.uuid4().hex, "payout", body, wait=rng.random() < 0.33)
+        source, destination = rng.sample(self.accounts, 2)
+        body = {
+            "source": source,
+            "destination": destination,
+            "amount": rng.randint(1, 20_000),
+            "currency": "EUR",
+        }
+        return Action(uuid.uuid4().hex, "transfer", body, wait=rng.random() < 0.33)
+
+    def perform(
+        self, http: httpx.Client, action: Action, rng: random.Random, patience: float
+    ) -> None:
+        """Send the action until it has a terminal answer, then once more: the replay."""
+        deadline = time.monotonic() + patience
+        wanted = 2 if not action.answers else len(action.answers) + 1
+        path = "/v1/transfers" if action.kind == "transfer" else "/v1/payouts"
+        while len(action.answers) < wanted and time.monotonic() < deadline:
+            urls = self.cluster.urls()
+            if not urls:
+                time.sleep(0.2)
+                continue
+            headers = {**self._auth(), "Idempotency-Key": action.key}
+            if action.wait:
+                headers["Prefer"] = "wait=2"
+            try:
+                answer = http.post(rng.choice(urls) + path, json=action.body, headers=headers)
+            except httpx.HTTPError as exc:
+                self._count(f"connection:{type(exc).__name__}")
+                time.sleep(rng.uniform(0.05, 0.3))
+                continue
+            action.requests += 1
+            action.operation_id = answer.headers.get("operation-id") or action.operation_id
+            slug = _slug(answer)
+            self._count(f"{answer.status_code} {slug}".strip())
+            if answer.status_code >= 500:
+                with self._lock:
+                    self.fives.append((answer.status_code, slug, action.key))
+            if slug in RETRY_SLUGS or answer.status_code >= 500:
+                time.sleep(rng.uniform(0.05, 0.4))
+                continue
+            action.answers.append((answer.status_code, answer.content))
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.summary.statuses[what] += 1
+
+
+def _slug(answer: httpx.Response) -> str:
+    if answer.headers.get("content-type") != "application/problem+json":
+        return ""
+    try:
+        kind = answer.json().get("type", "")
+    except ValueError:
+        return "not-json"
+    return str(kind).removeprefix("/problems/")
+
+
+# -- nemesis -------------------------------------------------------------------------------------
+
+
+class Nemesis:
+    def __init__(self, cluster: Cluster, seed: int, summary: Summary) -> None:
+        self.cluster = cluster
+        self.rng = random.Random(seed)
+        self.summary = summary
+
+    def schedule(self, duration: float) -> list[tuple[float, str]]:
+        """(offset seconds, fault), drawn from the seed: a fault every 2-6 s."""
+        at, plan = 3.0, []
+        while at < duration - 3:
+            plan.append((at, self.rng.choice(FAULTS)))
+            at += self.rng.uniform(2.0, 6.0)
+        return plan
+
+    def run(self, duration: float, clients: Clients) -> None:
+        started = time.monotonic()
+        for offset, fault in self.schedule(duration):
+            delay = started + offset - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                getattr(self, "_" + fault.replace("-", "_"))()
+            except Exception as exc:  # a fault that failed to apply is noted, not fatal
+                self.summary.notes.append(f"fault {fault} at {offset:.0f}s failed: {exc!r}")
+                continue
+            self.summary.faults[fault] += 1
+        rest = started + duration - time.monotonic()
+        if rest > 0:
+            time.sleep(rest)
+
+    def _pick_server(self) -> int:
+        return self.rng.randrange(len(self.cluster.servers))
+
+    def _kill_server(self) -> None:
+        index = self._pick_server()
+        old = self.cluster.replace_server(index, None)
+        if old is not None:
+            old.stop(signal.SIGKILL)
+        time.sleep(self.rng.uniform(0.5, 2.0))
+        self.cluster.replace_server(index, self.cluster._server())
+
+    def _failpoint_crash(self) -> None:
+        index = self._pick_server()
+        point = self.rng.choice(CRASH_POINTS)
+        old = self.cluster.replace_server(index, None)
+        if old is not None:
+            old.stop(signal.SIGKILL)
+        doomed = self.cluster._server(f"{point}=crash")
+        self.cluster.replace_server(index, doomed)
+        deadline = time.monotonic() + 8
+        while doomed.proc is not None and doomed.proc.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        self.cluster.replace_server(index, None)
+        doomed.stop(signal.SIGKILL)
+        self.cluster.replace_server(index, self.cluster._server())
+
+    def _redis_outage(self) -> None:
+        self.cluster.redis_relay.cut()
+        self.cluster.flushall()  # a restarted Redis without persistence has lost every lease
+        time.sleep(self.rng.uniform(1.0, 3.0))
+        self.cluster.redis_relay.restore()
+
+    def _redis_flushall(self) -> None:
+        self.cluster.flushall()
+
+    def _postgres_restart(self) -> None:
+        self.cluster.pg_relay.cut()
+        self.cluster.pg.stop()
+        self.cluster.pg.start()
+        self.cluster.pg_relay.retarget(self.cluster.pg.port)
+        self.cluster.pg_relay.restore()
+
+    def _provider_fault(self) -> None:
+        mode = self.rng.choice(["drop_response", "error_5xx", "delay"])
+        count = self.rng.randint(1, 3)
+        self.cluster.provider.arm(mode, count, delay_ms=1500 if mode == "delay" else None)
+
+    def _kill_observer(self) -> None:
+        observer = self.cluster.observer
+        if observer is not None:
+            observer.proc.send_signal(signal.SIGKILL)
+            observer.stop()
+        time.sleep(self.rng.uniform(0.2, 1.0))
+        self.cluster.observer = self.cluster._observer()
+
+    def _supersede_unknown(self) -> None:
+        urls = self.cluster.urls()
+        if not urls:
+            return
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        listed = httpx.get(
+            f"{urls[0]}/admin/v1/operations", params={"state": "unknown"}, headers=admin, timeout=5
+        )
+        items = listed.json().get("items", []) if listed.status_code == 200 else []
+        if not items:
+            return
+        target = self.rng.choice(items)["id"]
+        httpx.post(
+            f"{urls[0]}/admin/v1/operations/{target}/supersede",
+            json={"reason": "chaos: superseding an unknown operation"},
+            headers=admin,
+            timeout=10,
+        )
+
+
+# -- checker -------------------------------------------------------------------------------------
+
+
+def check(cluster: Cluster, clients: Clients, summary: Summary) -> None:
+    db = cluster.database_url
+    violations = summary.violations
+    for action in clients.actions:
+        if not action.answers:
+            violations.append(f"{action.kind} {action.key}: no terminal answer")
+            continue
+        if len(set(action.answers)) != 1:
+            shown = [(s, b[:80]) for s, b in action.answers]
+            violations.append(f"{action.kind} {action.key}: answers differ {shown}")
+    for action in clients.actions:
+        for status, body in action.answers[:1]:
+            if status not in (201, 402):
+                violations.append(f"{action.kind} {action.key}: terminal {status} {body[:120]!r}")
+    twice = scalar(
+        db,
+        "SELECT count(*) FROM (SELECT operation_id, binding_generation FROM transfers "
+        "GROUP BY 1, 2 HAVING count(*) > 1) AS doubled",
+    )
+    if twice:
+        violations.append(f"{twice} operation epochs with more than one transfer")
+    total = scalar(db, "SELECT coalesce(sum(balance), 0) FROM accounts WHERE tenant = 'chaos'")
+    if total != ACCOUNTS * OPENING:
+        violations.append(f"money not conserved: {total} != {ACCOUNTS * OPENING}")
+    off = scalar(
+        db,
+        """
+SELECT count(*) FROM accounts a
+ WHERE a.tenant = 'chaos' AND a.balance <> :opening
+       + coalesce((SELECT sum(amount) FROM transfers t WHERE t.destination_id = a.id), 0)
+       - coalesce((SELECT sum(amount) FROM transfers t WHERE t.source_id = a.id), 0)
+""",
+        opening=OPENING,
+    )
+    if off:
+        violations.append(f"{off} balances differ from opening + transfers")
+    open_ops = scalar(db, "SELECT count(*) FROM operations WHERE state = 'in_progress'")
+    if open_ops:
+        violations.append(f"{open_ops} operations left in_progress")
+    payouts = [a for a in clients.actions if a.kind == "payout" and a.operation_id]
+    paid_epochs = 0
+    for action in payouts:
+        row = scalar(
+            db,
+            "SELECT state || ':' || binding_generation FROM operations WHERE id = :id",
+            id=uuid.UUID(action.operation_id or ""),
+        )
+        if row is None or not row.startswith("completed:"):
+            continue
+        generation = row.split(":")[1]
+        paid = cluster.provider.counts(f"{action.operation_id}:{generation}")["count"]
+        if paid != 1:
+            violations.append(f"payout {action.operation_id} completed with {paid} payments")
+        paid_epochs += int(generation) > 1
+    for status, slug, key in clients.fives:
+        if (status, slug) not in DOCUMENTED_5XX:
+            violations.append(f"undocumented {status} {slug or '(not a problem document)'} ({key})")
+    superseded = scalar(db, "SELECT count(*) FROM operation_epochs")
+    summary.notes.append(
+        f"superseded epochs {superseded}; completed payouts in a later epoch {paid_epochs}"
+    )
+
+
+def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
+    summary = Summary(seed=seed, duration=duration)
+    data_dir = Path(tempfile.mkdtemp(prefix="settlement-chaos-"))
+    cluster = Cluster(data_dir)
+    try:
+        load = Clients(cluster, seed, clients, summary)
+        load.start()
+        Nemesis(cluster, seed, summary).run(duration, load)
+        load.join(ACTION_PATIENCE + REQUEST_TIMEOUT)
+        cluster.heal()
+        settle(cluster, load, seed)
+        time.sleep(LEASE_TTL + 1.5)  # the sweeper demotes what a killed worker left
+        summary.actions = len(load.actions)
+        summary.finished = sum(1 for a in load.actions if a.answers)
+        summary.requests = sum(a.requests for a in load.actions)
+        summary.retries = summary.requests - 2 * summary.finished
+        check(cluster, load, summary)
+        if summary.violations:
+            summary.notes.extend(f"server log: {line}" for line in cluster.errors())
+            kept = Path(tempfile.mkdtemp(prefix=f"settlement-chaos-{seed}-logs-"))
+            for n, server in enumerate(cluster.started):
+                (kept / f"server-{n}.log").write_text(server.output())
+            summary.notes.append(f"server logs kept in {kept}")
+    finally:
+        cluster.close()
+        with contextlib.suppress(OSError):
+            import shutil
+
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return summary
+
+
+def settle(cluster: Cluster, clients: Clients, seed: int) -> None:
+    """Every unfinished action again, against the healed cluster, until it is terminal and
+    replayed (or SETTLE_PATIENCE runs out: the checker reports it)."""
+    rng = random.Random(seed)
+    deadline = time.monotonic() + SETTLE_PATIENCE
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as http:
+        for action in clients.actions:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if len(action.answers) < 2:
+                clients.perform(http, action, rng, left)
