@@ -172,15 +172,14 @@ class FeedObserver:
         checked = check_cursor_page(checkpoint.applied_position, events, seen, owners)
         if isinstance(checked, Stop):
             return await self._stopped(checked, len(events))
-        for event in checked.backfilled:
-            await self._alarm(
-                "backfill", event.event_id, f"position {event.order} behind the applied prefix"
-            )
-        states = {event_id: s.state for event_id, s in seen.items()}
-        raw = {e.event_id: e for e in page.events}
-        processed = await self._process_all(checked.process, raw, seen, states)
-        if processed is None:
+        alarms = [
+            ("backfill", e, f"position {e.order} behind the applied prefix")
+            for e in checked.backfilled
+        ]
+        outcomes = await self._outcomes(checked.process, page.events, seen, alarms)
+        if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
+        states, processed = outcomes
         verdict = cursor_barrier(
             checkpoint.resume_cursor,
             page.next_cursor,
@@ -224,15 +223,13 @@ class FeedObserver:
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
             return await self._stopped(checked, len(events))
-        for event in checked.late:
-            await self._alarm(
-                "late-event", event.event_id, f"timestamp {event.order} <= closed {closed}"
-            )
-        states = {event_id: s.state for event_id, s in seen.items()}
-        raw = {e.event_id: e for e in page.events}
-        processed = await self._process_all(checked.process, raw, seen, states)
-        if processed is None:
+        alarms = [
+            ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
+        ]
+        outcomes = await self._outcomes(checked.process, page.events, seen, alarms)
+        if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
+        states, processed = outcomes
         full = len(events) >= limit
         through = closable_through(closed, events, states, page.finality_watermark, full=full)
         if through is None:
@@ -283,6 +280,22 @@ class FeedObserver:
             )
         states: dict[str, ReceiptState] = {}
         await self._process_all(unknown, {e.event_id: e for e in late}, seen, states)
+
+    async def _outcomes(
+        self,
+        process: list[FeedEvent],
+        served: list[RawEvent],
+        seen: dict[str, Seen],
+        alarms: list[tuple[str, FeedEvent, str]],
+    ) -> tuple[dict[str, ReceiptState], int] | None:
+        """Raise the page's alarms, then give ``process`` their outcomes: every event's state
+        after it and how many were processed, or None when a database error stopped it."""
+        for kind, event, detail in alarms:
+            await self._alarm(kind, event.event_id, detail)
+        states = {event_id: s.state for event_id, s in seen.items()}
+        raw = {e.event_id: e for e in served}
+        processed = await self._process_all(process, raw, seen, states)
+        return None if processed is None else (states, processed)
 
     # -- events -------------------------------------------------------------------------------
 
