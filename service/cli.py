@@ -170,12 +170,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from service.store.migrate import upgrade
+    from service.telemetry import require_exporter
 
+    require_exporter(settings.otel_exporter)  # a missing exporter package stops us here
     with (
         contextlib.suppress(_Terminated),
         _endpoints(settings, args.embedded, want_redis=True) as ready,
         contextlib.ExitStack() as stack,
     ):
+        stack.enter_context(_metrics_dir(settings))
         assert ready.database_url is not None and ready.redis_url is not None
         if settings.database_url is None:
             # The embedded database belongs to this server: keep it at head. An external
@@ -213,6 +216,30 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _metrics_dir(settings: Settings) -> Iterator[None]:
+    """The directory this server's workers share for /metrics (service.telemetry.metrics):
+    SETTLEMENT_METRICS_DIR emptied of an earlier server's snapshots, or a fresh temporary
+    one, removed at exit."""
+    import shutil
+    import tempfile
+
+    if settings.metrics_dir:
+        shared = Path(settings.metrics_dir)
+        shared.mkdir(parents=True, exist_ok=True)
+        for old in shared.glob("*.snapshot"):
+            old.unlink(missing_ok=True)
+        yield
+        return
+    made = tempfile.mkdtemp(prefix="settlement-metrics-")
+    os.environ["SETTLEMENT_METRICS_DIR"] = made
+    try:
+        yield
+    finally:
+        os.environ.pop("SETTLEMENT_METRICS_DIR", None)
+        shutil.rmtree(made, ignore_errors=True)
+
+
 class UvicornOptions(TypedDict):
     loop: str
     http: str
@@ -228,12 +255,14 @@ def uvicorn_options(settings: Settings) -> UvicornOptions:
     h11, not httptools: httptools halves the bare request's CPU again, but it answers a header
     value with a control character (an Idempotency-Key of "\x1f") with a plain-text 400
     before the app sees it; with h11 every bad header gets its problem document.
+    No uvicorn access log: with SETTLEMENT_ACCESS_LOG the app writes its own JSON line, with
+    the request id (service.telemetry.asgi).
     """
     return UvicornOptions(
         loop="uvloop",
         http="h11",  # see above
         log_config=None,
-        access_log=settings.access_log,
+        access_log=False,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
     )
 
@@ -327,6 +356,9 @@ def _observer_run(args: argparse.Namespace, settings: Settings) -> int:
     require_endpoints(settings)
 
     async def observe() -> int:
+        from service.telemetry import configure_tracing
+
+        configure_tracing(settings.otel_exporter)
         settlement = await Settlement.open(settings, background=False)
         observer = settlement.observer(spec)
         try:

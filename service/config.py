@@ -127,9 +127,16 @@ class Settings:
         "none", "who may read /metrics: none (anyone: a scraper on a private network) or a role."
     )
     access_log: bool = _setting(
-        False, "one INFO line per request; off by default, a log line per request costs CPU."
+        False, "one JSON access line per request; off by default, a line per request costs CPU."
     )
-    otel_exporter: str = _setting("none", "none, console or otlp.")
+    otel_exporter: str = _setting(
+        "none", "traces: none (no tracing work at all), console (spans on stdout) or otlp."
+    )
+    metrics_dir: str | None = _setting(
+        None,
+        "directory the server's worker processes share for /metrics (settlement serve makes "
+        "a fresh one when unset); without it each process counts alone.",
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

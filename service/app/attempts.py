@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 import uuid
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -62,6 +63,7 @@ from service.store.settlement import (
     Settled,
     SettlementStore,
 )
+from service.telemetry import Metrics, span
 
 __all__ = ["Attempts"]
 
@@ -100,10 +102,12 @@ class Attempts:
         failpoints: Failpoints,
         provider_timeout: float,
         late_response_window: float,
+        metrics: Metrics | None = None,
     ) -> None:
         self._store = store
         self._leases = leases
         self._late = late
+        self._metrics = metrics or Metrics()
         self._failpoints = failpoints
         self._provider_timeout = provider_timeout
         self._late_window = late_response_window
@@ -117,11 +121,30 @@ class Attempts:
         lease: Lease,
     ) -> Answer:
         """Run the claimed attempt under ``lease`` and say what its client is told."""
+        started = time.perf_counter()
         attempt, context = _attempt_of(claimed, principal)
-        if spec.external is not None:
-            return await self._external(spec.external, context, attempt, body, lease)
-        assert spec.execute is not None
-        return await self._local(spec, spec.execute, context, attempt, body, lease)
+        try:
+            if spec.external is not None:
+                return await self._external(spec, spec.external, context, attempt, body, lease)
+            assert spec.execute is not None
+            return await self._local(spec, spec.execute, context, attempt, body, lease)
+        finally:
+            self._metrics.on_attempt(spec.route, time.perf_counter() - started)
+
+    async def _settle(self, attempt: AttemptRef, observation: Observation) -> Settled:
+        """Settle what this attempt observed, in a ``settlement.settle`` span."""
+        op = attempt.reservation.operation_id
+        with span(
+            "settlement.settle", operation_id=op, attempt_number=attempt.fencing_token
+        ) as traced:
+            settled = await self._store.settle(
+                uuid.UUID(op), observation, attempt_id=attempt.attempt_id
+            )
+            traced.set(
+                settlement_stage=settled.decision.stage.value,
+                settlement_disposition=settled.decision.disposition.value,
+            )
+            return settled
 
     async def _under_lease(
         self, lease: Lease, work: asyncio.Task[T], give_up_after: float | None
@@ -153,24 +176,41 @@ class Attempts:
         body: Any,
         lease: Lease,
     ) -> Answer:
+        op = str(context.operation_id)
+        number = attempt.fencing_token
+
         async def effect(conn: asyncpg.Connection, current: Record) -> Observation:
-            try:
-                produced = await execute(conn, context, body)
-                kind = ObservationKind.COMPLETED
-            except BusinessFailure as failure:
-                produced = business_outcome(failure, context.operation_id)
-                kind = ObservationKind.FAILED
+            with span(
+                "settlement.effect",
+                operation_id=op,
+                operation_route=spec.route,
+                attempt_number=number,
+            ):
+                try:
+                    produced = await execute(conn, context, body)
+                    kind = ObservationKind.COMPLETED
+                except BusinessFailure as failure:
+                    produced = business_outcome(failure, context.operation_id)
+                    kind = ObservationKind.FAILED
             return _attempt_observation(attempt, kind, produced)
 
-        work = asyncio.create_task(
-            self._store.settle_local(
-                context.operation_id,
-                attempt,
-                effect,
-                route=spec.route,
-                before_commit=lambda: self._failpoints.hit("effect.before_commit"),
-            )
-        )
+        async def settle() -> Settled:
+            # the local effect runs inside its settlement's transaction: its span is a child
+            with span("settlement.settle", operation_id=op, attempt_number=number) as traced:
+                settled = await self._store.settle_local(
+                    context.operation_id,
+                    attempt,
+                    effect,
+                    route=spec.route,
+                    before_commit=lambda: self._failpoints.hit("effect.before_commit"),
+                )
+                traced.set(
+                    settlement_stage=settled.decision.stage.value,
+                    settlement_disposition=settled.decision.disposition.value,
+                )
+                return settled
+
+        work = asyncio.create_task(settle())
         try:
             ended = await self._under_lease(lease, work, give_up_after=None)
         except BaseException:
@@ -219,6 +259,7 @@ class Attempts:
 
     async def _external(
         self,
+        spec: IdempotentRoute,
         external: ExternalHandler,
         context: ExecutionContext,
         attempt: AttemptRef,
@@ -228,9 +269,12 @@ class Attempts:
         operation_id = context.operation_id
         # the call may still answer for the late-response window after the attempt gives up
         call = asyncio.create_task(
-            _bounded(
+            _traced_effect(
                 external(context, attempt.reservation, body),
                 self._provider_timeout + self._late_window,
+                operation_id=str(operation_id),
+                operation_route=spec.route,
+                attempt_number=attempt.fencing_token,
             )
         )
         try:
@@ -253,9 +297,7 @@ class Attempts:
         await self._failpoints.hit("effect.before_commit")
         observation = observation_of(signed.evidence, Source.ATTEMPT)
         try:
-            settled = await self._store.settle(
-                operation_id, observation, attempt_id=attempt.attempt_id
-            )
+            settled = await self._settle(attempt, observation)
         except Exception:
             # a definitive answer is never dropped: settle it again in the background
             log.exception("settling a provider answer failed", extra={"operation_id": op})
@@ -276,9 +318,7 @@ class Attempts:
         """The attempt ends without a definitive answer: ``unknown``, safe to retry."""
         op = attempt.reservation.operation_id
         log.warning("external outcome unknown", extra={"operation_id": op, "why": why})
-        settled = await self._store.settle(
-            uuid.UUID(op), _attempt_observation(attempt), attempt_id=attempt.attempt_id
-        )
+        settled = await self._settle(attempt, _attempt_observation(attempt))
         match _answer_after(settled, attempt):
             case Unsettled():
                 return Problem(  # why goes to the log above, not to the client
@@ -319,11 +359,7 @@ class Attempts:
     async def _give_up(self, attempt: AttemptRef) -> None:
         """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
         with contextlib.suppress(Exception):
-            await self._store.settle(
-                uuid.UUID(attempt.reservation.operation_id),
-                _attempt_observation(attempt),
-                attempt_id=attempt.attempt_id,
-            )
+            await self._settle(attempt, _attempt_observation(attempt))
 
 
 def _attempt_observation(
@@ -374,6 +410,15 @@ def _attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef
         binding_generation=record.reservation.binding_generation,
     )
     return attempt, context
+
+
+async def _traced_effect(
+    call: Awaitable[SignedEvidence], limit: float, **attributes: Any
+) -> SignedEvidence:
+    """The external call, bounded, in a ``settlement.effect`` span (which ends when the call
+    does: after the attempt gave up, for a late answer)."""
+    with span("settlement.effect", **attributes):
+        return await _bounded(call, limit)
 
 
 async def _bounded(call: Awaitable[SignedEvidence], limit: float) -> SignedEvidence:

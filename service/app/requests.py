@@ -43,6 +43,7 @@ from service.store.principals import Principal, hash_key
 from service.store.retention import Tombstone
 from service.store.rows import at
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
+from service.telemetry import annotate, span
 
 __all__ = ["IdempotentRequests", "NoSlot", "Seen", "Slots"]
 
@@ -201,7 +202,9 @@ class IdempotentRequests:
                 case answered:
                     return answer_of(answered)
         try:
-            lease = await self._leases.acquire(scope.lease_name())
+            with span("settlement.lease", operation_route=spec.route) as traced:
+                lease = await self._leases.acquire(scope.lease_name())
+                traced.set(lease_acquired=lease is not None)
         except LeaseUnavailable:
             return Problem(
                 "lease-unavailable",
@@ -237,15 +240,25 @@ class IdempotentRequests:
         record: Record | None,
         lease: Lease,
     ) -> Answer:
-        claimed = await self._store.claim(
-            scope,
-            claim,
-            lease_token=lease.token,
-            holds_lease=True,
-            assume_absent=record is None,
-        )
-        if not isinstance(claimed.decision, Claim):
-            return answer_of(claimed.decision)
+        with span("settlement.claim", operation_route=spec.route) as traced:
+            claimed = await self._store.claim(
+                scope,
+                claim,
+                lease_token=lease.token,
+                holds_lease=True,
+                assume_absent=record is None,
+            )
+            if not isinstance(claimed.decision, Claim):
+                return answer_of(claimed.decision)
+            assert claimed.record is not None
+            operation_id = claimed.record.reservation.operation_id
+            attempt = claimed.record.fencing_token
+            traced.set(
+                operation_id=operation_id,
+                attempt_number=attempt,
+                claim_kind=claimed.decision.kind.value,
+            )
+        annotate(operation_id=operation_id, attempt=attempt)
         await self._failpoints.hit("claim.after")
         return await self._attempts.run(spec, principal, body, claimed, lease)
 

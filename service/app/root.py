@@ -56,6 +56,7 @@ class Settlement:
         *,
         pool: Any,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
@@ -63,7 +64,7 @@ class Settlement:
         self.pool = pool  # asyncpg: the hot path's statements and the local effects
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
         self.redis = redis
-        self.metrics = Metrics()
+        self.metrics = metrics or Metrics()
         self.wakeups = Wakeups(redis)
         self.provider: ProviderClient | None = None
         if settings.provider_url and settings.provider_secret:
@@ -93,7 +94,9 @@ class Settlement:
             pool=pool,
         )
         self.principals = PrincipalStore(engine, pool=pool)
-        self.leases = LeaseManager(redis, ttl=settings.lease_ttl, clock=clock)
+        self.leases = LeaseManager(
+            redis, ttl=settings.lease_ttl, clock=clock, events=self.metrics.on_lease
+        )
         self.failpoints = Failpoints.from_settings(settings)
         self.late = LateAnswers(self.store, self.metrics)
         self.requests = IdempotentRequests(
@@ -104,6 +107,7 @@ class Settlement:
                 store=self.store,
                 leases=self.leases,
                 late=self.late,
+                metrics=self.metrics,
                 failpoints=self.failpoints,
                 provider_timeout=settings.provider_timeout,
                 late_response_window=settings.late_response_window,
@@ -137,6 +141,7 @@ class Settlement:
         )
         self._sweeping: asyncio.Task[None] | None = None
         self._purging: asyncio.Task[None] | None = None
+        self._flushing: asyncio.Task[None] | None = None
 
     def observer(self, spec: FeedSpec) -> FeedObserver:
         """A feed observer of ``spec`` (its own HTTP client; close it when done)."""
@@ -158,9 +163,12 @@ class Settlement:
         )
 
     @classmethod
-    async def open(cls, settings: Settings, *, background: bool = True) -> Settlement:
-        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper and
-        the retention purge."""
+    async def open(
+        cls, settings: Settings, *, background: bool = True, metrics: Metrics | None = None
+    ) -> Settlement:
+        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper, the
+        retention purge and the metrics snapshots. ``metrics``: the process's (a new one by
+        default)."""
         require_endpoints(settings)
         assert settings.database_url is not None and settings.redis_url is not None
         engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
@@ -169,7 +177,7 @@ class Settlement:
         try:
             await ensure_current(engine)
             pool = await make_pool(settings, settings.database_url)
-            settlement = cls(settings, engine, redis, pool=pool)
+            settlement = cls(settings, engine, redis, pool=pool, metrics=metrics)
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:
@@ -185,10 +193,13 @@ class Settlement:
             settlement._purging = asyncio.create_task(
                 settlement.purger.run(), name="retention-purge"
             )
+            settlement._flushing = asyncio.create_task(
+                settlement.metrics.run(), name="metrics-snapshots"
+            )
         return settlement
 
     async def close(self) -> None:
-        for task in (self._sweeping, self._purging):
+        for task in (self._sweeping, self._purging, self._flushing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -213,8 +224,10 @@ class _StoreHooks:
         self._metrics = metrics
         self._wakeups = wakeups
 
-    def on_settled(self, source: str, disposition: str) -> None:
-        self._metrics.on_settled(source, disposition)
+    def on_settled(
+        self, source: str, stage: str, disposition: str, seconds: float | None = None
+    ) -> None:
+        self._metrics.on_settled(source, stage, disposition, seconds)
 
     def on_claimed(self, kind: str) -> None:
         self._metrics.on_claimed(kind)

@@ -31,6 +31,7 @@ from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
 from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
+from service.telemetry import Metrics, RequestTelemetry, configure_tracing
 
 __all__ = ["app_from_env", "create_app"]
 
@@ -50,10 +51,11 @@ class _Opened:
 def create_app(settings: Settings) -> Litestar:
     require_endpoints(settings)
     opened = _Opened()
+    counted = Metrics(settings.metrics_dir, export=settings.otel_exporter)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        opened.settlement = await Settlement.open(settings)
+        opened.settlement = await Settlement.open(settings, metrics=counted)
         log.info("server ready")
         try:
             yield
@@ -61,7 +63,7 @@ def create_app(settings: Settings) -> Litestar:
             await opened.settlement.close()
             opened.settlement = None
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             health,
             metrics,
@@ -93,10 +95,14 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # service.logs owns logging
         debug=False,
     )
+    # outside the exception handlers, so every answer (404s too) has its Request-Id and counts
+    app.asgi_handler = RequestTelemetry(app.asgi_handler, counted, access_log=settings.access_log)
+    return app
 
 
 def app_from_env() -> Litestar:
     """Factory for ASGI servers: settings read once, here, from the environment."""
     settings = Settings.from_env()
     configure_logging(settings)
+    configure_tracing(settings.otel_exporter)
     return create_app(settings)

@@ -57,8 +57,8 @@ async def health(settlement: Services) -> Response[Health]:
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    """Prometheus text exposition of this process's counters; with SETTLEMENT_METRICS_ROLE
-    set, only for an API key of that role (or an admin)."""
+    """Prometheus text exposition of the server's metrics (every worker's); with
+    SETTLEMENT_METRICS_ROLE set, only for an API key of that role (or an admin)."""
     wanted = settlement.settings.metrics_role
     if wanted != "none":
         try:
@@ -66,5 +66,5 @@ async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Resp
             require_role(principal, Role(wanted), Role.ADMIN)
         except AuthError as exc:
             return problem_response(exc.slug, exc.detail)
-    text = settlement.metrics.render() + await settlement.feed_admin.metrics()
+    text = await settlement.metrics.scrape() + await settlement.feed_admin.metrics()
     return Response(text.encode(), media_type="text/plain; version=0.0.4")

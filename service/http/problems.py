@@ -24,6 +24,7 @@ from service.leases import LeaseUnavailable
 from service.store.db import DATABASE_GONE, PoolTimeout
 from service.store.principals import PrincipalExists
 from service.store.settlement import OperationNotFound, RowLocked, SettlementContention
+from service.telemetry import note_problem
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",
@@ -100,6 +101,7 @@ def problem_response(
     **fields: Any,
 ) -> Response[bytes]:
     status, title = SLUGS[slug]
+    note_problem(slug)
     if status == 401:  # RFC 9110 section 11.6.1: a 401 names the scheme it wants
         headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="settlement"'}
     body = ProblemDocument(

@@ -92,13 +92,17 @@ class LeaseManager:
         ttl: float,
         prefix: str = DEFAULT_PREFIX,
         clock: Callable[[], float] = time.time,
+        events: Callable[[str], None] | None = None,
     ) -> None:
+        """``events`` is told ``acquired``, ``lost`` (a heartbeat gave the lease up) and
+        ``heartbeat_failed`` (an extend failed and is retried): the metrics."""
         if not math.isfinite(ttl) or _ms(ttl) < 1:
             raise ValueError(f"lease ttl must be a finite number of at least 1 ms, got {ttl!r}")
         self._redis = redis
         self._ttl = ttl
         self._prefix = prefix
         self._clock = clock
+        self._events = events or _ignore
         # registered once; each call is an EVALSHA that loads the script if Redis lacks it
         self._extend = redis.register_script(_EXTEND)
         self._release = redis.register_script(_RELEASE)
@@ -111,6 +115,10 @@ class LeaseManager:
         """The clock that stamps ``Lease.expires_at``."""
         return self._clock()
 
+    def report(self, event: str) -> None:
+        """Tell ``events`` about a heartbeat's ``lost`` or ``heartbeat_failed``."""
+        self._events(event)
+
     async def acquire(self, name: str) -> Lease | None:
         """Take the lease on ``name``; None when another holder has it."""
         key = self._prefix + name
@@ -121,6 +129,7 @@ class LeaseManager:
             acquired = await self._redis.set(key, token, nx=True, px=_ms(self._ttl))
         if not acquired:
             return None
+        self._events("acquired")
         return Lease(key=key, token=token, ttl=self._ttl, expires_at=started + self._ttl)
 
     async def extend(self, lease: Lease) -> Lease | None:
@@ -293,6 +302,7 @@ class Heartbeat:
                     await self._before_extend()
                 renewed = await self._manager.extend(self._lease)
         except (LeaseUnavailable, redis_errors.RedisError, TimeoutError) as exc:
+            self._manager.report("heartbeat_failed")
             if self._monotonic() >= self._deadline:
                 self._mark_lost("no extend succeeded within its ttl")
                 return False
@@ -315,6 +325,7 @@ class Heartbeat:
         if self.lost.is_set():
             return
         self.lost.set()
+        self._manager.report("lost")
         log.warning(
             "lease %s lost: %s",
             self._lease.key,
@@ -326,6 +337,10 @@ class Heartbeat:
                 self._on_lost()
             except Exception:
                 log.exception("on_lost callback failed", extra={"lease_key": self._lease.key})
+
+
+def _ignore(event: str) -> None:
+    return None
 
 
 def _seconds_left(pttl: int) -> float | None:

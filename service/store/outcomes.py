@@ -104,7 +104,11 @@ class ClaimOutcome(msgspec.Struct, frozen=True):
 class SettlementHooks(Protocol):
     """What the store reports as it settles (metrics live behind this)."""
 
-    def on_settled(self, source: str, disposition: str) -> None: ...
+    def on_settled(
+        self, source: str, stage: str, disposition: str, seconds: float | None = None
+    ) -> None:
+        """An observation of ``source`` was settled: the merge ``stage`` (A, B, C) that
+        decided it and its ``disposition``; ``seconds``: how long its settlement took."""
 
     def on_claimed(self, kind: str) -> None: ...
 
@@ -119,7 +123,9 @@ class NoHooks:
     def on_stale_epoch_outcome(self) -> None:
         return None
 
-    def on_settled(self, source: str, disposition: str) -> None:
+    def on_settled(
+        self, source: str, stage: str, disposition: str, seconds: float | None = None
+    ) -> None:
         return None
 
     def on_claimed(self, kind: str) -> None:

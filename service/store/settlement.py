@@ -31,6 +31,7 @@ from service.core import (
     Refuse,
     Scope,
     Source,
+    Stage,
     SupersedeDecision,
     SupersedeRequest,
     TerminalPolicy,
@@ -165,7 +166,7 @@ class SettlementStore:
                 detail=detail,
             )
             await uow.commit()
-        self._hooks.on_settled(observation.source.value, "quarantined")
+        self._hooks.on_settled(observation.source.value, Stage.TUPLE_GATE.value, "quarantined")
 
     # -- settle: one observation into the row -------------------------------------------------
 
@@ -179,6 +180,7 @@ class SettlementStore:
     ) -> Settled:
         """Merge one observation into the row, under its lock, with the tuple + revision CAS.
         An observation about no operation is recorded as quarantined, then refused."""
+        started = time.perf_counter()
         phase = settle_phase(
             operation_id,
             observation,
@@ -195,7 +197,7 @@ class SettlementStore:
             )
             raise OperationNotFound(str(operation_id))
         before, settled = found
-        self._report(operation_id, before, settled)
+        self._report(operation_id, before, settled, time.perf_counter() - started)
         return settled
 
     async def settle_local(
@@ -217,6 +219,7 @@ class SettlementStore:
         """
         if self._hot is None:
             raise RuntimeError("local effects need the store's asyncpg pool")
+        started = time.perf_counter()
         done = await self._hot.settle_own(
             operation_id,
             attempt,
@@ -232,7 +235,7 @@ class SettlementStore:
             case Fallback(observation=observation):
                 return await self.settle(operation_id, observation, attempt_id=attempt.attempt_id)
             case (before, settled):
-                self._report(operation_id, before, settled)
+                self._report(operation_id, before, settled, time.perf_counter() - started)
                 return settled
 
     @property
@@ -259,10 +262,18 @@ class SettlementStore:
         """Tell the hooks (metrics, wake-ups) about a settlement committed by such a caller."""
         self._report(operation_id, before, settled)
 
-    def _report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
+    def _report(
+        self,
+        operation_id: uuid.UUID,
+        before: Record,
+        settled: Settled,
+        seconds: float | None = None,
+    ) -> None:
         observation, decision = settled.observation, settled.decision
         _log_decision(operation_id, observation, decision)
-        self._hooks.on_settled(observation.source.value, decision.disposition.value)
+        self._hooks.on_settled(
+            observation.source.value, decision.stage.value, decision.disposition.value, seconds
+        )
         after = settled.record.state
         became_terminal = after.terminal and not before.state.terminal
         left_progress = before.state is OperationState.IN_PROGRESS and after is not before.state
@@ -397,7 +408,7 @@ class SettlementStore:
         phase = sweep_phase(batch, lease_remaining, after, clock=self._clock, policy=self._policy)
         page = await self._runner.run("sweep", phase)
         for _ in page.demoted:
-            self._hooks.on_settled(Source.SWEEPER.value, "applied")
+            self._hooks.on_settled(Source.SWEEPER.value, Stage.RANK_MERGE.value, "applied")
         return page
 
 

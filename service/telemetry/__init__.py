@@ -1,9 +1,34 @@
-"""Telemetry: metrics (Prometheus text at GET /metrics), reached through small hook methods.
+"""Telemetry: traces, metrics, and the request context of log lines. Only this package
+imports OpenTelemetry; the rest of the service calls these small hooks.
 
-The rest of the service calls :class:`Metrics` hooks; only this package knows how they are
-exported. Counters are per process (with several workers, sum across them).
+* :func:`span` — a child span (a no-op object when ``SETTLEMENT_OTEL_EXPORTER=none``);
+* :class:`Metrics` — the process's instruments and their hooks, Prometheus text summed over
+  the server's workers (:mod:`service.telemetry.metrics`);
+* :func:`annotate`, :func:`note_problem` — what the current request learned, for its logs,
+  span and metrics; :func:`log_fields` — those fields for a log line;
+* :class:`RequestTelemetry` — the ASGI wrapper that sets all of that up per request.
 """
 
+from service.telemetry.asgi import RequestTelemetry
+from service.telemetry.context import annotate, log_fields, note_problem
 from service.telemetry.metrics import Metrics
+from service.telemetry.tracing import (
+    Span,
+    configure_tracing,
+    require_exporter,
+    span,
+    tracing_enabled,
+)
 
-__all__ = ["Metrics"]
+__all__ = [
+    "Metrics",
+    "RequestTelemetry",
+    "Span",
+    "annotate",
+    "configure_tracing",
+    "log_fields",
+    "note_problem",
+    "require_exporter",
+    "span",
+    "tracing_enabled",
+]

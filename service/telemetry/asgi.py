@@ -1,0 +1,123 @@
+"""Around every HTTP request: its Request-Id, its log context, its span, its metrics and its
+access line. A plain ASGI wrapper (no web framework imported here), put around the
+application's handler, so 404s and every problem answer pass through it too.
+
+Request-Id: the trace id of a valid incoming W3C ``traceparent``; else a sane incoming
+``Request-Id`` (at most 128 characters of ``A-Za-z0-9._:/+=@-``); else, with tracing on, the
+request span's trace id; else 128 random bits in hex. Every response carries it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from service.telemetry import context as request_context
+from service.telemetry.metrics import Metrics
+from service.telemetry.tracing import server_span
+
+__all__ = ["RequestTelemetry"]
+
+access = logging.getLogger("settlement.access")
+
+# ASGI, loosely typed: this wraps any framework's application
+Scope = Any
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[..., Awaitable[None]]
+
+# The route label of a request no route matched: the path is the client's, not ours, so it
+# never becomes a label (unbounded series).
+UNMATCHED = "unmatched"
+
+
+class RequestTelemetry:
+    """``app`` with request telemetry, counted in ``metrics``."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, *, access_log: bool) -> None:
+        self._app = app
+        self._metrics = metrics
+        self._access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        traceparent = incoming = None
+        for name, value in scope["headers"]:
+            if name == b"traceparent":
+                traceparent = value
+            elif name == b"request-id":
+                incoming = value
+        trace_id = request_context.trace_id_of(traceparent)
+        method: str = scope["method"]
+        span = server_span(method, traceparent if trace_id else None)
+        if span is not None:
+            trace_id = span.trace_id
+        request_id = (
+            trace_id
+            or request_context.sane_request_id(incoming)
+            or request_context.new_request_id()
+        )
+        ctx = request_context.RequestContext(request_id, trace_id)
+        token = request_context.bind(ctx)
+        header = (b"request-id", request_id.encode())
+        status = 500
+        replayed = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, replayed
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers") or ())
+                for name, value in headers:
+                    if name == b"idempotent-replayed":
+                        replayed = value == b"true"
+                    elif name == b"operation-id" and ctx.operation_id is None:
+                        ctx.operation_id = value.decode("latin-1")
+                headers.append(header)
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_with_id)
+        finally:
+            request_context.unbind(token)
+            seconds = time.perf_counter() - started
+            template = scope.get("path_template")
+            route = f"{method} {template}" if template else UNMATCHED
+            self._metrics.on_request(route, status, ctx.problem, replayed, seconds)
+            if span is not None:
+                span.finish(
+                    method,
+                    template,
+                    status,
+                    operation_id=ctx.operation_id,
+                    attempt_number=ctx.attempt,
+                    replayed=replayed,
+                    problem=ctx.problem,
+                )
+            if self._access_log:
+                fields = {
+                    "request_id": request_id,
+                    "trace_id": trace_id,
+                    "operation_id": ctx.operation_id,
+                    "attempt": ctx.attempt,
+                    "method": method,
+                    "path": scope.get("path"),
+                    "route": route,
+                    "status": status,
+                    "problem": ctx.problem,
+                    "replayed": replayed,
+                    "duration_ms": round(seconds * 1000, 3),
+                    "client": _client(scope),
+                }
+                access.info("request", extra={k: v for k, v in fields.items() if v is not None})
+
+
+def _client(scope: Scope) -> str | None:
+    client = scope.get("client")
+    return None if not client else f"{client[0]}:{client[1]}"

@@ -1,0 +1,191 @@
+"""Request ids, JSON logs, traces and /metrics of a real server process over HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Services
+from tests.e2e.client import ADMIN_KEY, auth, new_account, new_principal, transfer
+from tests.e2e.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+TRANSFERS = "POST /v1/transfers"
+# How often the test scrapes: with two workers, both answer some of them.
+SCRAPES = 8
+
+
+def _env(**more: str) -> dict[str, str]:
+    return {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, **more}
+
+
+def _outcome(response: httpx.Response) -> str:
+    if response.headers.get("content-type") == "application/problem+json":
+        return str(response.json()["type"]).removeprefix("/problems/")
+    return "replayed" if response.headers.get("idempotent-replayed") == "true" else "ok"
+
+
+def _series(text: str, name: str) -> dict[str, float]:
+    found = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            labels, value = line.rsplit(" ", 1)
+            found[labels] = float(value)
+    return found
+
+
+def test_metrics_count_every_workers_answers_whichever_worker_is_scraped(
+    services: Services, migrated_url: str, tmp_path: Path
+) -> None:
+    with ServerProcess(
+        migrated_url,
+        services.redis_url,
+        workers=2,
+        env=_env(SETTLEMENT_METRICS_DIR=str(tmp_path)),
+    ) as server:
+        base = server.base_url
+        key = new_principal(base)["api_key"]
+        source, destination = new_account(base, key, 1000), new_account(base, key, 0)
+        answers: list[httpx.Response] = []
+        for _ in range(6):  # new operations, then a replay of each
+            idem = uuid.uuid4().hex
+            answers.append(transfer(base, key, idem, source, destination, 1))
+            answers.append(transfer(base, key, idem, source, destination, 1))
+            answers.append(transfer(base, key, idem, source, destination, 2))  # 422
+        shared = uuid.uuid4().hex  # one key at once from many clients: 201, 409s, replays
+        with ThreadPoolExecutor(8) as pool:
+            answers += pool.map(
+                lambda _: transfer(base, key, shared, source, destination, 1), range(8)
+            )
+        expected = Counter((f"{r.status_code // 100}xx", _outcome(r)) for r in answers)
+        assert expected[("2xx", "ok")] == 7 and expected[("4xx", "fingerprint-mismatch")] == 6
+        scrapes = [httpx.get(f"{base}/metrics").text for _ in range(SCRAPES)]
+        snapshots = sorted(p.name for p in tmp_path.glob("*.snapshot"))
+    assert len(snapshots) == 2, snapshots  # both workers keep a snapshot
+    for text in scrapes:
+        requests = _series(text, "settlement_http_requests_total")
+        counted = Counter[tuple[str, str]]()
+        for labels, value in requests.items():
+            if f'route="{TRANSFERS}"' in labels:
+                status_class = re.search(r'status_class="(\w+)"', labels)
+                outcome = re.search(r'outcome="([\w-]+)"', labels)
+                assert status_class and outcome
+                counted[(status_class[1], outcome[1])] += int(value)
+        assert counted == expected
+        assert sum(counted.values()) == len(answers)
+        replays = _series(text, "settlement_http_replays_total")
+        assert (
+            replays[f'settlement_http_replays_total{{route="{TRANSFERS}"}}']
+            == expected[("2xx", "replayed")]
+        )
+        problems = _series(text, "settlement_http_problems_total")
+        mismatch = 'settlement_http_problems_total{slug="fingerprint-mismatch",status="422"}'
+        assert problems[mismatch] == 6
+        busy = 'settlement_http_problems_total{slug="operation-in-progress",status="409"}'
+        assert problems.get(busy, 0) == expected[("4xx", "operation-in-progress")]
+        durations = _series(text, "settlement_http_request_duration_seconds_count")
+        assert sum(v for k, v in durations.items() if TRANSFERS in k) == len(answers)
+        claims = _series(text, "settlement_claims_total")
+        assert claims['settlement_claims_total{kind="new"}'] == 7 + 2  # and the two accounts
+        # a late one of the concurrent requests may take the lease, then replay
+        leases = _series(text, "settlement_leases_acquired_total")
+        assert leases["settlement_leases_acquired_total"] >= 7 + 2
+
+
+def test_every_answer_carries_a_request_id(server_with_logs: ServerProcess) -> None:
+    base = server_with_logs.base_url
+    key = new_principal(base)["api_key"]
+    account = new_account(base, key, 10)
+    ok = httpx.get(f"{base}/v1/accounts/{account}", headers=auth(key))
+    problem = httpx.get(f"{base}/v1/accounts/{account}")  # 401
+    missing = httpx.get(f"{base}/v1/nothing-here")
+    health = httpx.get(f"{base}/health")
+    assert (ok.status_code, problem.status_code, missing.status_code) == (200, 401, 404)
+    ids = [r.headers.get("request-id") for r in (ok, problem, missing, health)]
+    assert all(i and re.fullmatch(r"[0-9a-f]{32}", i) for i in ids), ids
+    assert len(set(ids)) == 4
+
+
+def test_a_valid_traceparent_gives_the_request_id(server_with_logs: ServerProcess) -> None:
+    base = server_with_logs.base_url
+    traced = httpx.get(f"{base}/health", headers={"traceparent": f"00-{TRACE}-00f067aa0ba902b7-01"})
+    invalid = httpx.get(f"{base}/health", headers={"traceparent": f"00-{TRACE}-bad-01"})
+    assert traced.headers["request-id"] == TRACE
+    assert invalid.headers["request-id"] != TRACE
+
+
+def test_a_sane_request_id_is_kept_and_a_hostile_one_replaced(
+    server_with_logs: ServerProcess,
+) -> None:
+    base = server_with_logs.base_url
+    kept = httpx.get(f"{base}/health", headers={"Request-Id": "client-req-42"})
+    assert kept.headers["request-id"] == "client-req-42"
+    for hostile in ("x" * 129, "a\tb", "a b", '"><script>', "caf\u00e9"):
+        answer = httpx.get(f"{base}/health", headers={"Request-Id": hostile.encode()})
+        replaced = answer.headers["request-id"]
+        assert replaced != hostile and re.fullmatch(r"[0-9a-f]{32}", replaced), hostile
+
+
+def test_log_lines_are_json_with_the_request_fields(server_with_logs: ServerProcess) -> None:
+    base = server_with_logs.base_url
+    key = new_principal(base)["api_key"]
+    source, destination = new_account(base, key, 100), new_account(base, key, 0)
+    made = transfer(base, key, uuid.uuid4().hex, source, destination, 5)
+    assert made.status_code == 201
+    request_id, operation_id = made.headers["request-id"], made.headers["operation-id"]
+    lines = [line for line in server_with_logs.output().splitlines() if line.strip()]
+    parsed = [json.loads(line) for line in lines]  # every line is one JSON object
+    for entry in parsed:
+        assert datetime.fromisoformat(entry["ts"]).utcoffset() is not None
+        assert {"level", "logger", "msg"} <= entry.keys()
+        assert "color_message" not in entry
+    access = [e for e in parsed if e["logger"] == "settlement.access"]
+    mine = [e for e in access if e.get("request_id") == request_id]
+    assert len(mine) == 1, access[-3:]
+    assert mine[0]["operation_id"] == operation_id and mine[0]["attempt"] == 1
+    assert mine[0]["route"] == TRANSFERS and mine[0]["status"] == 201
+
+
+def test_console_exporter_prints_the_stages_of_a_retried_transfer(
+    services: Services, migrated_url: str
+) -> None:
+    server = ServerProcess(
+        migrated_url, services.redis_url, env=_env(SETTLEMENT_OTEL_EXPORTER="console")
+    )
+    with server:
+        base = server.base_url
+        key = new_principal(base)["api_key"]
+        source, destination = new_account(base, key, 100), new_account(base, key, 0)
+        idem = uuid.uuid4().hex
+        first = transfer(base, key, idem, source, destination, 5)
+        again = transfer(base, key, idem, source, destination, 5)
+        assert again.headers["idempotent-replayed"] == "true"
+        server.stop()  # the span processor flushes at exit
+        output = server.output()
+    operation_id = first.headers["operation-id"]
+    for name in ("settlement.lease", "settlement.claim", "settlement.effect", "settlement.settle"):
+        assert f'"name": "{name}"' in output, name
+    assert f'"name": "{TRANSFERS}"' in output
+    assert f'"operation.id": "{operation_id}"' in output
+    assert '"settlement.stage": "C"' in output and '"settlement.disposition": "applied"' in output
+    assert '"replayed": true' in output
+    assert first.headers["request-id"] in output  # the request span's trace id
+
+
+@pytest.fixture(scope="module")
+def server_with_logs(services: Services, migrated_url: str) -> Iterator[ServerProcess]:
+    with ServerProcess(
+        migrated_url, services.redis_url, env=_env(SETTLEMENT_ACCESS_LOG="1")
+    ) as server:
+        yield server
