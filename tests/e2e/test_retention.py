@@ -169,9 +169,14 @@ def test_retries_racing_the_purge_of_their_operation_replay_or_410_never_run_twi
                         again.headers.get("operation-id", ""),
                     )
                 )
+                assert again.headers.get("operation-id") == first.headers["operation-id"], (
+                    again.status_code,
+                    again.headers,
+                    again.content,
+                    first.content,
+                )
                 if again.status_code == 201:
-                    assert again.content == first.content
-                assert again.headers.get("operation-id") == first.headers["operation-id"]
+                    assert again.content == first.content, (again.headers, first.headers)
             return seen
 
         with ThreadPoolExecutor(max_workers=6) as pool:
