@@ -16,7 +16,7 @@ from litestar.openapi import OpenAPIConfig
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
-from service.http.health import health, metrics
+from service.http.health import health, livez, metrics, readyz
 from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
@@ -64,6 +64,8 @@ def create_app(settings: Settings) -> Litestar:
     return Litestar(
         route_handlers=[
             health,
+            livez,
+            readyz,
             metrics,
             post_account,
             get_account,
