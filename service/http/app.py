@@ -17,6 +17,7 @@ from litestar.openapi import OpenAPIConfig
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
 from service.http.health import health, livez, metrics, readyz
+from service.http.pages import problem_page
 from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
@@ -67,6 +68,7 @@ def create_app(settings: Settings) -> Litestar:
             livez,
             readyz,
             metrics,
+            problem_page,
             post_account,
             get_account,
             post_transfer,

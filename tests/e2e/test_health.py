@@ -94,9 +94,7 @@ def test_readyz_is_503_once_the_database_is_unreachable_and_livez_still_200(
 ) -> None:
     url = make_url(migrated_url)
     with TcpProxy(url.host or "127.0.0.1", url.port or 5432) as proxy:
-        proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(
-            hide_password=False
-        )
+        proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
         env = {"SETTLEMENT_HEALTH_TIMEOUT": "1", "SETTLEMENT_DB_CONNECT_TIMEOUT": "1"}
         with ServerProcess(proxied, services.redis_url, env=env) as server:
             before = httpx.get(f"{server.base_url}/readyz")
