@@ -12,11 +12,11 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
 from service.http.health import health, livez, metrics, readyz
+from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
 from service.http.problems import exception_handlers
 from service.http.routes.admin import (
@@ -89,11 +89,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,
-        openapi_config=OpenAPIConfig(
-            title="Settlement server",
-            version="1.0.0",
-            path="/schema",
-        ),
+        openapi_config=openapi_config(),
         logging_config=None,  # service.logs owns logging
         debug=False,
     )

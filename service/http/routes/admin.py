@@ -35,7 +35,12 @@ async def _admin(request: Request[Any, Any, Any], settlement: Services) -> Princ
     return admin
 
 
-@post("/admin/v1/principals", status_code=201, summary="Create a principal (admin)")
+@post(
+    "/admin/v1/principals",
+    status_code=201,
+    operation_id="createPrincipal",
+    summary="Create a principal (admin)",
+)
 async def create_principal(
     request: Request[Any, Any, Any], settlement: Services
 ) -> Response[bytes]:
@@ -50,7 +55,12 @@ async def create_principal(
     return render_json_or_problem(created, status_code=201)
 
 
-@post("/admin/v1/principals/{principal_id:uuid}/rotate", status_code=200, summary="Rotate a key")
+@post(
+    "/admin/v1/principals/{principal_id:uuid}/rotate",
+    status_code=200,
+    operation_id="rotatePrincipal",
+    summary="Rotate a key",
+)
 async def rotate_principal(
     request: Request[Any, Any, Any], settlement: Services, principal_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -58,7 +68,12 @@ async def rotate_principal(
     return render_json_or_problem(await settlement.admin.rotate_principal(admin, principal_id))
 
 
-@post("/admin/v1/principals/{principal_id:uuid}/revoke", status_code=200, summary="Revoke a key")
+@post(
+    "/admin/v1/principals/{principal_id:uuid}/revoke",
+    status_code=200,
+    operation_id="revokePrincipal",
+    summary="Revoke a key",
+)
 async def revoke_principal(
     request: Request[Any, Any, Any], settlement: Services, principal_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -69,6 +84,7 @@ async def revoke_principal(
 @post(
     "/admin/v1/operations/{operation_id:uuid}/supersede",
     status_code=200,
+    operation_id="supersedeOperation",
     summary="Start a new reservation epoch (admin)",
 )
 async def supersede_operation(
@@ -82,7 +98,11 @@ async def supersede_operation(
     return render_json_or_problem(await settlement.admin.supersede(admin, operation_id, body))
 
 
-@get("/admin/v1/operations", summary="Reconciliation work list (admin)")
+@get(
+    "/admin/v1/operations",
+    operation_id="listWork",
+    summary="Reconciliation work list (admin)",
+)
 async def list_work(
     request: Request[Any, Any, Any],
     settlement: Services,

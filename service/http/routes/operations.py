@@ -16,7 +16,11 @@ from service.http.render import render_json_or_problem
 __all__ = ["get_operation", "get_operation_by_key"]
 
 
-@get("/v1/operations/{operation_id:uuid}", summary="Status of an operation")
+@get(
+    "/v1/operations/{operation_id:uuid}",
+    operation_id="getOperation",
+    summary="Status of an operation",
+)
 async def get_operation(
     request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -24,7 +28,11 @@ async def get_operation(
     return render_json_or_problem(await settlement.status.by_id(principal, operation_id))
 
 
-@get("/v1/operations", summary="Status of your operation under an idempotency key")
+@get(
+    "/v1/operations",
+    operation_id="findOperationByKey",
+    summary="Status of your operation under an idempotency key",
+)
 async def get_operation_by_key(
     request: Request[Any, Any, Any],
     settlement: Services,

@@ -16,6 +16,7 @@ __all__ = ["post_payout"]
 @post(
     "/v1/payouts",
     status_code=201,
+    operation_id="createPayout",
     summary="Pay out through the provider (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
 )
