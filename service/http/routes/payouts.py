@@ -6,11 +6,17 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
 from service.http.problems import problem_response
+from service.http.render import stamp_idempotency_headers
+from service.store.principals import Role
 
 __all__ = ["post_payout"]
+
+# who may call POST /v1/payouts (the IdempotentRoute's default roles)
+PAYOUT_ROLES = (Role.CLIENT, Role.ADMIN)
 
 
 @post(
@@ -22,9 +28,15 @@ __all__ = ["post_payout"]
 )
 async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     if settlement.provider is None:  # a route this server does not offer, not an outage
-        return problem_response(
+        # credentials first, as on every route: only a caller who may pay out learns that
+        try:
+            require_role(await authenticate(request, settlement.principals), *PAYOUT_ROLES)
+        except AuthError as exc:
+            return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
+        off = problem_response(
             "not-found",
             "payouts are off on this server: no provider is configured "
             "(SETTLEMENT_PROVIDER_URL, SETTLEMENT_PROVIDER_SECRET)",
         )
+        return stamp_idempotency_headers(off)
     return await handle_idempotent(request, settlement, settlement.payouts)
