@@ -27,6 +27,7 @@ from service.app.answers import ProblemDocument
 from service.app.effects import BUSINESS_FAILURES, PROBLEM_CONTENT_TYPE
 from service.app.evidence import Accepted
 from service.app.feeds import FeedList, FeedView, HoldAction, HoldDecided
+from service.domain.currencies import ISO_4217
 from service.domain.ledger import Account, AccountRequest, Transfer, TransferRequest
 from service.domain.payouts import PayoutRequest
 from service.evidence import SignedEvidence
@@ -40,6 +41,7 @@ from service.store.worklist import WorkPage
 __all__ = ["BEARER", "OPERATIONS", "Payout", "RouteDoc", "all_slugs", "complete"]
 
 BEARER = "bearer"
+_CURRENCIES = sorted(ISO_4217)
 JSON = "application/json"
 
 
@@ -162,7 +164,8 @@ _UNHEALTHY = {
 }
 
 # printable ASCII, no surrounding space; an sf-string ("...") form is accepted as well
-_KEY_PATTERN = r"^[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
+# (described, not in the pattern: a value starting with a quote is read as an sf-string)
+_KEY_PATTERN = r"^[\x21\x23-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
 _HEADER_PARAMETERS = [
     {
         "name": "Idempotency-Key",
@@ -190,7 +193,7 @@ _HEADER_PARAMETERS = [
             " SETTLEMENT_MAX_WAIT) for it to settle and replay its answer;"
             " `Preference-Applied` says so."
         ),
-        "schema": {"type": "string", "maxLength": 256},
+        "schema": {"type": "string"},  # preferences it does not know are ignored (RFC 7240)
         "example": "wait=5",
     },
 ]
@@ -333,7 +336,43 @@ def _components() -> dict[str, Any]:
     _, components = msgspec.json.schema_components(
         types, ref_template="#/components/schemas/{name}"
     )
-    return components
+    for name, extra in _SCHEMA_RULES.items():
+        components[name] = {**components[name], **extra}
+    currency: dict[str, Any] = {}
+    named: dict[str, Any] = _named_currency(components, currency)
+    return {**named, "Currency": currency}
+
+
+def _named_currency(node: Any, found: dict[str, Any]) -> Any:
+    """Each inline ISO 4217 enum as one ``Currency`` component (one enum in a generated
+    client, not one per field)."""
+    if isinstance(node, dict):
+        if node.get("enum") == _CURRENCIES:
+            found.update(node)
+            return {"$ref": "#/components/schemas/Currency"}
+        return {k: _named_currency(v, found) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_named_currency(v, found) for v in node]
+    return node
+
+
+def _status_range(low: int, high: int) -> dict[str, Any]:
+    return {"properties": {"result": {"properties": {"status": {"minimum": low, "maximum": high}}}}}
+
+
+# Rules a Struct checks in __post_init__ that its types do not show msgspec, written into
+# its schema by hand: Evidence's outcome decides its status class; a transfer's accounts
+# differ (no JSON Schema keyword compares two fields, so that one is said in words).
+_SCHEMA_RULES: dict[str, dict[str, Any]] = {
+    "TransferRequest": {
+        "description": "source and destination must be different accounts (400 otherwise)"
+    },
+    "Evidence": {
+        "if": {"properties": {"outcome": {"const": "completed"}}},
+        "then": _status_range(200, 299),
+        "else": _status_range(400, 499),
+    },
+}
 
 
 def complete(schema: dict[str, Any]) -> dict[str, Any]:

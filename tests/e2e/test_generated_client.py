@@ -83,7 +83,7 @@ def test_a_generated_client_makes_a_transfer_and_replays_it(
     for balance in (100, 0):
         opened = _api("create_account").sync_detailed(
             client=client,
-            body=models.AccountRequest(currency="EUR", opening_balance=balance),
+            body=models.AccountRequest(currency=models.Currency.EUR, opening_balance=balance),
             idempotency_key=f"open-{uuid.uuid4().hex}",
         )
         assert opened.status_code == 201, opened.content
@@ -91,7 +91,11 @@ def test_a_generated_client_makes_a_transfer_and_replays_it(
         accounts.append(opened.parsed.id)
 
     body = models.TransferRequest(
-        source=accounts[0], destination=accounts[1], amount=30, currency="EUR", memo="rent"
+        source=accounts[0],
+        destination=accounts[1],
+        amount=30,
+        currency=models.Currency.EUR,
+        memo="rent",
     )
     key = f"pay-{uuid.uuid4().hex}"
     first = _api("create_transfer").sync_detailed(client=client, body=body, idempotency_key=key)
@@ -118,7 +122,7 @@ def test_the_generated_client_parses_a_problem(
     refused = _api("create_transfer").sync_detailed(
         client=stranger,
         body=models.TransferRequest(
-            source=uuid.uuid4(), destination=uuid.uuid4(), amount=1, currency="EUR"
+            source=uuid.uuid4(), destination=uuid.uuid4(), amount=1, currency=models.Currency.EUR
         ),
         idempotency_key="k",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
@@ -24,7 +24,9 @@ __all__ = [
     "supersede_operation",
 ]
 
-WORK_STATES = ("unknown", "conflict", "in_progress")
+WorkState = Literal["unknown", "conflict", "in_progress"]
+# a tenant name, as PrincipalRequest takes it
+TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 # Largest page of the work list.
 MAX_PAGE = 100
 
@@ -106,15 +108,12 @@ async def supersede_operation(
 async def list_work(
     request: Request[Any, Any, Any],
     settlement: Services,
-    op_state: Annotated[str, QueryParameter(name="state")],
-    tenant: FromQuery[str | None] = None,
-    limit: FromQuery[int] = 50,
+    op_state: Annotated[WorkState, QueryParameter(name="state")],
+    tenant: Annotated[str | None, QueryParameter(pattern=TENANT_PATTERN)] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
+    """``state``, ``tenant`` and ``limit`` are checked (400) by their declared types."""
     admin = await _admin(request, settlement)
-    if op_state not in WORK_STATES:
-        return problem_response("validation-error", f"state must be one of {WORK_STATES}")
-    if not 1 <= limit <= MAX_PAGE:
-        return problem_response("validation-error", f"limit must be 1-{MAX_PAGE}")
     page = await settlement.admin.work_list(admin, op_state, tenant, limit, after)
     return render_json_or_problem(page)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request, Response, get
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath, QueryParameter
 
 from service.http.auth import authenticate
 from service.http.deps import Services
@@ -14,6 +14,9 @@ from service.http.problems import problem_response
 from service.http.render import render_json_or_problem
 
 __all__ = ["get_operation", "get_operation_by_key"]
+
+# PostgreSQL text cannot hold U+0000
+NO_NUL = "^[^\x00]*$"
 
 
 @get(
@@ -36,8 +39,8 @@ async def get_operation(
 async def get_operation_by_key(
     request: Request[Any, Any, Any],
     settlement: Services,
-    key: FromQuery[str],
-    route: FromQuery[str | None] = None,
+    key: Annotated[str, QueryParameter(min_length=1, max_length=255, pattern=NO_NUL)],
+    route: Annotated[str | None, QueryParameter(max_length=256, pattern=NO_NUL)] = None,
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
     if not 1 <= len(key) <= 255 or "\x00" in key or (route is not None and "\x00" in route):
