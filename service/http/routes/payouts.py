@@ -9,6 +9,7 @@ from litestar import Request, Response, post
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
+from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import problem_response
 from service.http.render import stamp_idempotency_headers
 from service.store.principals import Role
@@ -28,10 +29,12 @@ PAYOUT_ROLES = (Role.CLIENT, Role.ADMIN)
 )
 async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     if settlement.provider is None:  # a route this server does not offer, not an outage
-        # credentials first, as on every route: only a caller who may pay out learns that
+        # the request's own checks first, in the order of every idempotent route: only a
+        # well-formed request of a caller who may pay out learns that
         try:
             require_role(await authenticate(request, settlement.principals), *PAYOUT_ROLES)
-        except AuthError as exc:
+            parse_idempotency_key(request.headers.getall("idempotency-key", []))
+        except (AuthError, IdempotencyKeyError) as exc:
             return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
         off = problem_response(
             "not-found",
