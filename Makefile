@@ -59,5 +59,5 @@ chaos: $(STAMP) ## the long reliability run: CHAOS_DURATION (1200) s of load und
 soak: $(STAMP) ## memory soak: steady load for SOAK_DURATION (600) s, RSS per worker; bench/results/<date>-soak.json
 	$(BIN)/python -m bench.soak
 
-openapi: $(STAMP) ## regenerate openapi/openapi.json from the app
+openapi: $(STAMP) ## regenerate openapi/openapi.json and openapi/openapi.yaml from the app
 	$(BIN)/python -m service.http.openapi

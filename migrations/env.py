@@ -1,4 +1,5 @@
-"""Alembic environment: async engine, URL from the caller (never from the environment here)."""
+"""Alembic environment: async engine. The URL comes from the caller (``settlement migrate``,
+the tests); the plain ``alembic`` command has none, and reads SETTLEMENT_DATABASE_URL."""
 
 from __future__ import annotations
 
@@ -26,8 +27,21 @@ def _configure(connection: Connection | None = None, url: str | None = None) -> 
     )
 
 
+def _url() -> str:
+    url = config.get_main_option("sqlalchemy.url")
+    if url:
+        return url
+    from service.config import Settings
+    from service.store.db import async_url
+
+    database_url = Settings.from_env().database_url
+    if not database_url:
+        raise SystemExit("alembic: set SETTLEMENT_DATABASE_URL (or run `settlement migrate`)")
+    return async_url(database_url)
+
+
 def run_migrations_offline() -> None:
-    _configure(url=config.get_main_option("sqlalchemy.url"))
+    _configure(url=_url())
     with context.begin_transaction():
         context.run_migrations()
 
@@ -43,9 +57,7 @@ async def run_migrations_online() -> None:
     if connection is not None:
         _run_sync(connection)
         return
-    url = config.get_main_option("sqlalchemy.url")
-    assert url, "sqlalchemy.url must be set by the caller"
-    engine = create_async_engine(url, poolclass=pool.NullPool)
+    engine = create_async_engine(_url(), poolclass=pool.NullPool)
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run_sync)

@@ -1,4 +1,4 @@
-"""The ``settlement`` command: serve, migrate."""
+"""The ``settlement`` command: serve, migrate, sweep, observers, principals, config."""
 
 from __future__ import annotations
 
@@ -51,7 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="settlement", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"settlement {_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    config = sub.add_parser(
+        "config", help="print the effective settings (secrets masked) and why each exists"
+    )
+    config.set_defaults(run=_config)
 
     serve = sub.add_parser("serve", help="run the HTTP server")
     serve.add_argument(
@@ -105,6 +111,25 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--embedded", action="store_true", help="use the embedded PostgreSQL")
     create.set_defaults(run=_create_principal)
     return parser
+
+
+def _version() -> str:
+    """The installed package's version (pyproject.toml's, once installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("settlement")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _config(args: argparse.Namespace, settings: Settings) -> int:
+    """One line per setting: VARIABLE=value, then its reason; secrets are masked."""
+    rows = settings.described()
+    width = max(len(f"{name}={shown}") for name, shown, _ in rows)
+    for name, shown, why in rows:
+        print(f"{f'{name}={shown}':<{width}}  # {why}")
+    return 0
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from service.core import TerminalPolicy
 
@@ -154,6 +155,21 @@ class Settings:
         settings.validate()
         return settings
 
+    def described(self) -> list[tuple[str, str, str]]:
+        """(variable, effective value, why) per setting; a secret's value is masked, and a
+        URL shows everything but its password."""
+        rows = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                shown = "unset"
+            elif not f.repr:  # a secret (see _setting)
+                shown = _masked(str(value))
+            else:
+                shown = str(value.value if isinstance(value, TerminalPolicy) else value)
+            rows.append((PREFIX + f.name.upper(), shown, f.metadata["why"]))
+        return rows
+
     def feed_specs(self) -> list[FeedSpec]:
         """The feeds of ``SETTLEMENT_FEEDS`` (checked at start by :meth:`validate`)."""
         return parse_feeds(self.feeds)
@@ -218,6 +234,19 @@ class Settings:
 # A feed's name: it keys the checkpoint and the receipts, and appears in admin URLs.
 FEED_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?!\n)$")
 FEED_KINDS = ("cursor", "timestamp")
+
+
+def _masked(value: str) -> str:
+    """A URL without its password; any other secret as stars."""
+    parts = urlsplit(value)
+    if parts.scheme and parts.hostname:
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        if parts.password:
+            user = f"{parts.username or ''}:***@"
+        else:
+            user = f"{parts.username}@" if parts.username else ""
+        return urlunsplit(parts._replace(netloc=user + host))
+    return "***"
 
 
 @dataclass(frozen=True)

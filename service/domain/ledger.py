@@ -34,9 +34,19 @@ MEMO_LIMIT = 512
 # PostgreSQL text cannot hold U+0000: refuse it at validation (400), not at INSERT (500).
 NO_NUL = "^[^\x00]*$"
 
-Currency = Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}(?!\n)$", description="ISO 4217 code")]
-Amount = Annotated[int, msgspec.Meta(gt=0, le=MAX_AMOUNT)]
-Balance = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT)]
+Currency = Annotated[
+    str,
+    msgspec.Meta(
+        pattern="^[A-Z]{3}(?!\n)$",
+        description="ISO 4217 code",
+        # the schema names the codes __post_init__ accepts, so a client can tell
+        extra_json_schema={"enum": sorted(ISO_4217)},
+    ),
+]
+# JSON Schema would count 100.0 as an integer; msgspec (strict) does not, nor do we
+WHOLE = "minor units, written as a JSON integer (100, not 100.0)"
+Amount = Annotated[int, msgspec.Meta(gt=0, le=MAX_AMOUNT, description=WHOLE)]
+Balance = Annotated[int, msgspec.Meta(ge=0, le=MAX_AMOUNT, description=WHOLE)]
 
 
 class AccountRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -25,6 +25,7 @@ import msgspec
 
 from service.core import ReservationTuple
 from service.domain.currencies import ISO_4217
+from service.domain.ledger import WHOLE, Currency
 from service.domain.provider_auth import request_key, signed_headers
 from service.evidence import Evidence, SignedEvidence, fingerprint, verify
 
@@ -54,8 +55,8 @@ Beneficiary = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,128}(?!\n)$")
 
 class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     beneficiary: Beneficiary
-    amount: Annotated[int, msgspec.Meta(gt=0, le=MAX_PAYOUT)]
-    currency: Annotated[str, msgspec.Meta(pattern="^[A-Z]{3}(?!\n)$")]
+    amount: Annotated[int, msgspec.Meta(gt=0, le=MAX_PAYOUT, description=WHOLE)]
+    currency: Currency
 
     def __post_init__(self) -> None:
         if self.currency not in ISO_4217:

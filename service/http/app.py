@@ -12,11 +12,12 @@ from contextlib import asynccontextmanager
 
 from litestar import Litestar
 from litestar.di import Provide
-from litestar.openapi import OpenAPIConfig
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
-from service.http.health import health, metrics
+from service.http.health import health, livez, metrics, readyz
+from service.http.openapi_plugins import openapi_config
+from service.http.pages import problem_page
 from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
@@ -66,7 +67,10 @@ def create_app(settings: Settings) -> Litestar:
     app = Litestar(
         route_handlers=[
             health,
+            livez,
+            readyz,
             metrics,
+            problem_page,
             post_account,
             get_account,
             post_transfer,
@@ -87,11 +91,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,
-        openapi_config=OpenAPIConfig(
-            title="Settlement server",
-            version="1.0.0",
-            path="/schema",
-        ),
+        openapi_config=openapi_config(),
         logging_config=None,  # service.logs owns logging
         debug=False,
     )

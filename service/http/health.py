@@ -1,11 +1,16 @@
-"""GET /health: does each dependency answer right now, within its timeout?"""
+"""Health: GET /health (each dependency, now), /livez (the process) and /readyz (can it serve).
+
+/readyz is ready when the database answers: it is the only authority, and replays need
+nothing else. Redis down is reported as degraded with 200, since replays of finished
+operations still work (new work gets 503 lease-unavailable until Redis is back).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, get
@@ -17,18 +22,33 @@ from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
 from service.store.principals import Role
 
-__all__ = ["health", "metrics"]
+__all__ = ["Health", "Liveness", "Readiness", "health", "livez", "metrics", "readyz"]
 
 log = logging.getLogger("settlement.health")
 
 
+DependencyState = Literal["ok", "timeout", "unavailable"]
+
+
 class Health(msgspec.Struct):
-    status: str
-    database: str
-    redis: str
+    status: Literal["ok", "degraded"]
+    database: DependencyState
+    redis: DependencyState
 
 
-async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) -> str:
+class Liveness(msgspec.Struct):
+    status: Literal["ok"]
+
+
+class Readiness(msgspec.Struct):
+    """``ready``: the database answers (``redis`` may be ``degraded``); else ``unavailable``."""
+
+    status: Literal["ready", "unavailable"]
+    database: DependencyState
+    redis: Literal["ok", "degraded"]
+
+
+async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) -> DependencyState:
     try:
         async with asyncio.timeout(limit):
             await probe()
@@ -41,7 +61,7 @@ async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) 
     return "ok"
 
 
-@get("/health")
+@get("/health", operation_id="health", summary="Both dependencies, checked now")
 async def health(settlement: Services) -> Response[Health]:
     timeout = settlement.settings.health_timeout
     database, redis = await asyncio.gather(
@@ -55,7 +75,35 @@ async def health(settlement: Services) -> Response[Health]:
     )
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4")
+@get("/livez", operation_id="livez", summary="The process is up (no dependency is asked)")
+async def livez() -> Response[Liveness]:
+    return Response(Liveness(status="ok"))
+
+
+@get("/readyz", operation_id="readyz", summary="Ready to serve: the database answers")
+async def readyz(settlement: Services) -> Response[Readiness]:
+    timeout = settlement.settings.health_timeout
+    database, redis = await asyncio.gather(
+        _check("database", lambda: database_ping(settlement.reader), timeout),
+        _check("redis", lambda: redis_ping(settlement.redis), timeout),
+    )
+    ready = database == "ok"
+    return Response(
+        Readiness(
+            status="ready" if ready else "unavailable",
+            database=database,
+            redis="ok" if redis == "ok" else "degraded",
+        ),
+        status_code=200 if ready else 503,
+    )
+
+
+@get(
+    "/metrics",
+    media_type="text/plain; version=0.0.4",
+    operation_id="metrics",
+    summary="Prometheus text exposition",
+)
 async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     """Prometheus text exposition of the server's metrics (every worker's); with
     SETTLEMENT_METRICS_ROLE set, only for an API key of that role (or an admin)."""

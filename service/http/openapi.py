@@ -1,29 +1,38 @@
-"""Export the OpenAPI document the app serves at /schema/openapi.json."""
+"""Export the OpenAPI document the app serves at /schema/openapi.json (and .yaml)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import msgspec
+from typing import Any
 
 from service.config import Settings
 from service.http.app import create_app
+from service.http.contract import complete
+from service.http.openapi_plugins import as_json, as_yaml
 
-__all__ = ["OPENAPI_PATH", "render"]
+__all__ = ["OPENAPI_DIR", "OPENAPI_JSON", "OPENAPI_YAML", "document", "render"]
 
-OPENAPI_PATH = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
+OPENAPI_DIR = Path(__file__).resolve().parents[2] / "openapi"
+OPENAPI_JSON = OPENAPI_DIR / "openapi.json"
+OPENAPI_YAML = OPENAPI_DIR / "openapi.yaml"
 
 
-def render() -> bytes:
-    """The schema as stable, indented JSON (no connection is made to build it)."""
+def document() -> dict[str, Any]:
+    """The completed document (no connection is made to build it)."""
     settings = Settings.from_env(
         {}, database_url="postgresql://unused/unused", redis_url="redis://unused:1/0"
     )
-    schema = create_app(settings).openapi_schema.to_schema()
-    return msgspec.json.format(msgspec.json.encode(schema), indent=2) + b"\n"
+    return complete(create_app(settings).openapi_schema.to_schema())
+
+
+def render() -> dict[Path, bytes]:
+    """Each exported file and its content."""
+    done = document()
+    return {OPENAPI_JSON: as_json(done), OPENAPI_YAML: as_yaml(done)}
 
 
 if __name__ == "__main__":
-    OPENAPI_PATH.write_bytes(render())
-    sys.stdout.write(f"wrote {OPENAPI_PATH}\n")
+    for path, content in render().items():
+        path.write_bytes(content)
+        sys.stdout.write(f"wrote {path}\n")

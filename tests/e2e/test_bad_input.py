@@ -150,3 +150,25 @@ def test_unknown_routes_are_404_problems(server: ServerProcess, path: str) -> No
     response = httpx.get(f"{server.base_url}{path}", headers=auth("whatever"))
     assert response.status_code == 404
     assert response.headers["content-type"] == "application/problem+json"
+
+
+def test_payouts_off_still_asks_for_credentials_first(server: ServerProcess) -> None:
+    """A server without a provider says "no payouts here" only to a well-formed request of a
+    caller who may pay out (found by the schema fuzz run: it answered 404 without a key)."""
+    body = {"beneficiary": "ACME", "amount": 1, "currency": "EUR"}
+    headers = {"Idempotency-Key": uuid.uuid4().hex}
+    anonymous = httpx.post(f"{server.base_url}/v1/payouts", json=body, headers=headers)
+    observer = new_principal(server.base_url, role="observer")["api_key"]
+    wrong_role = httpx.post(
+        f"{server.base_url}/v1/payouts", json=body, headers={**headers, **auth(observer)}
+    )
+    client = new_principal(server.base_url)["api_key"]
+    off = httpx.post(
+        f"{server.base_url}/v1/payouts", json=body, headers={**headers, **auth(client)}
+    )
+    no_key = httpx.post(f"{server.base_url}/v1/payouts", json=body, headers=auth(client))
+    assert (anonymous.status_code, anonymous.json()["type"]) == (401, "/problems/unauthenticated")
+    assert (wrong_role.status_code, wrong_role.json()["type"]) == (403, "/problems/forbidden")
+    assert (no_key.status_code, no_key.json()["type"]) == (400, "/problems/idempotency-key-missing")
+    assert (off.status_code, off.json()["type"]) == (404, "/problems/not-found")
+    assert off.headers["idempotent-replayed"] == "false"

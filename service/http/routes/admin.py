@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
@@ -24,7 +24,9 @@ __all__ = [
     "supersede_operation",
 ]
 
-WORK_STATES = ("unknown", "conflict", "in_progress")
+WorkState = Literal["unknown", "conflict", "in_progress"]
+# a tenant name, as PrincipalRequest takes it
+TENANT_PATTERN = r"^[A-Za-z0-9._-]{1,128}$"
 # Largest page of the work list.
 MAX_PAGE = 100
 
@@ -35,7 +37,12 @@ async def _admin(request: Request[Any, Any, Any], settlement: Services) -> Princ
     return admin
 
 
-@post("/admin/v1/principals", status_code=201, summary="Create a principal (admin)")
+@post(
+    "/admin/v1/principals",
+    status_code=201,
+    operation_id="createPrincipal",
+    summary="Create a principal (admin)",
+)
 async def create_principal(
     request: Request[Any, Any, Any], settlement: Services
 ) -> Response[bytes]:
@@ -50,7 +57,12 @@ async def create_principal(
     return render_json_or_problem(created, status_code=201)
 
 
-@post("/admin/v1/principals/{principal_id:uuid}/rotate", status_code=200, summary="Rotate a key")
+@post(
+    "/admin/v1/principals/{principal_id:uuid}/rotate",
+    status_code=200,
+    operation_id="rotatePrincipal",
+    summary="Rotate a key",
+)
 async def rotate_principal(
     request: Request[Any, Any, Any], settlement: Services, principal_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -58,7 +70,12 @@ async def rotate_principal(
     return render_json_or_problem(await settlement.admin.rotate_principal(admin, principal_id))
 
 
-@post("/admin/v1/principals/{principal_id:uuid}/revoke", status_code=200, summary="Revoke a key")
+@post(
+    "/admin/v1/principals/{principal_id:uuid}/revoke",
+    status_code=200,
+    operation_id="revokePrincipal",
+    summary="Revoke a key",
+)
 async def revoke_principal(
     request: Request[Any, Any, Any], settlement: Services, principal_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -69,6 +86,7 @@ async def revoke_principal(
 @post(
     "/admin/v1/operations/{operation_id:uuid}/supersede",
     status_code=200,
+    operation_id="supersedeOperation",
     summary="Start a new reservation epoch (admin)",
 )
 async def supersede_operation(
@@ -82,19 +100,20 @@ async def supersede_operation(
     return render_json_or_problem(await settlement.admin.supersede(admin, operation_id, body))
 
 
-@get("/admin/v1/operations", summary="Reconciliation work list (admin)")
+@get(
+    "/admin/v1/operations",
+    operation_id="listWork",
+    summary="Reconciliation work list (admin)",
+)
 async def list_work(
     request: Request[Any, Any, Any],
     settlement: Services,
-    op_state: Annotated[str, QueryParameter(name="state")],
-    tenant: FromQuery[str | None] = None,
-    limit: FromQuery[int] = 50,
+    op_state: Annotated[WorkState, QueryParameter(name="state")],
+    tenant: Annotated[str | None, QueryParameter(pattern=TENANT_PATTERN)] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
     after: FromQuery[str | None] = None,
 ) -> Response[bytes]:
+    """``state``, ``tenant`` and ``limit`` are checked (400) by their declared types."""
     admin = await _admin(request, settlement)
-    if op_state not in WORK_STATES:
-        return problem_response("validation-error", f"state must be one of {WORK_STATES}")
-    if not 1 <= limit <= MAX_PAGE:
-        return problem_response("validation-error", f"limit must be 1-{MAX_PAGE}")
     page = await settlement.admin.work_list(admin, op_state, tenant, limit, after)
     return render_json_or_problem(page)

@@ -21,14 +21,18 @@ FeedName = Annotated[str, Parameter(max_length=64)]
 EventId = Annotated[str, Parameter(max_length=255)]
 
 
-@get("/admin/v1/feeds", summary="Feed observers: checkpoints, holds, alarms (admin)")
+@get(
+    "/admin/v1/feeds",
+    operation_id="listFeeds",
+    summary="Feed observers: checkpoints, holds, alarms (admin)",
+)
 async def list_feeds(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     admin = await authenticate(request, settlement.principals)
     require_role(admin, Role.ADMIN)
     return render_json_or_problem(await settlement.feed_admin.list(admin))
 
 
-@get("/admin/v1/feeds/{name:str}", summary="One feed observer (admin)")
+@get("/admin/v1/feeds/{name:str}", operation_id="getFeed", summary="One feed observer (admin)")
 async def get_feed(
     request: Request[Any, Any, Any], settlement: Services, name: FeedName
 ) -> Response[bytes]:
@@ -40,6 +44,7 @@ async def get_feed(
 @post(
     "/admin/v1/feeds/{name:str}/holds/{event_id:str}",
     status_code=200,
+    operation_id="decideFeedHold",
     summary="Decide a held feed event: quarantine or retry (admin)",
 )
 async def decide_hold(

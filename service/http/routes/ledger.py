@@ -22,6 +22,7 @@ __all__ = ["get_account", "post_account", "post_transfer"]
 @post(
     "/v1/accounts",
     status_code=201,
+    operation_id="createAccount",
     summary="Open an account (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
 )
@@ -32,6 +33,7 @@ async def post_account(request: Request[Any, Any, Any], settlement: Services) ->
 @post(
     "/v1/transfers",
     status_code=201,
+    operation_id="createTransfer",
     summary="Move money between accounts (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
 )
@@ -39,7 +41,11 @@ async def post_transfer(request: Request[Any, Any, Any], settlement: Services) -
     return await handle_idempotent(request, settlement, settlement.transfers)
 
 
-@get("/v1/accounts/{account_id:uuid}", summary="Read an account of your tenant")
+@get(
+    "/v1/accounts/{account_id:uuid}",
+    operation_id="getAccount",
+    summary="Read an account of your tenant",
+)
 async def get_account(
     request: Request[Any, Any, Any], settlement: Services, account_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:

@@ -17,7 +17,12 @@ from service.store.principals import Role
 __all__ = ["post_observation"]
 
 
-@post("/v1/observations", status_code=202, summary="Deliver signed evidence (observer)")
+@post(
+    "/v1/observations",
+    status_code=202,
+    operation_id="postObservation",
+    summary="Deliver signed evidence (observer)",
+)
 async def post_observation(
     request: Request[Any, Any, Any], settlement: Services
 ) -> Response[bytes]:

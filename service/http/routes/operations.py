@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Annotated, Any
 
 from litestar import Request, Response, get
-from litestar.params import FromPath, FromQuery
+from litestar.params import FromPath, QueryParameter
 
 from service.http.auth import authenticate
 from service.http.deps import Services
@@ -15,8 +15,15 @@ from service.http.render import render_json_or_problem
 
 __all__ = ["get_operation", "get_operation_by_key"]
 
+# PostgreSQL text cannot hold U+0000
+NO_NUL = "^[^\x00]*$"
 
-@get("/v1/operations/{operation_id:uuid}", summary="Status of an operation")
+
+@get(
+    "/v1/operations/{operation_id:uuid}",
+    operation_id="getOperation",
+    summary="Status of an operation",
+)
 async def get_operation(
     request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
 ) -> Response[bytes]:
@@ -24,12 +31,16 @@ async def get_operation(
     return render_json_or_problem(await settlement.status.by_id(principal, operation_id))
 
 
-@get("/v1/operations", summary="Status of your operation under an idempotency key")
+@get(
+    "/v1/operations",
+    operation_id="findOperationByKey",
+    summary="Status of your operation under an idempotency key",
+)
 async def get_operation_by_key(
     request: Request[Any, Any, Any],
     settlement: Services,
-    key: FromQuery[str],
-    route: FromQuery[str | None] = None,
+    key: Annotated[str, QueryParameter(min_length=1, max_length=255, pattern=NO_NUL)],
+    route: Annotated[str | None, QueryParameter(max_length=256, pattern=NO_NUL)] = None,
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
     if not 1 <= len(key) <= 255 or "\x00" in key or (route is not None and "\x00" in route):

@@ -6,24 +6,40 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
+from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import problem_response
+from service.http.render import stamp_idempotency_headers
+from service.store.principals import Role
 
 __all__ = ["post_payout"]
+
+# who may call POST /v1/payouts (the IdempotentRoute's default roles)
+PAYOUT_ROLES = (Role.CLIENT, Role.ADMIN)
 
 
 @post(
     "/v1/payouts",
     status_code=201,
+    operation_id="createPayout",
     summary="Pay out through the provider (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
 )
 async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     if settlement.provider is None:  # a route this server does not offer, not an outage
-        return problem_response(
+        # the request's own checks first, in the order of every idempotent route: only a
+        # well-formed request of a caller who may pay out learns that
+        try:
+            require_role(await authenticate(request, settlement.principals), *PAYOUT_ROLES)
+            parse_idempotency_key(request.headers.getall("idempotency-key", []))
+        except (AuthError, IdempotencyKeyError) as exc:
+            return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
+        off = problem_response(
             "not-found",
             "payouts are off on this server: no provider is configured "
             "(SETTLEMENT_PROVIDER_URL, SETTLEMENT_PROVIDER_SECRET)",
         )
+        return stamp_idempotency_headers(off)
     return await handle_idempotent(request, settlement, settlement.payouts)
