@@ -210,6 +210,7 @@ HEADERS: dict[str, dict[str, Any]] = {
     "Request-Id": _header(
         "An id of this request (also in the server's log lines); sent on every response.",
         {"type": "string"},
+        required=True,
     ),
     "Idempotent-Replayed": _header(
         _REPLAYED, {"type": "string", "enum": ["true", "false"]}, required=True
