@@ -23,7 +23,6 @@ log = logging.getLogger("settlement.cli")
 # Where `serve --embedded` runs the provider simulator (DESIGN §10: make run starts it).
 PROVIDER_PORT = 8100
 # How long `serve --embedded` waits for the simulator to answer before giving up.
-PROVIDER_START_TIMEOUT = 30.0
 
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
 GRACEFUL_SHUTDOWN = 10.0
@@ -194,6 +193,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     # turns that into an exception so the embedded servers below are stopped cleanly.
     signal.signal(signal.SIGTERM, _on_sigterm)
 
+    from service.embedded_dev import embedded_provider, local_admin_key, observer_process
     from service.store.migrate import upgrade
     from service.telemetry import require_exporter
 
@@ -210,7 +210,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             # database is migrated on purpose (`settlement migrate`); the app refuses otherwise.
             upgrade(ready.database_url)
             if settings.provider_url is None:
-                provider = stack.enter_context(_embedded_provider(settings, args.provider_port))
+                provider = stack.enter_context(embedded_provider(settings, args.provider_port))
                 os.environ["SETTLEMENT_PROVIDER_URL"] = provider[0]
                 os.environ["SETTLEMENT_PROVIDER_SECRET"] = provider[1]
                 if not settings.feeds:
@@ -219,7 +219,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                         f"payments-ts=timestamp:{provider[0]}/feeds/timestamp"
                     )
             if not settings.bootstrap_admin_key:
-                key = _local_admin_key(Path(settings.data_dir))
+                key = local_admin_key(Path(settings.data_dir))
                 os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key
                 print(f"admin API key (kept in {settings.data_dir}/admin.key): {key}", flush=True)
         # Worker processes read their settings from the environment, once.
@@ -228,7 +228,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         if args.embedded:
             # one observer process per configured feed (the simulator's two, by default)
             for spec in parse_feeds(os.environ.get("SETTLEMENT_FEEDS", "")):
-                stack.enter_context(_observer_process(spec.name))
+                stack.enter_context(observer_process(spec.name))
         log.info("serving", extra={"host": args.host, "port": args.port, "workers": args.workers})
         uvicorn.run(
             "service.http.app:app_from_env",
@@ -292,81 +292,6 @@ def uvicorn_options(settings: Settings) -> UvicornOptions:
     )
 
 
-@contextlib.contextmanager
-def _embedded_provider(settings: Settings, port: int) -> Iterator[tuple[str, str]]:
-    """Run the provider simulator beside an embedded dev server; yields (url, secret)."""
-    import subprocess
-
-    import httpx
-
-    from devstack import die_with_parent
-
-    data_dir = Path(settings.data_dir).resolve()
-    secret = settings.provider_secret or _local_secret(data_dir / "provider.secret")
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devstack.provider",
-            "--port",
-            str(port),
-            "--db",
-            str(data_dir / "provider.sqlite3"),
-        ],
-        env={**os.environ, "SETTLEMENT_PROVIDER_SECRET": secret},
-        preexec_fn=die_with_parent(),
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + PROVIDER_START_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                raise ConfigError(
-                    f"the provider simulator exited ({proc.returncode}); is port {port} free?"
-                )
-            try:
-                httpx.get(f"{url}/health", timeout=1.0)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise ConfigError("the provider simulator did not start") from None
-                time.sleep(0.1)
-        print(f"provider simulator at {url}", flush=True)
-        yield url, secret
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def _observer_process(feed: str) -> Iterator[None]:
-    """``settlement observer run --feed FEED`` beside the embedded dev server."""
-    import subprocess
-
-    from devstack import die_with_parent
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "observer", "run", "--feed", feed],
-        preexec_fn=die_with_parent(),
-        start_new_session=True,
-    )
-    print(f"feed observer for {feed} (pid {proc.pid})", flush=True)
-    try:
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 def _observer_run(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
@@ -402,31 +327,6 @@ def _observer_run(args: argparse.Namespace, settings: Settings) -> int:
     with contextlib.suppress(_Terminated, KeyboardInterrupt):
         return asyncio.run(observe())
     return 0
-
-
-def _local_secret(path: Path) -> str:
-    """A development secret made once and kept beside the data (make run only)."""
-    import secrets
-
-    if path.exists():
-        return path.read_text().strip()
-    value = secrets.token_hex(32)
-    path.touch(mode=0o600)
-    path.write_text(value + "\n")
-    return value
-
-
-def _local_admin_key(data_dir: Path) -> str:
-    """The embedded development server's admin key: made once, kept beside its data."""
-    from service.store.principals import new_key
-
-    path = data_dir.resolve() / "admin.key"
-    if path.exists():
-        return path.read_text().strip()
-    key = new_key()
-    path.touch(mode=0o600)
-    path.write_text(key + "\n")
-    return key
 
 
 def _sweep(args: argparse.Namespace, settings: Settings) -> int:
