@@ -550,7 +550,10 @@ def test_operation_key_queries_get_a_problem_or_the_own_operation(
 # (method, path template) of every route the server serves; {id} is a path parameter.
 EVERY_ROUTE = [
     ("GET", "/health"),
+    ("GET", "/livez"),
+    ("GET", "/readyz"),
     ("GET", "/metrics"),
+    ("GET", "/problems/{id}"),
     ("POST", "/v1/accounts"),
     ("GET", "/v1/accounts/{id}"),
     ("POST", "/v1/transfers"),

@@ -25,10 +25,12 @@ seed fixes the actions' kinds, amounts and the fault schedule; thread timing is 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import random
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
@@ -40,8 +42,11 @@ from typing import Any
 
 import httpx
 import redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from devstack import EmbeddedPostgres, EmbeddedRedis
+from service.store.db import async_url
 from service.store.migrate import upgrade
 from tests.e2e.client import scalar
 from tests.e2e.observer import Observer
@@ -486,21 +491,13 @@ SELECT count(*) FROM accounts a
     open_ops = scalar(db, "SELECT count(*) FROM operations WHERE state = 'in_progress'")
     if open_ops:
         violations.append(f"{open_ops} operations left in_progress")
-    payouts = [a for a in clients.actions if a.kind == "payout" and a.operation_id]
+    payouts = [a.operation_id for a in clients.actions if a.kind == "payout" and a.operation_id]
+    paid = _paid_sink_keys(cluster.provider.db_path)
     paid_epochs = 0
-    for action in payouts:
-        row = scalar(
-            db,
-            "SELECT state || ':' || binding_generation FROM operations WHERE id = :id",
-            id=uuid.UUID(action.operation_id or ""),
-        )
-        if row is None or not row.startswith("completed:"):
-            continue
-        generation = row.split(":")[1]
-        paid = cluster.provider.counts(f"{action.operation_id}:{generation}")["count"]
-        if paid != 1:
-            violations.append(f"payout {action.operation_id} completed with {paid} payments")
-        paid_epochs += int(generation) > 1
+    for operation_id, generation in _completed(db, payouts):
+        if f"{operation_id}:{generation}" not in paid:
+            violations.append(f"payout {operation_id} completed without its payment")
+        paid_epochs += generation > 1
     for status, slug, key in clients.fives:
         if (status, slug) not in DOCUMENTED_5XX:
             violations.append(f"undocumented {status} {slug or '(not a problem document)'} ({key})")
@@ -508,6 +505,35 @@ SELECT count(*) FROM accounts a
     summary.notes.append(
         f"superseded epochs {superseded}; completed payouts in a later epoch {paid_epochs}"
     )
+
+
+def _paid_sink_keys(db_path: Path) -> set[str]:
+    """The sink keys the provider committed a successful payment under (its own store; one
+    row per sink key, so a key is paid once or not at all)."""
+    with contextlib.closing(sqlite3.connect(db_path, timeout=5)) as conn:
+        rows = conn.execute("SELECT sink_key FROM payments WHERE outcome = 'completed'")
+        return {row[0] for row in rows}
+
+
+def _completed(database_url: str, operation_ids: list[str]) -> list[tuple[str, int]]:
+    """(id, binding generation) of the ``completed`` operations among ``operation_ids``."""
+
+    async def query() -> list[tuple[str, int]]:
+        engine = create_async_engine(async_url(database_url))
+        try:
+            async with engine.connect() as conn:
+                rows = await conn.execute(
+                    text(
+                        "SELECT id, binding_generation FROM operations "
+                        "WHERE state = 'completed' AND id = ANY(:ids)"
+                    ),
+                    {"ids": [uuid.UUID(i) for i in set(operation_ids)]},
+                )
+                return [(str(row[0]), int(row[1])) for row in rows]
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(query())
 
 
 def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
