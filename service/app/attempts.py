@@ -54,7 +54,7 @@ from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager
-from service.store.db import DATABASE_GONE, PoolTimeout
+from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
 from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
@@ -223,25 +223,10 @@ class Attempts:
         try:
             settled = work.result()
         except BUSY as exc:
-            # a row the effect needs stayed locked, no connection came free, or the
-            # connection was lost: the attempt gives up so a retry runs (or replays what a
-            # COMMIT in flight may have written)
-            op = str(context.operation_id)
-            log.warning(
-                "attempt found the database busy or away",
-                extra={"operation_id": op, "error": type(exc).__name__},
-            )
-            with contextlib.suppress(*BUSY):  # the give-up needs the database too
-                await self._give_up(attempt)
-            return Problem(
-                "service-unavailable",
-                f"the database was busy or unreachable ({type(exc).__name__}); "
-                "retry with the same key",
-                op,
-                state="unknown",
-                retry_after=True,
-            )
-        except Exception:
+            return await self._busy(attempt, context, exc)
+        except Exception as exc:
+            if database_gone(exc):  # wrapped where BUSY cannot see it: busy, not a bug
+                return await self._busy(attempt, context, exc)
             log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
             await self._give_up(attempt)
             op = str(context.operation_id)
@@ -256,6 +241,30 @@ class Attempts:
         return answer_of(_answer_after(settled, attempt))
 
     # -- external -----------------------------------------------------------------------------
+
+    async def _busy(
+        self, attempt: AttemptRef, context: ExecutionContext, exc: BaseException
+    ) -> Answer:
+        """A row the effect needs stayed locked, no connection came free, or the connection
+        was lost: the attempt gives up so a retry runs (or replays what a COMMIT in flight may
+        have written)."""
+        op = str(context.operation_id)
+        log.warning(
+            "attempt found the database busy or away",
+            extra={"operation_id": op, "error": type(exc).__name__},
+        )
+        try:  # the give-up needs the database too; if it is away, the sweeper demotes later
+            await self._give_up(attempt)
+        except Exception as failed:
+            if not isinstance(failed, BUSY) and not database_gone(failed):
+                raise
+        return Problem(
+            "service-unavailable",
+            f"the database was busy or unreachable ({type(exc).__name__}); retry with the same key",
+            op,
+            state="unknown",
+            retry_after=True,
+        )
 
     async def _external(
         self,

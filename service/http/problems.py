@@ -21,7 +21,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
 from service.leases import LeaseUnavailable
-from service.store.db import DATABASE_GONE, PoolTimeout
+from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
 from service.store.principals import PrincipalExists
 from service.store.settlement import OperationNotFound, RowLocked, SettlementContention
 from service.telemetry import note_problem
@@ -162,6 +162,10 @@ def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
             log.warning("dependency busy", extra={"slug": slug, "error": repr(exc)})
             detail = f"{slug.replace('-', ' ')}: a dependency is busy or unreachable; retry"
             return problem_response(slug, detail, headers={"Retry-After": "1"})
+    if database_gone(exc):  # wrapped where the table above cannot see it
+        log.warning("database unreachable", extra={"error": repr(exc)[:300]})
+        detail = "service unavailable: the database is unreachable; retry with the same key"
+        return problem_response("service-unavailable", detail, headers={"Retry-After": "1"})
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response("internal-error", "the server failed; the request may be retried")
 

@@ -15,6 +15,7 @@ __all__ = [
     "DATABASE_GONE",
     "PoolTimeout",
     "async_url",
+    "database_gone",
     "make_engine",
     "ping",
     "reader",
@@ -34,6 +35,20 @@ DATABASE_GONE: tuple[type[BaseException], ...] = (
     sqlalchemy.exc.OperationalError,  # the same, wrapped by SQLAlchemy
     sqlalchemy.exc.InterfaceError,
 )
+
+
+def database_gone(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it wraps, says the database went away. SQLAlchemy wraps
+    some of asyncpg's (a connection closed mid-operation) in a bare ``DBAPIError``."""
+    for _ in range(8):  # a chain is a few links long; never loop on a cycle
+        if exc is None:
+            return False
+        if isinstance(exc, DATABASE_GONE):
+            return True
+        if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def async_url(url: str) -> str:
