@@ -4,8 +4,12 @@ nothing (and a 401 names its scheme)."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
+import socket
 
 import httpx
+import pytest
 
 from tests.e2e.client import ADMIN_KEY, auth, count_rows, new_principal
 from tests.e2e.server import ServerProcess
@@ -164,3 +168,79 @@ def test_payouts_without_a_provider_are_a_404_not_an_outage(server: ServerProces
         headers={**auth(client), "Idempotency-Key": "no-provider"},
     )
     problem_of(answer, 404, "not-found")
+
+
+def _raw(server: ServerProcess, request: bytes) -> bytes:
+    """``request`` as bytes on a fresh connection; everything the server sends until it
+    closes the connection (or 5 s pass)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+        sock.sendall(request)
+        received = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := sock.recv(65536):
+                received += chunk
+    return received
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHo st: x\r\n\r\n",
+        # a bare CR or LF inside a header stays a framing error (no smuggling through it)
+        b"POST /v1/accounts HTTP/1.1\r\nHost: x\r\nX: a\rContent-Length: 5\r\n\r\n",
+        b"POST /v1/accounts HTTP/1.1\r\nHost: x\r\nX: a\nContent-Length: 5\r\n\r\n",
+        b"POST /v1/accounts HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    ],
+    ids=["not-http", "bad-version", "space-in-name", "bare-cr", "bare-lf", "cl-and-te"],
+)
+def test_a_request_that_is_not_http_is_a_problem_document_and_the_server_goes_on(
+    server: ServerProcess, app_database: str, request_bytes: bytes
+) -> None:
+    before = count_rows(app_database)
+    answer = _raw(server, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"content-type: application/problem+json" in head.lower(), answer
+    assert b"request-id: " in head.lower(), answer
+    assert json.loads(body)["type"] == "/problems/validation-error", answer
+    assert count_rows(app_database) == before
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_control_characters_and_obs_text_in_header_values_reach_the_app(
+    server: ServerProcess, app_database: str
+) -> None:
+    """The parser lets header values through to the app's rules: a key with a control
+    character or a byte over 0x7F is the app's ``idempotency-key-invalid``, and such bytes in
+    a header nobody reads change nothing."""
+    client = new_principal(server.base_url)["api_key"]
+    before = count_rows(app_database)
+    for key in (b"a\x1fb", b"kl\xe9", b"a\x7f"):
+        answer = httpx.post(
+            f"{server.base_url}/v1/accounts",
+            content=b'{"currency":"EUR"}',
+            headers=[
+                ("Authorization", f"Bearer {client}".encode()),
+                ("Content-Type", b"application/json"),
+                ("Idempotency-Key", key),
+            ],
+        )
+        problem_of(answer, 400, "idempotency-key-invalid")
+    # NUL, which no HTTP client library sends
+    body = b'{"currency":"EUR"}'
+    raw = _raw(
+        server,
+        b"POST /v1/accounts HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + f"Authorization: Bearer {client}\r\n".encode()
+        + b"Content-Type: application/json\r\nIdempotency-Key: a\x00b\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body,
+    )
+    assert raw.startswith(b"HTTP/1.1 400 "), raw
+    assert b"/problems/idempotency-key-invalid" in raw, raw
+    assert count_rows(app_database) == before
+    answer = httpx.get(f"{server.base_url}/health", headers=[("X-Odd", b"\x01\x1f\xff")])
+    assert answer.status_code == 200
