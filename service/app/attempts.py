@@ -59,6 +59,7 @@ from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
     ClaimOutcome,
+    EffectStatement,
     RowLocked,
     Settled,
     SettlementStore,
@@ -194,6 +195,12 @@ class Attempts:
                     kind = ObservationKind.FAILED
             return _attempt_observation(attempt, kind, produced)
 
+        statement = None
+        if spec.statement is not None:
+            guard, apply, args, produced = spec.statement(context, body)
+            observation = _attempt_observation(attempt, ObservationKind.COMPLETED, produced)
+            statement = EffectStatement(guard, apply, args, observation)
+
         async def settle() -> Settled:
             # the local effect runs inside its settlement's transaction: its span is a child
             with span("settlement.settle", operation_id=op, attempt_number=number) as traced:
@@ -203,6 +210,7 @@ class Attempts:
                     effect,
                     route=spec.route,
                     before_commit=lambda: self._failpoints.hit("effect.before_commit"),
+                    statement=statement,
                 )
                 traced.set(
                     settlement_stage=settled.decision.stage.value,

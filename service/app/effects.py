@@ -5,6 +5,11 @@ A **local** effect writes its rows on the settlement transaction's connection an
 the request downstream under the sink key and returns verified evidence of a definitive
 answer, or raises ``ProviderUnavailable`` when there is none. A handler that raises
 ``BusinessFailure`` has a terminal ``failed`` outcome, stored and replayed.
+
+A local route may also declare its effect as SQL (``statement``): then the effect and its
+settlement are tried first as one statement (one round trip, no BEGIN or COMMIT), and
+``execute`` runs only when that statement's guard refuses (to explain the refusal) or the
+operation's row moved on. Both must do the same thing.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "IdempotentRoute",
     "LocalHandler",
     "Outcome",
+    "StatementHandler",
     "business_outcome",
 ]
 
@@ -63,6 +69,9 @@ class ExecutionContext:
 
 LocalHandler = Callable[[asyncpg.Connection, ExecutionContext, Any], Awaitable[Outcome]]
 ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
+# ``execute``'s effect as SQL (see EffectStatement): the guard's and writes' common table
+# expressions, their ``$E<n>`` values, and the outcome when it applies
+StatementHandler = Callable[[ExecutionContext, Any], tuple[str, str, tuple[object, ...], Outcome]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,8 @@ class IdempotentRoute:
     body_type: type[msgspec.Struct]
     execute: LocalHandler | None = None
     external: ExternalHandler | None = None
+    # execute's effect as one statement with its settlement (optional; local routes only)
+    statement: StatementHandler | None = None
     roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
     # seconds a terminal result stays replayable; None: SETTLEMENT_RETENTION
     retention: float | None = None
@@ -80,6 +91,8 @@ class IdempotentRoute:
     def __post_init__(self) -> None:
         if (self.execute is None) == (self.external is None):
             raise ValueError(f"{self.route}: declare exactly one of execute or external")
+        if self.statement is not None and self.execute is None:
+            raise ValueError(f"{self.route}: a statement form needs execute")
         if self.retention is not None and self.retention < 0:
             raise ValueError(f"{self.route}: retention must be >= 0")
 

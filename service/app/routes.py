@@ -37,11 +37,23 @@ async def _transfer(
     return Outcome(status=201, body=msgspec.json.encode(made))
 
 
+def _transfer_statement(
+    ctx: ExecutionContext, body: ledger.TransferRequest
+) -> tuple[str, str, tuple[object, ...], Outcome]:
+    guard, apply, args, made = ledger.transfer_statement(
+        ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
+    return guard, apply, args, Outcome(status=201, body=msgspec.json.encode(made))
+
+
 ACCOUNTS = IdempotentRoute(
     route="POST /v1/accounts", body_type=ledger.AccountRequest, execute=_create_account
 )
 TRANSFERS = IdempotentRoute(
-    route="POST /v1/transfers", body_type=ledger.TransferRequest, execute=_transfer
+    route="POST /v1/transfers",
+    body_type=ledger.TransferRequest,
+    execute=_transfer,
+    statement=_transfer_statement,
 )
 
 

@@ -4,6 +4,11 @@ A transfer's rows and both balance updates are written on the settlement transac
 (asyncpg) connection in two statements, so they commit together with the operation, attempt
 and observation rows (or not at all). Account rows are locked in ascending id order, so two
 transfers over the same pair of accounts cannot deadlock.
+
+:func:`transfer_statement` is the same transfer as SQL the settlement's finishing statement
+carries (``service.store.outcomes.EffectStatement``): the guard locks both accounts in the
+same order and checks every rule :func:`transfer` checks; the writes are those of
+:func:`transfer`. When the guard refuses, :func:`transfer` runs and says why.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ __all__ = [
     "create_account",
     "get_account",
     "transfer",
+    "transfer_statement",
 ]
 
 # Largest amount or balance in minor units: fits PostgreSQL bigint with room for a sum.
@@ -119,6 +125,67 @@ INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
     destination_id, amount, currency, memo, created_at)
 VALUES ($1, $2, $3, $7, $4, $5, $6, $8, $9, $10)
 """
+
+
+# transfer_statement's SQL: $E1 both account ids in ascending order, $E2 tenant, $E3 source,
+# $E4 destination, $E5 amount, $E6 currency, $E7 the balance limit, $E8 the transfer's id,
+# $E9 the operation, $E10 its binding generation, $E11 memo, $E12 created_at
+_TRANSFER_GUARD = """
+locked AS (
+    SELECT id, currency, balance FROM accounts
+     WHERE id = ANY($E1::uuid[]) AND tenant = $E2::varchar
+     ORDER BY id FOR UPDATE
+), effect_ok AS (
+    SELECT 1 FROM locked s, locked d
+     WHERE s.id = $E3::uuid AND d.id = $E4::uuid
+       AND s.currency = $E6::varchar AND d.currency = $E6::varchar
+       AND s.balance >= $E5::bigint AND d.balance + $E5::bigint <= $E7::bigint
+)"""
+_TRANSFER_APPLY = """
+debit AS (
+    UPDATE accounts SET balance = balance - $E5::bigint
+     WHERE id = $E3::uuid AND EXISTS (SELECT 1 FROM written)
+), credit AS (
+    UPDATE accounts SET balance = balance + $E5::bigint
+     WHERE id = $E4::uuid AND EXISTS (SELECT 1 FROM written)
+), moved AS (
+    INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
+        destination_id, amount, currency, memo, created_at)
+    SELECT $E8::uuid, $E2::varchar, $E9::uuid, $E10::int, $E3::uuid, $E4::uuid,
+           $E5::bigint, $E6::varchar, $E11::varchar, $E12::timestamptz
+     WHERE EXISTS (SELECT 1 FROM written)
+)"""
+
+
+def transfer_statement(
+    tenant: str, operation_id: uuid.UUID, binding_generation: int, request: TransferRequest
+) -> tuple[str, str, tuple[object, ...], Transfer]:
+    """:func:`transfer` as SQL: (guard, writes, their ``$E<n>`` values, the transfer made when
+    the guard lets it through)."""
+    made = Transfer(
+        id=uuid.uuid4(),
+        source=request.source,
+        destination=request.destination,
+        amount=request.amount,
+        currency=request.currency,
+        memo=request.memo,
+        created_at=datetime.now(UTC),
+    )
+    args = (
+        sorted((request.source, request.destination)),
+        tenant,
+        request.source,
+        request.destination,
+        request.amount,
+        request.currency,
+        MAX_AMOUNT,
+        made.id,
+        operation_id,
+        binding_generation,
+        request.memo,
+        made.created_at,
+    )
+    return _TRANSFER_GUARD, _TRANSFER_APPLY, args, made
 
 
 async def create_account(

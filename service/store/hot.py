@@ -16,6 +16,9 @@ observation through the general settle path, without the effect).
 
 from __future__ import annotations
 
+import enum
+import functools
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -33,7 +36,7 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
-from service.store.outcomes import AttemptRef, LocalEffect, Settled
+from service.store.outcomes import AttemptRef, EffectStatement, LocalEffect, Settled
 from service.store.phase import lock_timeouts
 from service.store.principals import Principal, live_principal
 from service.store.retention import Tombstone
@@ -89,9 +92,8 @@ RETURNING operation_id
 _LOCK = f"SELECT {_RECORD} FROM operations o WHERE o.id = $1 FOR UPDATE"
 
 # $1-$4: the CAS (id, fingerprint, generation, revision); $5-$19: the row after;
-# $20-$31: the observation; $32: the attempt.
-_FINISH = """
-WITH written AS (
+# $20-$31: the observation; $32: the attempt. {gate}: an extra condition of the CAS.
+_WRITTEN = """written AS (
     UPDATE operations
        SET binding_generation = $5, request_fingerprint = $6, bound_principal_id = $7,
            bound_credential_generation = $8, state = $9, revision = $10, fencing_token = $11,
@@ -99,8 +101,10 @@ WITH written AS (
            result_body = $15, result_digest = $16, conflict = $17, updated_at = $18,
            expires_at = COALESCE($19, expires_at)
      WHERE id = $1 AND request_fingerprint = $2 AND binding_generation = $3 AND revision = $4
+           {gate}
     RETURNING id
-), recorded AS (
+)"""
+_RECORDED = """recorded AS (
     INSERT INTO observations (operation_id, source, kind, binding_generation,
         request_fingerprint, fencing_token, verified, result_status, result_digest,
         lease_expires_at, stage, disposition, reason, revision_before, revision_after,
@@ -111,9 +115,26 @@ WITH written AS (
 ), closed AS (
     UPDATE attempts SET finished_at = $18, outcome = $21, response_status = $26
      WHERE id = $32 AND EXISTS (SELECT 1 FROM written)
-)
-SELECT id FROM recorded
-"""
+)"""
+_FINISH_PARAMS = 32
+_FINISH = f"WITH {_WRITTEN.format(gate='')},\n{_RECORDED}\nSELECT id FROM recorded"
+_EFFECT_PLACEHOLDER = re.compile(r"\$E([1-9][0-9]*)")
+
+
+@functools.lru_cache(maxsize=32)
+def _finish_with(guard: str, apply: str) -> str:
+    """The finishing statement carrying an :class:`EffectStatement`'s SQL: its guard gates
+    the CAS, the CAS gates its writes; ``$E<n>`` becomes ``$<32 + n>``."""
+
+    def placed(sql: str) -> str:
+        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${_FINISH_PARAMS + int(m[1])}", sql)
+
+    written = _WRITTEN.format(gate="AND EXISTS (SELECT 1 FROM effect_ok)")
+    return (
+        f"WITH {placed(guard)},\n{written},\n{placed(apply)},\n{_RECORDED}\n"
+        "SELECT (SELECT id FROM recorded) AS observation_id,\n"
+        "       EXISTS (SELECT 1 FROM effect_ok) AS effect_ok"
+    )
 
 
 class Fallback(msgspec.Struct, frozen=True):
@@ -196,8 +217,14 @@ class HotPath:
         policy: TerminalPolicy,
         retention: float,
         before_commit: Callable[[], Awaitable[None]] | None = None,
+        statement: EffectStatement | None = None,
     ) -> tuple[Record, Settled] | Fallback | None:
         """Run ``effect`` for ``attempt`` and settle its outcome, in one transaction.
+
+        With ``statement`` (the same effect as SQL) the first try is one statement: the
+        effect's guard, the CAS on the claimed row, the effect's writes, the observation and
+        the attempt's end. Should the guard refuse, the transactions below run ``effect`` (it
+        explains the refusal); should the CAS find the row moved on, the locked round decides.
 
         Returns the row before and the settlement; a :class:`Fallback` when the row is not
         this attempt's to settle (fenced out, another epoch, already terminal: the effect
@@ -211,6 +238,22 @@ class HotPath:
                 # the finishing CAS proves the row is still exactly that. Should the CAS
                 # find the row moved on, everything rolls back and the locked round decides.
                 rounds = (attempt.claimed, None) if attempt.claimed is not None else (None,)
+                if statement is not None and attempt.claimed is not None:
+                    done = await self._settle_in_one_statement(
+                        conn,
+                        attempt,
+                        attempt.claimed,
+                        statement,
+                        clock=clock,
+                        policy=policy,
+                        retention=retention,
+                        before_commit=before_commit,
+                    )
+                    if isinstance(done, tuple):
+                        return done
+                    if done is _Missed.MOVED:
+                        rounds = (None,)
+                    # REFUSED: every round as below; the effect explains itself there
                 for claimed in rounds:
                     try:
                         return await self._settle_own_once(
@@ -235,6 +278,54 @@ class HotPath:
                         # another attempt took the operation over; the locked round decides
                         continue
         raise StaleRevision(f"operation {operation_id}: CAS refused under the row lock")
+
+    async def _settle_in_one_statement(
+        self,
+        conn: Any,
+        attempt: AttemptRef,
+        claimed: Record,
+        statement: EffectStatement,
+        *,
+        clock: Callable[[], float],
+        policy: TerminalPolicy,
+        retention: float,
+        before_commit: Callable[[], Awaitable[None]] | None,
+    ) -> tuple[Record, Settled] | _Missed:
+        """The effect and its settlement as one statement (its own transaction) on the row
+        as the claim wrote it; nothing is written unless all of it is."""
+        observation = statement.observation
+        now = clock()
+        decision = settle(claimed, observation, now, policy)
+        if not isinstance(decision, Apply):
+            return _Missed.REFUSED  # the rounds decide again, and record what the core did
+        after = decision.record
+        expires = None
+        if after.state.terminal and not claimed.state.terminal:
+            expires = at(now) + timedelta(seconds=retention)
+        if before_commit is not None:
+            await before_commit()  # the statement is the commit: this is just before it
+        try:
+            row = await conn.fetchrow(
+                _finish_with(statement.guard, statement.apply),
+                *_finish_args(claimed, after, decision, at(now)),
+                expires,
+                *_observation_args(observation, decision),
+                attempt.attempt_id,
+                *statement.args,
+            )
+        except asyncpg.UniqueViolationError:
+            # the effect's row of this epoch exists already: another attempt took the
+            # operation over; the locked round decides
+            return _Missed.MOVED
+        if row["observation_id"] is None:
+            return _Missed.MOVED if row["effect_ok"] else _Missed.REFUSED
+        settled = Settled(
+            decision=decision,
+            record=after,
+            observation=observation,
+            observation_id=row["observation_id"],
+        )
+        return claimed, settled
 
     async def _settle_own_once(
         self,
@@ -291,6 +382,13 @@ class HotPath:
                 observation_id=observation_id,
             )
             return record, settled
+
+
+class _Missed(enum.Enum):
+    """Why the one-statement try wrote nothing."""
+
+    REFUSED = "the effect's guard (or the core) refused"
+    MOVED = "the CAS found the row moved on"
 
 
 class _Moved(Exception):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
@@ -24,6 +25,7 @@ from service.core import (
 __all__ = [
     "AttemptRef",
     "ClaimOutcome",
+    "EffectStatement",
     "KeyExpired",
     "LeaseProbe",
     "LocalEffect",
@@ -39,6 +41,30 @@ __all__ = [
 # reports its outcome (completed or failed, with the result) as an observation of the
 # current attempt.
 LocalEffect = Callable[[asyncpg.Connection, Record], Awaitable[Observation]]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectStatement:
+    """A local effect written as SQL that rides in the settlement's finishing statement, so
+    the effect and its settlement are one statement: one round trip, no BEGIN or COMMIT
+    (:meth:`service.store.hot.HotPath.settle_own`).
+
+    * ``guard``: common table expressions, the last named ``effect_ok``: it has a row iff
+      the effect may apply, and takes every lock the effect needs (in a fixed order).
+    * ``apply``: common table expressions that write the effect, each gated on
+      ``EXISTS (SELECT 1 FROM written)`` (the settlement's CAS of the operation row).
+    * ``args``: the values of the placeholders ``$E1``, ``$E2``, ... in both.
+    * ``observation``: what the attempt reports when the effect applies.
+
+    When ``effect_ok`` is empty nothing is written and the effect runs again the general way
+    (on the connection, where it explains its refusal)."""
+
+    guard: str
+    apply: str
+    args: tuple[object, ...]
+    observation: Observation
+
+
 # How long each scope's lease has left in the lease store (None: nobody holds it), asked in
 # one round trip; the answer reaches the core only through ``with_lease``.
 LeaseProbe = Callable[[list[Scope]], Awaitable[list[float | None]]]

@@ -45,6 +45,7 @@ from service.store.merge import settle_phase
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
+    EffectStatement,
     LeaseProbe,
     LocalEffect,
     NoHooks,
@@ -64,6 +65,7 @@ from service.store.unit_of_work import UnitOfWork, scope_predicate
 __all__ = [
     "AttemptRef",
     "ClaimOutcome",
+    "EffectStatement",
     "LeaseProbe",
     "LocalEffect",
     "OperationNotFound",
@@ -208,9 +210,12 @@ class SettlementStore:
         *,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
+        statement: EffectStatement | None = None,
     ) -> Settled:
         """Run a local effect and settle its outcome in one transaction (the hot path).
         ``route``: the operation's route, whose retention starts if the row becomes terminal.
+        ``statement``: the same effect as SQL, tried first as one statement with its
+        settlement (:meth:`HotPath.settle_own`).
 
         The effect runs only while ``attempt`` holds the current fencing token of a
         non-terminal row, and commits only if the core applies its outcome. A fenced-out or
@@ -228,6 +233,7 @@ class SettlementStore:
             policy=self._policy,
             retention=self._retention.of(route),
             before_commit=before_commit,
+            statement=statement,
         )
         match done:
             case None:

@@ -1,9 +1,11 @@
 """The hot path's statements (service/store/hot.py) against real PostgreSQL: the principal
 and its scope's row in one read, a new claim in one statement, and a local effect settled in
-one transaction, first without the row lock and, when the row moved on, under it."""
+one transaction, first without the row lock and, when the row moved on, under it; and a
+local effect written as SQL settled with it in one statement."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 from datetime import UTC, datetime
@@ -23,14 +25,23 @@ from service.core import (
     Supersede,
 )
 from service.core import Observation as CoreObservation
-from service.store.settlement import AttemptRef, SettlementStore
-from service.store.tables import accounts, attempts, observations, operations, principals
+from service.domain import ledger
+from service.store.settlement import AttemptRef, EffectStatement, SettlementStore
+from service.store.tables import (
+    accounts,
+    attempts,
+    observations,
+    operations,
+    principals,
+    transfers,
+)
 from tests.integration.factories import (
     Clock,
     claim_request,
     completed,
     count,
     make_principal,
+    make_scope,
     rows,
 )
 from tests.unit.factories import make_observation
@@ -259,3 +270,179 @@ async def test_a_taken_over_attempt_whose_effect_collides_is_ignored_not_an_erro
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     current = await store.get(op)
     assert current is not None and current.state is OperationState.COMPLETED
+
+
+# -- a local effect as one statement with its settlement (EffectStatement) ----------------
+
+
+async def two_accounts(engine: AsyncEngine, source: int, destination: int = 0) -> list[uuid.UUID]:
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    async with engine.begin() as conn:
+        for account_id, balance in zip(ids, (source, destination), strict=True):
+            await conn.execute(
+                accounts.insert().values(
+                    id=account_id, tenant="acme", currency="EUR", balance=balance
+                )
+            )
+    return ids
+
+
+async def balances(engine: AsyncEngine, ids: list[uuid.UUID]) -> list[int]:
+    found = {
+        row["id"]: row["balance"] for row in await rows(engine, accounts, accounts.c.id.in_(ids))
+    }
+    return [found[i] for i in ids]
+
+
+def moving(
+    attempt: AttemptRef, ids: list[uuid.UUID], amount: int, runs: list[int]
+) -> tuple[Any, EffectStatement]:
+    """A transfer as the server runs it: ``ledger.transfer`` as the effect (counted in
+    ``runs``) and ``ledger.transfer_statement`` as its one-statement form."""
+    op = uuid.UUID(attempt.reservation.operation_id)
+    request = ledger.TransferRequest(
+        source=ids[0], destination=ids[1], amount=amount, currency="EUR"
+    )
+
+    async def effect(conn: Any, current: Record) -> CoreObservation:
+        runs.append(1)
+        generation = current.reservation.binding_generation
+        try:
+            await ledger.transfer(conn, "acme", op, generation, request)
+        except ledger.BusinessFailure:
+            return make_observation(
+                "failed", reservation=current.reservation, fencing_token=current.fencing_token
+            )
+        return completed(current, fencing_token=current.fencing_token)
+
+    assert attempt.claimed is not None
+    guard, apply, args, _ = ledger.transfer_statement(
+        "acme", op, attempt.reservation.binding_generation, request
+    )
+    observation = completed(attempt.claimed, fencing_token=attempt.fencing_token)
+    return effect, EffectStatement(guard, apply, args, observation)
+
+
+async def test_a_transfer_and_its_settlement_are_one_statement(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    ids, runs = await two_accounts(engine, 100), []
+    effect, statement = moving(attempt, ids, 10, runs)
+    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    assert runs == []  # the statement did it all; the effect's own code never ran
+    assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
+    assert await balances(engine, ids) == [90, 10]
+    (moved,) = await rows(engine, transfers, transfers.c.operation_id == op)
+    assert (moved["amount"], moved["source_id"], moved["binding_generation"]) == (10, ids[0], 1)
+    (observed,) = await rows(engine, observations, observations.c.operation_id == op)
+    assert (observed["disposition"], observed["revision_after"]) == ("applied", 2)
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert (attempt_row["outcome"], attempt_row["finished_at"] is not None) == ("completed", True)
+    current = await store.get(op)
+    assert current is not None and current.state is OperationState.COMPLETED
+    assert current.result is not None and current.result.digest == "d1"
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "amount", "currency"),
+    [(5, 0, 10, "EUR"), (100, 10**15, 1, "EUR"), (100, 0, 10, "USD")],
+    ids=["insufficient-funds", "balance-limit", "currency-mismatch"],
+)
+async def test_a_transfer_the_guard_refuses_writes_nothing_and_the_effect_says_why(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    clock: Clock,
+    scope: Scope,
+    source: int,
+    destination: int,
+    amount: int,
+    currency: str,
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    ids, runs = await two_accounts(engine, source, destination), []
+    if currency != "EUR":
+        async with engine.begin() as conn:
+            await conn.execute(
+                update(accounts).where(accounts.c.id == ids[1]).values(currency=currency)
+            )
+    effect, statement = moving(attempt, ids, amount, runs)
+    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    assert runs == [1]  # refused by the guard; the effect ran and failed the business way
+    assert settled.record.state is OperationState.FAILED
+    assert await balances(engine, ids) == [source, destination]
+    assert await count(engine, transfers, transfers.c.operation_id == op) == 0
+
+
+async def test_a_demoted_row_is_settled_by_the_locked_round_and_the_transfer_made_once(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    clock.advance(60)
+    demotion = CoreObservation(
+        reservation=attempt.reservation, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
+    )
+    assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
+    ids, runs = await two_accounts(engine, 100), []
+    effect, statement = moving(attempt, ids, 10, runs)
+    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    # the statement's CAS missed (revision 2, not 1) and wrote nothing; the locked round ran
+    # the effect once on the current row
+    assert runs == [1]
+    assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
+    assert await balances(engine, ids) == [90, 10]
+    assert await count(engine, transfers, transfers.c.operation_id == op) == 1
+
+
+async def test_a_superseded_attempt_statement_moves_no_money(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+
+    async def nobody_holds(scopes: list[Scope]) -> list[float | None]:
+        return [None for _ in scopes]
+
+    admin = await make_principal(engine)
+    superseded = await store.supersede(
+        op,
+        reason="test",
+        admin_id=admin,
+        request_fingerprint=None,
+        rebind=False,
+        force=True,
+        lease_remaining=nobody_holds,
+    )
+    assert isinstance(superseded, Supersede)
+    ids, runs = await two_accounts(engine, 100), []
+    effect, statement = moving(attempt, ids, 10, runs)
+    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    assert runs == []  # the locked round saw another epoch: the effect never ran
+    assert settled.decision.disposition.value in ("ignored", "quarantined")
+    assert await balances(engine, ids) == [100, 0]
+    assert await count(engine, transfers, transfers.c.operation_id == op) == 0
+
+
+async def test_concurrent_statements_over_one_pair_both_ways_neither_deadlock_nor_lose_money(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, principal_id: uuid.UUID
+) -> None:
+    ids = await two_accounts(engine, 1000, 1000)
+    plans = []
+    for i in range(24):
+        attempt = await claimed(store, make_scope(principal_id), clock)
+        pair = ids if i % 2 == 0 else ids[::-1]
+        plans.append((attempt, *moving(attempt, pair, 1 + i % 3, [])))
+
+    async def settle_one(attempt: AttemptRef, effect: Any, statement: EffectStatement) -> Any:
+        op = uuid.UUID(attempt.reservation.operation_id)
+        return await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+
+    done = await asyncio.gather(*(settle_one(*plan) for plan in plans))
+    assert all(s.record.state is OperationState.COMPLETED for s in done)
+    there = sum(1 + i % 3 for i in range(0, 24, 2))
+    back = sum(1 + i % 3 for i in range(1, 24, 2))
+    assert await balances(engine, ids) == [1000 - there + back, 1000 + there - back]
+    assert await count(engine, transfers, transfers.c.source_id.in_(ids)) == 24
