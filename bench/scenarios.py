@@ -338,8 +338,9 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         (
             "pgbench-new",
             "new.sql",
-            "the SQL of one new transfer (7 statements: identify, claim, BEGIN, lock both "
-            "accounts, move, finish, COMMIT)",
+            "the SQL of one new transfer (3 statements: identify, claim, and the settle "
+            "statement that locks both accounts, checks them, CASes the row and writes the "
+            "transfer, the observation and the attempt's end)",
         ),
         ("pgbench-read", "read.sql", "the SQL of one replay (1 statement)"),
         (

@@ -13,11 +13,17 @@ SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
        p.all_tenants AS p_all_tenants, o.id, o.binding_generation, o.request_fingerprint,
        o.bound_principal_id, o.bound_credential_generation, o.state, o.revision,
        o.fencing_token, o.lease_expires_at, o.result_status, o.result_content_type,
-       o.result_body, o.result_digest, o.conflict
+       o.result_body, o.result_digest, o.conflict,
+       t.operation_id AS t_operation_id, t.request_fingerprint AS t_request_fingerprint,
+       t.final_state AS t_final_state, t.expired_at AS t_expired_at,
+       t.forget_at AS t_forget_at
   FROM principals p
   LEFT JOIN operations o
     ON o.tenant = p.tenant AND o.principal_id = p.id AND o.route = 'POST /v1/transfers'
    AND o.idempotency_key = 'pgbench-' || :k::text
+  LEFT JOIN tombstones t
+    ON t.tenant = p.tenant AND t.principal_id = p.id AND t.route = 'POST /v1/transfers'
+   AND t.idempotency_key = 'pgbench-' || :k::text
  WHERE p.key_hash = decode(:key_hash, 'hex') AND p.revoked_at IS NULL;
 -- claim: the operation row and its attempt row, one statement (its own transaction)
 WITH claimed AS (
@@ -25,9 +31,14 @@ WITH claimed AS (
         binding_generation, request_fingerprint, bound_principal_id,
         bound_credential_generation, state, revision, fencing_token, current_attempt_id,
         lease_expires_at, created_at, updated_at)
-    VALUES (gen_random_uuid(), :tenant, :principal::uuid, 'POST /v1/transfers',
+    SELECT gen_random_uuid(), :tenant, :principal::uuid, 'POST /v1/transfers',
         'pgbench-' || :k::text, 1, md5(:k::text) || md5(:k::text), :principal::uuid, 1,
-        'in_progress', 1, 1, gen_random_uuid(), now() + interval '10 seconds', now(), now())
+        'in_progress', 1, 1, gen_random_uuid(), now() + interval '10 seconds', now(), now()
+     WHERE NOT EXISTS (
+        SELECT 1 FROM tombstones t
+         WHERE t.tenant = :tenant AND t.principal_id = :principal::uuid
+           AND t.route = 'POST /v1/transfers' AND t.idempotency_key = 'pgbench-' || :k::text
+           AND t.forget_at > now())
     ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id, current_attempt_id
 )
@@ -36,25 +47,23 @@ INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease
 SELECT current_attempt_id, id, 1, 1, md5(:k::text), now() + interval '10 seconds', now()
   FROM claimed
 RETURNING operation_id AS op, id AS att \gset
--- settle: the transfer (lock both accounts, then one statement), then the row (a CAS on the
--- claimed revision: no separate lock of the row), the observation and the attempt's end in
--- one statement (the wake-up is a Redis PUBLISH)
-BEGIN;
-SELECT id, currency, balance FROM accounts
- WHERE id = ANY(ARRAY[('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
-                      ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid])
-   AND tenant = :tenant
- ORDER BY id FOR UPDATE;
-WITH debit AS (UPDATE accounts SET balance = balance - 1
-                WHERE id = ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid),
-     credit AS (UPDATE accounts SET balance = balance + 1
-                WHERE id = ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid)
-INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
-    destination_id, amount, currency, memo, created_at)
-VALUES (gen_random_uuid(), :tenant, :op::uuid, 1,
-        ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
-        ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid, 1, 'EUR', NULL, now());
-WITH written AS (
+-- settle: one statement, its own transaction (service/store/hot.py _finish_with with
+-- service/domain/ledger.py's guard and writes): lock both accounts in id order and check the
+-- rules, the row's CAS on the claimed revision if they pass, the transfer's writes if the CAS
+-- did, the observation and the attempt's end (the wake-up is a Redis PUBLISH)
+WITH locked AS (
+    SELECT id, currency, balance FROM accounts
+     WHERE id = ANY(ARRAY[('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
+                          ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid])
+       AND tenant = :tenant
+     ORDER BY id FOR UPDATE
+), effect_ok AS (
+    SELECT 1 FROM locked s, locked d
+     WHERE s.id = ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid
+       AND d.id = ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid
+       AND s.currency = 'EUR' AND d.currency = 'EUR'
+       AND s.balance >= 1 AND d.balance + 1 <= 1000000000000000
+), written AS (
     UPDATE operations
        SET binding_generation = 1, request_fingerprint = md5(:k::text) || md5(:k::text),
            bound_principal_id = :principal::uuid, bound_credential_generation = 1,
@@ -65,7 +74,23 @@ WITH written AS (
            expires_at = COALESCE(now() + interval '1 day', expires_at)
      WHERE id = :op::uuid AND request_fingerprint = md5(:k::text) || md5(:k::text)
        AND binding_generation = 1 AND revision = 1
+       AND EXISTS (SELECT 1 FROM effect_ok)
     RETURNING id
+), debit AS (
+    UPDATE accounts SET balance = balance - 1
+     WHERE id = ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid
+       AND EXISTS (SELECT 1 FROM written)
+), credit AS (
+    UPDATE accounts SET balance = balance + 1
+     WHERE id = ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid
+       AND EXISTS (SELECT 1 FROM written)
+), moved AS (
+    INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
+        destination_id, amount, currency, memo, created_at)
+    SELECT gen_random_uuid(), :tenant, :op::uuid, 1,
+           ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
+           ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid, 1, 'EUR', NULL, now()
+     WHERE EXISTS (SELECT 1 FROM written)
 ), recorded AS (
     INSERT INTO observations (operation_id, source, kind, binding_generation,
         request_fingerprint, fencing_token, verified, result_status, result_digest,
@@ -79,5 +104,5 @@ WITH written AS (
     UPDATE attempts SET finished_at = now(), outcome = 'completed', response_status = 201
      WHERE id = :att::uuid AND EXISTS (SELECT 1 FROM written)
 )
-SELECT id FROM recorded;
-COMMIT;
+SELECT (SELECT id FROM recorded) AS observation_id,
+       EXISTS (SELECT 1 FROM effect_ok) AS effect_ok;

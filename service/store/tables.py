@@ -158,7 +158,15 @@ Index(
     operations.c.lease_expires_at,
     postgresql_where=text("state = 'in_progress'"),
 )
-Index("ix_operations_tenant_state", operations.c.tenant, operations.c.state)
+# the work list: open operations of a tenant in one state, oldest first (terminal rows, the
+# bulk, never enter it: a completed operation costs this index nothing)
+Index(
+    "ix_operations_open_tenant_state",
+    operations.c.tenant,
+    operations.c.state,
+    operations.c.created_at,
+    postgresql_where=text("state IN ('in_progress', 'unknown', 'conflict')"),
+)
 # the oldest operation not settled for good (a metric): a small index, these rows are few
 Index(
     "ix_operations_open_created_at",
