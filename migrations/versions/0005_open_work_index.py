@@ -36,7 +36,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index(
-        "ix_operations_open_tenant_state", table_name="operations", postgresql_where=OPEN
-    )
+    op.drop_index("ix_operations_open_tenant_state", table_name="operations", postgresql_where=OPEN)
     op.create_index("ix_operations_tenant_state", "operations", ["tenant", "state"], unique=False)
