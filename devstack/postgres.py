@@ -282,10 +282,6 @@ class EmbeddedPostgres(ChildServer):
             "logging_collector": "off",  # stderr goes to postgres.log
             "cluster_name": "settlement",  # shows in ps next to each server process
         }
-        import os
-        if os.environ.get("LAB_PGSS"):
-            settings["shared_preload_libraries"] = "pg_stat_statements"
-            settings["pg_stat_statements.track"] = "all"
         args = [str(self.bin_dir() / "postgres"), "-D", str(self.pgdata)]
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]
