@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -214,6 +214,13 @@ class IdempotentRequests:
             )
         if lease is None:
             return await self._in_progress(scope, claim, record, wait)
+        held: list[Lease] = [lease]  # the lease as last renewed; emptied once released
+
+        async def release(announce: str | None = None) -> None:
+            if held:
+                with contextlib.suppress(LeaseUnavailable):
+                    await self._leases.release(held.pop(), announce=announce)
+
         try:
             # only an executing attempt takes one of the principal's slots: a replay or a 409
             # never waits for one
@@ -224,11 +231,12 @@ class IdempotentRequests:
                     renewed = await self._leases.extend(lease)
                     if renewed is None:
                         return busy(scope)
-                    lease = renewed
-                return await self._execute(spec, principal, scope, claim, body, record, lease)
+                    held[0] = lease = renewed
+                return await self._execute(
+                    spec, principal, scope, claim, body, record, lease, release
+                )
         finally:
-            with contextlib.suppress(LeaseUnavailable):
-                await self._leases.release(lease)
+            await release()
 
     async def _execute(
         self,
@@ -239,7 +247,10 @@ class IdempotentRequests:
         body: Any,
         record: Record | None,
         lease: Lease,
+        release: Callable[[str | None], Awaitable[None]],
     ) -> Answer:
+        """Claim, run the attempt, release the lease (``release``): the settlement's wake-up
+        for ``Prefer: wait`` requests goes with the release, in one round trip to Redis."""
         with span("settlement.claim", operation_route=spec.route) as traced:
             claimed = await self._store.claim(
                 scope,
@@ -259,8 +270,11 @@ class IdempotentRequests:
                 claim_kind=claimed.decision.kind.value,
             )
         annotate(operation_id=operation_id, attempt=attempt)
-        await self._failpoints.hit("claim.after")
-        return await self._attempts.run(spec, principal, body, claimed, lease)
+        with self._wakeups.deferred(operation_id) as announced:
+            await self._failpoints.hit("claim.after")
+            answer = await self._attempts.run(spec, principal, body, claimed, lease)
+            await release(announced())
+        return answer
 
     async def _in_progress(
         self, scope: Scope, claim: ClaimRequest, record: Record | None, wait: float

@@ -57,12 +57,17 @@ end
 return 0
 """
 
-# KEYS[1] lease key, ARGV[1] token -> 1 if deleted, 0 if not ours.
+# KEYS[1] lease key, ARGV[1] token, ARGV[2] (optional) a channel to publish "1" on, whether
+# or not the lease was still ours -> 1 if deleted, 0 if not ours.
 _RELEASE = """
+local released = 0
 if redis.call("GET", KEYS[1]) == ARGV[1] then
-    return redis.call("DEL", KEYS[1])
+    released = redis.call("DEL", KEYS[1])
 end
-return 0
+if ARGV[2] then
+    redis.call("PUBLISH", ARGV[2], "1")
+end
+return released
 """
 
 
@@ -141,10 +146,13 @@ class LeaseManager:
             return None
         return replace(lease, expires_at=started + lease.ttl)
 
-    async def release(self, lease: Lease) -> bool:
-        """Delete the lease if it is still ours; False when it had expired or changed hands."""
+    async def release(self, lease: Lease, *, announce: str | None = None) -> bool:
+        """Delete the lease if it is still ours; False when it had expired or changed hands.
+        ``announce``: a channel to publish on in the same round trip (a settlement's
+        wake-up, :meth:`service.leases.Wakeups.deferred`)."""
+        args = [lease.token] if announce is None else [lease.token, announce]
         with _unavailable("release", lease.key):
-            released = await self._release(keys=[lease.key], args=[lease.token])
+            released = await self._release(keys=[lease.key], args=args)
         return bool(released == 1)
 
     async def holders(self, names: list[str]) -> list[str | None]:

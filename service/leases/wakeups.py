@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -43,10 +43,41 @@ class Wakeups:
         self._prefix = prefix
         self._slots = asyncio.Semaphore(MAX_WAITERS)
         self._announcing: set[asyncio.Task[None]] = set()
+        # operations whose announcement rides with their lease's release: announced yet?
+        self._deferred: dict[str, bool] = {}
 
     def announce(self, operation_id: str) -> None:
         """After the commit that made ``operation_id`` terminal: wake its waiters (in the
-        background; the request that settled does not wait for Redis)."""
+        background; the request that settled does not wait for Redis). While an attempt of
+        this process holds the operation's lease (:meth:`deferred`), the announcement waits
+        for the lease's release and goes in the same round trip."""
+        if operation_id in self._deferred:
+            self._deferred[operation_id] = True
+            return
+        self._publish_soon(operation_id)
+
+    @contextlib.contextmanager
+    def deferred(self, operation_id: str) -> Iterator[Callable[[], str | None]]:
+        """While an attempt runs under ``operation_id``'s lease: announcements of it are held.
+        Yields ``take()``: the channel to publish on with the lease's release (None when
+        nothing was announced); what is not taken is published on leaving the block."""
+        if operation_id in self._deferred:  # another attempt of ours holds it already
+            yield lambda: None
+            return
+        self._deferred[operation_id] = False
+
+        def take() -> str | None:
+            announced = self._deferred.get(operation_id, False)
+            self._deferred[operation_id] = False
+            return self._prefix + operation_id if announced else None
+
+        try:
+            yield take
+        finally:
+            if self._deferred.pop(operation_id, False):
+                self._publish_soon(operation_id)
+
+    def _publish_soon(self, operation_id: str) -> None:
         task = asyncio.get_running_loop().create_task(self._publish(operation_id))
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)

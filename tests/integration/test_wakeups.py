@@ -8,7 +8,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from service.leases import Wakeups
+from service.leases import LeaseManager, Wakeups
 
 pytestmark = pytest.mark.integration
 
@@ -46,4 +46,52 @@ async def test_without_redis_there_is_no_wait_and_no_error(
     async with wakeups.wait_for("op-1") as wait:
         assert wait is None  # the caller answers at once; nothing raised
     wakeups.announce("op-1")  # a hint: a failed publish is logged, not raised
+    await wakeups.close()
+
+
+async def test_an_announcement_under_a_held_lease_rides_with_its_release(redis: Redis) -> None:
+    """While an attempt holds the operation's lease the wake-up is held back, then sent by the
+    release's own script: a waiter is woken by the release, not before it."""
+    prefix = f"test:{uuid.uuid4().hex}:"
+    wakeups = Wakeups(redis, prefix=prefix)
+    leases = LeaseManager(redis, ttl=5.0, prefix=prefix + "lease:")
+    lease = await leases.acquire("scope-1")
+    assert lease is not None
+    async with wakeups.wait_for("op-1") as wait:
+        assert wait is not None
+        with wakeups.deferred("op-1") as announced:
+            wakeups.announce("op-1")  # the settlement's commit, as the store's hook does
+            assert await wait(0.3) is False  # held back
+            channel = announced()
+            assert channel == prefix + "op-1"
+            assert await leases.release(lease, announce=channel) is True
+        assert await wait(5.0) is True
+        # taken, so nothing more is published on leaving the block
+        assert await wait(0.3) is False
+    assert await leases.holder("scope-1") is None
+    await wakeups.close()
+
+
+async def test_a_held_back_announcement_not_taken_is_published_on_leaving(redis: Redis) -> None:
+    wakeups = Wakeups(redis, prefix=f"test:{uuid.uuid4().hex}:")
+    async with wakeups.wait_for("op-1") as wait:
+        assert wait is not None
+        with wakeups.deferred("op-1") as announced:
+            assert announced() is None  # nothing announced yet: nothing to send
+            wakeups.announce("op-1")
+        assert await wait(5.0) is True
+    await wakeups.close()
+
+
+async def test_a_release_announces_even_when_the_lease_is_no_longer_ours(redis: Redis) -> None:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    wakeups = Wakeups(redis, prefix=prefix)
+    leases = LeaseManager(redis, ttl=5.0, prefix=prefix + "lease:")
+    lease = await leases.acquire("scope-1")
+    assert lease is not None
+    assert await leases.revoke("scope-1")
+    async with wakeups.wait_for("op-1") as wait:
+        assert wait is not None
+        assert await leases.release(lease, announce=prefix + "op-1") is False
+        assert await wait(5.0) is True
     await wakeups.close()
