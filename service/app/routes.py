@@ -37,6 +37,15 @@ async def _transfer(
     return Outcome(status=201, body=msgspec.json.encode(made))
 
 
+def _create_account_statement(
+    ctx: ExecutionContext, body: ledger.AccountRequest
+) -> tuple[str, str, tuple[object, ...], Outcome]:
+    guard, apply, args, account = ledger.create_account_statement(
+        ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+    )
+    return guard, apply, args, Outcome(status=201, body=msgspec.json.encode(account))
+
+
 def _transfer_statement(
     ctx: ExecutionContext, body: ledger.TransferRequest
 ) -> tuple[str, str, tuple[object, ...], Outcome]:
@@ -47,7 +56,10 @@ def _transfer_statement(
 
 
 ACCOUNTS = IdempotentRoute(
-    route="POST /v1/accounts", body_type=ledger.AccountRequest, execute=_create_account
+    route="POST /v1/accounts",
+    body_type=ledger.AccountRequest,
+    execute=_create_account,
+    statement=_create_account_statement,
 )
 TRANSFERS = IdempotentRoute(
     route="POST /v1/transfers",

@@ -29,6 +29,7 @@ __all__ = [
     "Transfer",
     "TransferRequest",
     "create_account",
+    "create_account_statement",
     "get_account",
     "transfer",
     "transfer_statement",
@@ -186,6 +187,33 @@ def transfer_statement(
         made.created_at,
     )
     return _TRANSFER_GUARD, _TRANSFER_APPLY, args, made
+
+
+# create_account_statement's SQL: nothing to lock or check; $E1 id, $E2 tenant, $E3 currency,
+# $E4 opening balance, $E5 the operation, $E6 its binding generation
+_ACCOUNT_GUARD = "effect_ok AS (SELECT 1)"
+_ACCOUNT_APPLY = """
+opened AS (
+    INSERT INTO accounts (id, tenant, currency, balance, operation_id, binding_generation)
+    SELECT $E1::uuid, $E2::varchar, $E3::varchar, $E4::bigint, $E5::uuid, $E6::int
+     WHERE EXISTS (SELECT 1 FROM written)
+)"""
+
+
+def create_account_statement(
+    tenant: str, operation_id: uuid.UUID, binding_generation: int, request: AccountRequest
+) -> tuple[str, str, tuple[object, ...], Account]:
+    """:func:`create_account` as SQL: (guard, writes, their ``$E<n>`` values, the account)."""
+    account = Account(id=uuid.uuid4(), currency=request.currency, balance=request.opening_balance)
+    args = (
+        account.id,
+        tenant,
+        request.currency,
+        request.opening_balance,
+        operation_id,
+        binding_generation,
+    )
+    return _ACCOUNT_GUARD, _ACCOUNT_APPLY, args, account
 
 
 async def create_account(

@@ -446,3 +446,31 @@ async def test_concurrent_statements_over_one_pair_both_ways_neither_deadlock_no
     back = sum(1 + i % 3 for i in range(1, 24, 2))
     assert await balances(engine, ids) == [1000 - there + back, 1000 + there - back]
     assert await count(engine, transfers, transfers.c.source_id.in_(ids)) == 24
+
+
+async def test_an_account_is_opened_in_one_statement_and_once_per_epoch(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    attempt = await claimed(store, scope, clock)
+    op = uuid.UUID(attempt.reservation.operation_id)
+    assert attempt.claimed is not None
+    request = ledger.AccountRequest(currency="EUR", opening_balance=7)
+    runs: list[int] = []
+
+    async def effect(conn: Any, current: Record) -> CoreObservation:
+        runs.append(1)
+        await ledger.create_account(conn, "acme", op, 1, request)
+        return completed(current, fencing_token=current.fencing_token)
+
+    guard, apply, args, account = ledger.create_account_statement("acme", op, 1, request)
+    observation = completed(attempt.claimed, fencing_token=attempt.fencing_token)
+    statement = EffectStatement(guard, apply, args, observation)
+    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    assert runs == []
+    assert settled.record.state is OperationState.COMPLETED
+    (opened,) = await rows(engine, accounts, accounts.c.operation_id == op)
+    assert (opened["id"], opened["balance"], opened["binding_generation"]) == (account.id, 7, 1)
+    # the same statement again (a stale duplicate of this attempt): nothing more is written
+    again = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    assert again.decision.disposition.value == "ignored"
+    assert await count(engine, accounts, accounts.c.operation_id == op) == 1
