@@ -41,10 +41,12 @@ from service.app.late import LateAnswers
 from service.core import (
     Apply,
     AttemptAnswer,
+    ClaimRequest,
     Observation,
     ObservationKind,
     Record,
     Result,
+    Scope,
     Source,
     Unsettled,
     attempt_answer,
@@ -64,7 +66,7 @@ from service.store.settlement import (
     Settled,
     SettlementStore,
 )
-from service.telemetry import Metrics, span
+from service.telemetry import Metrics, annotate, span
 
 __all__ = ["Attempts"]
 
@@ -131,6 +133,119 @@ class Attempts:
             return await self._local(spec, spec.execute, context, attempt, body, lease)
         finally:
             self._metrics.on_attempt(spec.route, time.perf_counter() - started)
+
+    async def run_new_local(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        request: ClaimRequest,
+        body: Any,
+        lease: Lease,
+    ) -> Answer | None:
+        """A scope with no row, a local route with a statement form: claim, run and settle in
+        one statement under ``lease`` (nothing is ever left ``in_progress``: a crash or a
+        lost connection leaves either the whole settled operation or nothing). None when
+        nothing was written and the caller should claim and run the attempt the general
+        way (the guard refused, a row or a tombstone appeared)."""
+        assert spec.statement is not None
+        statement_of = spec.statement
+        started = time.perf_counter()
+
+        def build(claimed: ClaimOutcome) -> EffectStatement:
+            attempt, context = _attempt_of(claimed, principal)
+            guard, apply, args, produced = statement_of(context, body)
+            observation = _attempt_observation(attempt, ObservationKind.COMPLETED, produced)
+            return EffectStatement(guard, apply, args, observation)
+
+        op = request.new_operation_id
+        # claim, effect and settlement are one statement: their spans nest around it
+        with (
+            span("settlement.claim", operation_route=spec.route, operation_id=op, claim_kind="new"),
+            span("settlement.effect", operation_id=op, operation_route=spec.route),
+            span("settlement.settle", operation_id=op, attempt_number=1) as traced,
+        ):
+            work = asyncio.create_task(
+                self._store.claim_and_settle_local(
+                    scope, request, build, lease_token=lease.token, route=spec.route
+                )
+            )
+            try:
+                ended = await self._under_lease(lease, work, give_up_after=None)
+            except BaseException:
+                work.cancel()  # the request itself is being cancelled
+                raise
+            if ended is _Ended.LEASE_LOST:
+                work.cancel()
+                await asyncio.wait({work})
+                return await self._after_lost_lease_new(scope, op)
+            try:
+                done = work.result()
+            except (RowLocked, asyncpg.exceptions.DeadlockDetectedError):
+                # a lock not granted: nothing was written; the general way claims first and
+                # waits once more (a lock freed meanwhile runs the transfer after all)
+                return None
+            except Exception as exc:
+                return self._unwritten(op, exc)
+            if done is None:
+                return None
+            claimed, settled = done
+            traced.set(
+                settlement_stage=settled.decision.stage.value,
+                settlement_disposition=settled.decision.disposition.value,
+            )
+        self._metrics.on_attempt(spec.route, time.perf_counter() - started)
+        attempt, _ = _attempt_of(claimed, principal)
+        annotate(operation_id=op, attempt=attempt.fencing_token)
+        await self._failpoints.hit("effect.after_commit")
+        await self._failpoints.hit("settle.after")
+        return answer_of(_answer_after(settled, attempt))
+
+    def _unwritten(self, operation_id: str, exc: Exception) -> Answer:
+        """The one statement of a new operation failed: it wrote nothing, or (a connection
+        lost at COMMIT) everything; a retry with the same key runs it or replays it."""
+        if isinstance(exc, BUSY) or database_gone(exc):
+            log.warning(
+                "new operation found the database busy or away",
+                extra={"operation_id": operation_id, "error": type(exc).__name__},
+            )
+            return Problem(
+                "service-unavailable",
+                f"the database was busy or unreachable ({type(exc).__name__}); retry with "
+                "the same key",
+                operation_id,
+                retry_after=True,
+            )
+        log.error(
+            "new operation failed",
+            exc_info=(type(exc), exc, exc.__traceback__),
+            extra={"operation_id": operation_id},
+        )
+        return Problem(
+            "internal-error",
+            "the attempt failed before its outcome was known; safe to retry",
+            operation_id,
+        )
+
+    async def _after_lost_lease_new(self, scope: Scope, operation_id: str) -> Answer:
+        """The lease was lost while the one statement ran (it was cancelled, possibly mid-
+        commit): the row, if it committed, is the answer; else nothing was written."""
+        log.warning("lease lost during execution", extra={"operation_id": operation_id})
+        record = None
+        with contextlib.suppress(Exception):
+            record = await self._store.get_by_scope(scope)
+        if record is not None and record.reservation.operation_id == operation_id:
+            answer = attempt_answer(
+                record, stored_by_attempt=True, epoch=record.reservation.binding_generation
+            )
+            if not isinstance(answer, Unsettled):
+                return answer_of(answer)
+        return Problem(
+            "lease-unavailable",
+            "this attempt lost its lease before its outcome committed; retry",
+            operation_id,
+            retry_after=True,
+        )
 
     async def _settle(self, attempt: AttemptRef, observation: Observation) -> Settled:
         """Settle what this attempt observed, in a ``settlement.settle`` span."""

@@ -7,7 +7,10 @@ Given an authenticated principal, a parsed key and a validated body:
 3. take the scope's Redis lease (held by a live attempt: 409, or ``Prefer: wait``);
 4. claim in PostgreSQL with one CAS, which creates the attempt row and its fencing token;
 5-6. run the attempt under a heartbeat and settle it (:mod:`service.app.attempts`);
-7. release the lease.
+7. release the lease (with the settlement's wake-up, one round trip).
+
+A new operation of a local route with a statement form does 4-6 in one statement: the row
+is written once, already settled, or not at all.
 
 Everything returned is an :data:`~service.app.answers.Answer` for HTTP to render.
 """
@@ -119,6 +122,11 @@ class IdempotentRequests:
         self._failpoints = failpoints
         self._clock = clock
         self._slots = Slots(per_principal, slot_wait)
+        # failpoints that hold an attempt between its claim and its commit need a claimed
+        # row to hold: with one armed, new local operations are claimed first, then run
+        self._holds_attempts = any(
+            failpoints.armed(name) for name in ("claim.after", "effect.before_commit")
+        )
 
     async def identify(
         self, api_key: str, spec: IdempotentRoute, key: str
@@ -251,6 +259,16 @@ class IdempotentRequests:
     ) -> Answer:
         """Claim, run the attempt, release the lease (``release``): the settlement's wake-up
         for ``Prefer: wait`` requests goes with the release, in one round trip to Redis."""
+        if record is None and spec.statement is not None and not self._holds_attempts:
+            # a new local operation: claimed, run and settled in one statement
+            with self._wakeups.deferred(claim.new_operation_id) as announced:
+                answered = await self._attempts.run_new_local(
+                    spec, principal, scope, claim, body, lease
+                )
+                if answered is not None:
+                    await release(announced())
+                    return answered
+            # nothing was written (the guard refused, or a row appeared): the general way
         with span("settlement.claim", operation_route=spec.route) as traced:
             claimed = await self._store.claim(
                 scope,

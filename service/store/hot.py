@@ -137,6 +137,64 @@ def _finish_with(guard: str, apply: str) -> str:
     )
 
 
+# A new operation claimed, its effect run and its outcome settled, in one statement: the row
+# is inserted as the core settled it (never in_progress), with its attempt (begun and ended)
+# and the observation. $1-$21 the row, $22-$23 the attempt's lease token and claim-time
+# lease, $24-$35 the observation, $36 the claim's revision, $37-$38 the attempt's fencing
+# token and epoch; the effect's $E<n> follow.
+_CLAIM_SETTLE_PARAMS = 38
+_CLAIMED_SETTLED = """written AS (
+    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
+        binding_generation, request_fingerprint, bound_principal_id,
+        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
+        lease_expires_at, created_at, updated_at, result_status, result_content_type,
+        result_body, result_digest, conflict, expires_at)
+    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, $6::int, $7::varchar,
+           $8::uuid, $9::int, $10::varchar, $11::bigint, $12::bigint, $13::uuid,
+           $14::timestamptz, $15::timestamptz, $15::timestamptz, $16::int, $17::varchar,
+           $18::bytea, $19::varchar, $20::jsonb, $21::timestamptz
+     WHERE EXISTS (SELECT 1 FROM effect_ok)
+       -- a key whose operation was purged (a live tombstone) is never claimed anew
+       AND NOT EXISTS (
+        SELECT 1 FROM tombstones t
+         WHERE t.tenant = $2::varchar AND t.principal_id = $3::uuid AND t.route = $4::varchar
+           AND t.idempotency_key = $5::varchar AND t.forget_at > $15::timestamptz)
+    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
+    RETURNING id
+)"""
+_BEGUN_ENDED = """begun AS (
+    INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
+        lease_expires_at, started_at, finished_at, outcome, response_status)
+    SELECT $13::uuid, id, $37::bigint, $38::int, $22::varchar, $23::timestamptz,
+           $15::timestamptz, $15::timestamptz, $25::varchar, $30::int
+      FROM written
+), recorded AS (
+    INSERT INTO observations (operation_id, source, kind, binding_generation,
+        request_fingerprint, fencing_token, verified, result_status, result_digest,
+        lease_expires_at, stage, disposition, reason, revision_before, revision_after,
+        attempt_id)
+    SELECT id, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $11, $13
+      FROM written
+    RETURNING id
+)"""
+
+
+@functools.lru_cache(maxsize=32)
+def _claim_settle_with(guard: str, apply: str) -> str:
+    """The one statement of a new operation with an :class:`EffectStatement`: its guard gates
+    the insert of the settled row, the insert gates its writes; ``$E<n>`` becomes
+    ``$<38 + n>``."""
+
+    def placed(sql: str) -> str:
+        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${_CLAIM_SETTLE_PARAMS + int(m[1])}", sql)
+
+    return (
+        f"WITH {placed(guard)},\n{_CLAIMED_SETTLED},\n{placed(apply)},\n{_BEGUN_ENDED}\n"
+        "SELECT (SELECT id FROM recorded) AS observation_id,\n"
+        "       EXISTS (SELECT 1 FROM effect_ok) AS effect_ok"
+    )
+
+
 class Fallback(msgspec.Struct, frozen=True):
     """The hot path settled nothing (its transaction rolled back): ``observation`` is what
     the attempt reports instead, to be recorded through the general settle path."""
@@ -206,6 +264,76 @@ class HotPath:
                 lease_token,
             )
         return inserted is not None
+
+    async def claim_and_settle(
+        self,
+        scope: Scope,
+        claimed: Record,
+        attempt_id: uuid.UUID,
+        lease_token: str | None,
+        statement: EffectStatement,
+        *,
+        now: float,
+        policy: TerminalPolicy,
+        retention: float,
+    ) -> Settled | None:
+        """A scope with no row: claim it (``claimed``, the core's NEW claim), run the effect
+        and settle the attempt's outcome in one statement, its own transaction; the row is
+        written once, already settled. None when nothing was written: the effect's guard
+        refused, the core did not apply the outcome, another claimer's row exists, or the
+        key's tombstone stands (the caller then claims and runs the effect the general way,
+        which says why)."""
+        observation = statement.observation
+        decision = settle(claimed, observation, now, policy)
+        if not isinstance(decision, Apply):
+            return None
+        after = decision.record
+        values = record_values(after)
+        expires = at(now) + timedelta(seconds=retention) if after.state.terminal else None
+        with lock_timeouts():
+            async with self._pool.acquire() as conn:
+                try:
+                    row = await conn.fetchrow(
+                        _claim_settle_with(statement.guard, statement.apply),
+                        uuid.UUID(claimed.reservation.operation_id),
+                        scope.tenant,
+                        scope.principal_id,
+                        scope.route,
+                        scope.idempotency_key,
+                        values["binding_generation"],
+                        values["request_fingerprint"],
+                        values["bound_principal_id"],
+                        values["bound_credential_generation"],
+                        values["state"],
+                        values["revision"],
+                        values["fencing_token"],
+                        attempt_id,
+                        values["lease_expires_at"],
+                        at(now),
+                        values["result_status"],
+                        values["result_content_type"],
+                        values["result_body"],
+                        values["result_digest"],
+                        values["conflict"],
+                        expires,
+                        lease_token,
+                        to_ts(claimed.lease_expires_at),
+                        *_observation_args(observation, decision),
+                        decision.expected_revision,
+                        claimed.fencing_token,
+                        claimed.reservation.binding_generation,
+                        *statement.args,
+                    )
+                except asyncpg.UniqueViolationError:
+                    return None  # an effect row of this operation exists: the general way
+        if row["observation_id"] is None:
+            return None
+        return Settled(
+            decision=decision,
+            record=after,
+            observation=observation,
+            observation_id=row["observation_id"],
+        )
 
     async def settle_own(
         self,

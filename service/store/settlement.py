@@ -336,6 +336,44 @@ class SettlementStore:
         )
         return self._claimed(await self._runner.run(f"claim {scope.route}", phase))
 
+    async def claim_and_settle_local(
+        self,
+        scope: Scope,
+        request: ClaimRequest,
+        build: Callable[[ClaimOutcome], EffectStatement],
+        *,
+        lease_token: str | None,
+        route: str,
+    ) -> tuple[ClaimOutcome, Settled] | None:
+        """For a scope with no row (the caller just read none and holds the scope's lease):
+        claim, run the local effect ``build`` gives for the claim, and settle its outcome, in
+        one statement (:meth:`HotPath.claim_and_settle`). None when nothing was written: then
+        :meth:`claim` and :meth:`settle_local` do it the general way."""
+        if self._hot is None:
+            return None
+        started = time.perf_counter()
+        now = self._clock()
+        decision = decide_claim(None, request, now)
+        assert isinstance(decision, Claim)  # no row: always a NEW claim
+        outcome = ClaimOutcome(decision=decision, record=decision.record, attempt_id=uuid.uuid4())
+        assert outcome.attempt_id is not None
+        settled = await self._hot.claim_and_settle(
+            scope,
+            decision.record,
+            outcome.attempt_id,
+            lease_token,
+            build(outcome),
+            now=now,
+            policy=self._policy,
+            retention=self._retention.of(route),
+        )
+        if settled is None:
+            return None
+        self._claimed(outcome)
+        operation_id = uuid.UUID(decision.record.reservation.operation_id)
+        self._report(operation_id, decision.record, settled, time.perf_counter() - started)
+        return outcome, settled
+
     def _claimed(self, outcome: ClaimOutcome) -> ClaimOutcome:
         if isinstance(outcome.decision, Claim):
             self._hooks.on_claimed(outcome.decision.kind.value)

@@ -474,3 +474,91 @@ async def test_an_account_is_opened_in_one_statement_and_once_per_epoch(
     again = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
     assert again.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
+
+
+# -- a new operation claimed, run and settled in one statement ----------------------------
+
+
+def new_transfer(ids: list[uuid.UUID], amount: int) -> Any:
+    """``build`` for ``claim_and_settle_local``: the transfer's statement for the claim."""
+
+    def build(claimed_outcome: Any) -> EffectStatement:
+        record = claimed_outcome.record
+        op = uuid.UUID(record.reservation.operation_id)
+        request = ledger.TransferRequest(
+            source=ids[0], destination=ids[1], amount=amount, currency="EUR"
+        )
+        guard, apply, args, _ = ledger.transfer_statement("acme", op, 1, request)
+        return EffectStatement(guard, apply, args, completed(record, fencing_token=1))
+
+    return build
+
+
+async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    ids = await two_accounts(engine, 100)
+    request = claim_request(scope.principal_id, clock)
+    done = await store.claim_and_settle_local(
+        scope, request, new_transfer(ids, 10), lease_token="t", route=ROUTE
+    )
+    assert done is not None
+    claimed_outcome, settled = done
+    op = uuid.UUID(request.new_operation_id)
+    assert claimed_outcome.record is not None
+    assert claimed_outcome.record.reservation.operation_id == request.new_operation_id
+    assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
+    # the row as the two-phase way leaves it: revision 2, the attempt begun and ended, the
+    # observation from revision 1 to 2
+    current = await store.get_by_scope(scope)
+    assert current is not None and current.state is OperationState.COMPLETED
+    assert current.revision == 2 and current.fencing_token == 1
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert (attempt_row["fencing_token"], attempt_row["outcome"]) == (1, "completed")
+    assert attempt_row["lease_token"] == "t" and attempt_row["finished_at"] is not None
+    (observed,) = await rows(engine, observations, observations.c.operation_id == op)
+    assert (observed["revision_before"], observed["revision_after"]) == (1, 2)
+    assert observed["attempt_id"] == attempt_row["id"] == claimed_outcome.attempt_id
+    (row,) = await rows(engine, operations, operations.c.id == op)
+    assert row["expires_at"] is not None and row["current_attempt_id"] == attempt_row["id"]
+    assert await balances(engine, ids) == [90, 10]
+    assert await count(engine, transfers, transfers.c.operation_id == op) == 1
+    # a replay now reads the settled row
+    found = await store.identify(key_hash(scope.principal_id), scope.route, scope.idempotency_key)
+    assert found is not None and found[1] == current
+
+
+async def test_a_new_transfer_the_guard_refuses_leaves_no_row_at_all(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    ids = await two_accounts(engine, 5)
+    request = claim_request(scope.principal_id, clock)
+    done = await store.claim_and_settle_local(
+        scope, request, new_transfer(ids, 10), lease_token="t", route=ROUTE
+    )
+    assert done is None  # the caller claims and runs it the general way, which says why
+    assert await store.get_by_scope(scope) is None
+    op = uuid.UUID(request.new_operation_id)
+    assert await count(engine, attempts, attempts.c.operation_id == op) == 0
+    assert await count(engine, observations, observations.c.operation_id == op) == 0
+    assert await balances(engine, ids) == [5, 0]
+
+
+async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    """Another claimer's row exists (it inserted after this request read none): the one
+    statement's insert does nothing, so neither does the transfer."""
+    first = await claimed(store, scope, clock)
+    ids = await two_accounts(engine, 100)
+    done = await store.claim_and_settle_local(
+        scope,
+        claim_request(scope.principal_id, clock),
+        new_transfer(ids, 10),
+        lease_token="u",
+        route=ROUTE,
+    )
+    assert done is None
+    assert await balances(engine, ids) == [100, 0]
+    current = await store.get_by_scope(scope)
+    assert current is not None and current == first.claimed
