@@ -1,6 +1,11 @@
-"""The HTTP/1.1 protocol every server process runs: uvicorn's httptools protocol with two
+"""The HTTP/1.1 protocol every server process runs: uvicorn's httptools protocol with three
 changes (``settlement serve`` passes it to uvicorn as ``http=``; see
 :func:`service.cli.uvicorn_options` for what httptools bought).
+
+* **One write per response.** uvicorn writes a response's header block as soon as the app
+  sends ``http.response.start``, and the body in a second write: two sends, each of which
+  can wake the client. :class:`_Coalesced` holds the header block until the body's first
+  write (or the response's end, or anything else written, or the connection's close).
 
 * **Header values judged by the app, not the parser.** llhttp refuses control characters and
   obs-text (bytes 0x80-0xFF) in a header value with a plain-text 400 before the app runs, so
@@ -15,6 +20,7 @@ changes (``settlement serve`` passes it to uvicorn as ``http=``; see
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -27,13 +33,67 @@ from service.telemetry.context import new_request_id
 __all__ = ["SettlementHttpProtocol"]
 
 
+class _Coalesced:
+    """The connection's transport, holding each response's header block until the next
+    write (its body), the response's end or the connection's close."""
+
+    __slots__ = ("_cycle", "_held", "_protocol", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, protocol: SettlementHttpProtocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self._held: bytes | None = None
+        self._cycle: object = None  # the request whose header block was held last
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.write(held + data)
+            return
+        cycle = self._protocol.cycle
+        if (
+            cycle is not None
+            and cycle is not self._cycle
+            and cycle.response_started
+            and not cycle.response_complete
+        ):
+            # a started response's first write: its status line and headers
+            self._cycle = cycle
+            self._held = data
+            return
+        self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class SettlementHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with header values left to the app and problem documents
-    for unparseable requests (see the module docstring)."""
+    """uvicorn's httptools protocol with one write per response, header values left to the
+    app, and problem documents for unparseable requests (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.parser.set_dangerous_leniencies(lenient_headers=True)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_Coalesced(transport, self))  # type: ignore[arg-type]
+
+    def on_response_complete(self) -> None:
+        # a response without a body write (HEAD, a 304) ends here: its header block goes now
+        flush = getattr(self.transport, "flush", None)
+        if flush is not None:
+            flush()
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         body = msgspec.json.encode(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import socket
 
 import httpx
@@ -244,3 +245,32 @@ def test_control_characters_and_obs_text_in_header_values_reach_the_app(
     assert count_rows(app_database) == before
     answer = httpx.get(f"{server.base_url}/health", headers=[("X-Odd", b"\x01\x1f\xff")])
     assert answer.status_code == 200
+
+
+def test_pipelined_requests_get_whole_answers_in_order(server: ServerProcess) -> None:
+    """Each answer leaves in one write (its header block held for its body): pipelined
+    requests, one without a body in its answer (HEAD) and one unknown path, still get every
+    answer whole and in order."""
+    answer = _raw(
+        server,
+        b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"HEAD /livez HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    # HEAD is not a method of /livez: 405, whose body a HEAD answer leaves out
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", answer)
+    assert statuses == [b"200", b"405", b"404", b"200"], answer
+    assert answer.count(b'{"status":"ok"}') == 2, answer
+    assert answer.count(b"/problems/not-found") == 1, answer
+    assert b"/problems/method-not-allowed" not in answer, answer
+
+
+def test_an_answer_without_a_body_leaves_at_once(server: ServerProcess) -> None:
+    """A HEAD answer has no body write to carry its held header block: it goes when the
+    answer is complete, not when the connection closes."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=2) as sock:
+        sock.sendall(b"HEAD /livez HTTP/1.1\r\nHost: x\r\n\r\n")  # keep-alive: no close
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 405 "), head
+    assert head.endswith(b"\r\n\r\n"), head
