@@ -338,9 +338,9 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         (
             "pgbench-new",
             "new.sql",
-            "the SQL of one new transfer (3 statements: identify, claim, and the settle "
-            "statement that locks both accounts, checks them, CASes the row and writes the "
-            "transfer, the observation and the attempt's end)",
+            "the SQL of one new transfer (2 statements: identify, then one that locks and "
+            "checks both accounts, inserts the operation row already settled, and writes the "
+            "transfer, the attempt and the observation)",
         ),
         ("pgbench-read", "read.sql", "the SQL of one replay (1 statement)"),
         (

@@ -25,32 +25,11 @@ SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
     ON t.tenant = p.tenant AND t.principal_id = p.id AND t.route = 'POST /v1/transfers'
    AND t.idempotency_key = 'pgbench-' || :k::text
  WHERE p.key_hash = decode(:key_hash, 'hex') AND p.revoked_at IS NULL;
--- claim: the operation row and its attempt row, one statement (its own transaction)
-WITH claimed AS (
-    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
-        binding_generation, request_fingerprint, bound_principal_id,
-        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
-        lease_expires_at, created_at, updated_at)
-    SELECT gen_random_uuid(), :tenant, :principal::uuid, 'POST /v1/transfers',
-        'pgbench-' || :k::text, 1, md5(:k::text) || md5(:k::text), :principal::uuid, 1,
-        'in_progress', 1, 1, gen_random_uuid(), now() + interval '10 seconds', now(), now()
-     WHERE NOT EXISTS (
-        SELECT 1 FROM tombstones t
-         WHERE t.tenant = :tenant AND t.principal_id = :principal::uuid
-           AND t.route = 'POST /v1/transfers' AND t.idempotency_key = 'pgbench-' || :k::text
-           AND t.forget_at > now())
-    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
-    RETURNING id, current_attempt_id
-)
-INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
-    lease_expires_at, started_at)
-SELECT current_attempt_id, id, 1, 1, md5(:k::text), now() + interval '10 seconds', now()
-  FROM claimed
-RETURNING operation_id AS op, id AS att \gset
--- settle: one statement, its own transaction (service/store/hot.py _finish_with with
--- service/domain/ledger.py's guard and writes): lock both accounts in id order and check the
--- rules, the row's CAS on the claimed revision if they pass, the transfer's writes if the CAS
--- did, the observation and the attempt's end (the wake-up is a Redis PUBLISH)
+-- claim, transfer and settlement: one statement, its own transaction (service/store/hot.py
+-- _claim_settle_with with service/domain/ledger.py's guard and writes): lock both accounts
+-- in id order and check the rules; if they pass, insert the operation row already settled;
+-- if it was inserted, the transfer's writes, the attempt (begun and ended) and the
+-- observation. The wake-up rides with the lease's release in Redis.
 WITH locked AS (
     SELECT id, currency, balance FROM accounts
      WHERE id = ANY(ARRAY[('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
@@ -64,17 +43,23 @@ WITH locked AS (
        AND s.currency = 'EUR' AND d.currency = 'EUR'
        AND s.balance >= 1 AND d.balance + 1 <= 1000000000000000
 ), written AS (
-    UPDATE operations
-       SET binding_generation = 1, request_fingerprint = md5(:k::text) || md5(:k::text),
-           bound_principal_id = :principal::uuid, bound_credential_generation = 1,
-           state = 'completed', revision = 2, fencing_token = 1, lease_expires_at = NULL,
-           result_status = 201, result_content_type = 'application/json',
-           result_body = decode(repeat('7b', 229), 'hex'),
-           result_digest = md5(:op) || md5(:op), conflict = NULL, updated_at = now(),
-           expires_at = COALESCE(now() + interval '1 day', expires_at)
-     WHERE id = :op::uuid AND request_fingerprint = md5(:k::text) || md5(:k::text)
-       AND binding_generation = 1 AND revision = 1
-       AND EXISTS (SELECT 1 FROM effect_ok)
+    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
+        binding_generation, request_fingerprint, bound_principal_id,
+        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
+        lease_expires_at, created_at, updated_at, result_status, result_content_type,
+        result_body, result_digest, conflict, expires_at)
+    SELECT md5('op' || :k::text)::uuid, :tenant, :principal::uuid, 'POST /v1/transfers',
+           'pgbench-' || :k::text, 1, md5(:k::text) || md5(:k::text), :principal::uuid, 1,
+           'completed', 2, 1, md5('at' || :k::text)::uuid, NULL, now(), now(), 201,
+           'application/json', decode(repeat('7b', 229), 'hex'),
+           md5(:k::text) || md5(:k::text), NULL, now() + interval '1 day'
+     WHERE EXISTS (SELECT 1 FROM effect_ok)
+       AND NOT EXISTS (
+        SELECT 1 FROM tombstones t
+         WHERE t.tenant = :tenant AND t.principal_id = :principal::uuid
+           AND t.route = 'POST /v1/transfers' AND t.idempotency_key = 'pgbench-' || :k::text
+           AND t.forget_at > now())
+    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id
 ), debit AS (
     UPDATE accounts SET balance = balance - 1
@@ -87,22 +72,26 @@ WITH locked AS (
 ), moved AS (
     INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
         destination_id, amount, currency, memo, created_at)
-    SELECT gen_random_uuid(), :tenant, :op::uuid, 1,
+    SELECT gen_random_uuid(), :tenant, md5('op' || :k::text)::uuid, 1,
            ('00000000-0000-4000-8000-' || lpad(:src::text, 12, '0'))::uuid,
            ('00000000-0000-4000-8000-' || lpad(:dst::text, 12, '0'))::uuid, 1, 'EUR', NULL, now()
      WHERE EXISTS (SELECT 1 FROM written)
+), begun AS (
+    INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
+        lease_expires_at, started_at, finished_at, outcome, response_status)
+    SELECT md5('at' || :k::text)::uuid, id, 1, 1, md5(:k::text),
+           now() + interval '10 seconds', now(), now(), 'completed', 201
+      FROM written
 ), recorded AS (
     INSERT INTO observations (operation_id, source, kind, binding_generation,
         request_fingerprint, fencing_token, verified, result_status, result_digest,
         lease_expires_at, stage, disposition, reason, revision_before, revision_after,
         attempt_id)
     SELECT id, 'attempt', 'completed', 1, md5(:k::text) || md5(:k::text), 1, true, 201,
-           md5(:op) || md5(:op), NULL, 'C', 'applied', 'terminal-applied', 1, 2, :att::uuid
+           md5(:k::text) || md5(:k::text), NULL, 'C', 'applied', 'terminal-applied', 1, 2,
+           md5('at' || :k::text)::uuid
       FROM written
     RETURNING id
-), closed AS (
-    UPDATE attempts SET finished_at = now(), outcome = 'completed', response_status = 201
-     WHERE id = :att::uuid AND EXISTS (SELECT 1 FROM written)
 )
 SELECT (SELECT id FROM recorded) AS observation_id,
        EXISTS (SELECT 1 FROM effect_ok) AS effect_ok;
