@@ -170,14 +170,7 @@ class Attempts:
                     scope, request, build, lease_token=lease.token, route=spec.route
                 )
             )
-            try:
-                ended = await self._under_lease(lease, work, give_up_after=None)
-            except BaseException:
-                work.cancel()  # the request itself is being cancelled
-                raise
-            if ended is _Ended.LEASE_LOST:
-                work.cancel()
-                await asyncio.wait({work})
+            if not await self._kept_lease(lease, work):
                 return await self._after_lost_lease_new(scope, op)
             try:
                 done = work.result()
@@ -281,6 +274,21 @@ class Attempts:
             return _Ended.FINISHED
         return _Ended.LEASE_LOST if heartbeat.lost.is_set() else _Ended.TIMED_OUT
 
+    async def _kept_lease(self, lease: Lease, work: asyncio.Task[T]) -> bool:
+        """Wait for ``work`` (a local attempt's database work) while a heartbeat keeps
+        ``lease``; False when the lease was lost first (``work`` is then cancelled, possibly
+        mid-commit, and done)."""
+        try:
+            ended = await self._under_lease(lease, work, give_up_after=None)
+        except BaseException:
+            work.cancel()  # the request itself is being cancelled
+            raise
+        if ended is _Ended.LEASE_LOST:
+            work.cancel()
+            await asyncio.wait({work})
+            return False
+        return True
+
     # -- local --------------------------------------------------------------------------------
 
     async def _local(
@@ -334,14 +342,7 @@ class Attempts:
                 return settled
 
         work = asyncio.create_task(settle())
-        try:
-            ended = await self._under_lease(lease, work, give_up_after=None)
-        except BaseException:
-            work.cancel()  # the request itself is being cancelled
-            raise
-        if ended is _Ended.LEASE_LOST:
-            work.cancel()
-            await asyncio.wait({work})
+        if not await self._kept_lease(lease, work):
             return await self._after_lost_lease(attempt)
         try:
             settled = work.result()
