@@ -144,8 +144,8 @@ class Attempts:
         lease: Lease,
     ) -> Answer | None:
         """A scope with no row, a local route with a statement form: claim, run and settle in
-        one statement under ``lease`` (nothing is ever left ``in_progress``: a crash or a
-        lost connection leaves either the whole settled operation or nothing). None when
+        one statement while holding ``lease`` (nothing is ever left ``in_progress``: a crash or
+        a lost connection leaves either the whole settled operation or nothing). None when
         nothing was written and the caller should claim and run the attempt the general
         way (the guard refused, a row or a tombstone appeared)."""
         assert spec.statement is not None
@@ -165,15 +165,14 @@ class Attempts:
             span("settlement.effect", operation_id=op, operation_route=spec.route),
             span("settlement.settle", operation_id=op, attempt_number=1) as traced,
         ):
-            work = asyncio.create_task(
-                self._store.claim_and_settle_local(
+            # No heartbeat: the statement is bounded by the lock and statement timeouts, and
+            # the lease is not what keeps it single. Were the lease to run out meanwhile, a
+            # second request's insert of this scope would wait for this statement's, then
+            # find its row: PostgreSQL's unique scope decides.
+            try:
+                done = await self._store.claim_and_settle_local(
                     scope, request, build, lease_token=lease.token, route=spec.route
                 )
-            )
-            if not await self._kept_lease(lease, work):
-                return await self._after_lost_lease_new(scope, op)
-            try:
-                done = work.result()
             except (RowLocked, asyncpg.exceptions.DeadlockDetectedError):
                 # a lock not granted: nothing was written; the general way claims first and
                 # waits once more (a lock freed meanwhile runs the transfer after all)
@@ -218,26 +217,6 @@ class Attempts:
             "internal-error",
             "the attempt failed before its outcome was known; safe to retry",
             operation_id,
-        )
-
-    async def _after_lost_lease_new(self, scope: Scope, operation_id: str) -> Answer:
-        """The lease was lost while the one statement ran (it was cancelled, possibly mid-
-        commit): the row, if it committed, is the answer; else nothing was written."""
-        log.warning("lease lost during execution", extra={"operation_id": operation_id})
-        record = None
-        with contextlib.suppress(Exception):
-            record = await self._store.get_by_scope(scope)
-        if record is not None and record.reservation.operation_id == operation_id:
-            answer = attempt_answer(
-                record, stored_by_attempt=True, epoch=record.reservation.binding_generation
-            )
-            if not isinstance(answer, Unsettled):
-                return answer_of(answer)
-        return Problem(
-            "lease-unavailable",
-            "this attempt lost its lease before its outcome committed; retry",
-            operation_id,
-            retry_after=True,
         )
 
     async def _settle(self, attempt: AttemptRef, observation: Observation) -> Settled:

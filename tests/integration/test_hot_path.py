@@ -562,3 +562,27 @@ async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
     assert await balances(engine, ids) == [100, 0]
     current = await store.get_by_scope(scope)
     assert current is not None and current == first.claimed
+
+
+async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+) -> None:
+    """Were the lease to run out while the statement runs, a second request would send its
+    own: the scope's unique row decides, not the lease. One writes; the other writes
+    nothing and answers from the row the general way."""
+    ids = await two_accounts(engine, 100)
+    requests = [claim_request(scope.principal_id, clock) for _ in range(6)]
+    done = await asyncio.gather(
+        *(
+            store.claim_and_settle_local(
+                scope, request, new_transfer(ids, 10), lease_token=str(i), route=ROUTE
+            )
+            for i, request in enumerate(requests)
+        )
+    )
+    assert sum(d is not None for d in done) == 1
+    assert await balances(engine, ids) == [90, 10]
+    assert await count(engine, transfers, transfers.c.source_id == ids[0]) == 1
+    assert (
+        await count(engine, operations, operations.c.idempotency_key == scope.idempotency_key) == 1
+    )
