@@ -73,7 +73,8 @@ class Slots:
             waited = semaphore.locked()
             if waited:  # wait (a task) only when no slot is free
                 try:
-                    await asyncio.wait_for(semaphore.acquire(), self._wait)
+                    async with asyncio.timeout(self._wait):  # no task, unlike wait_for
+                        await semaphore.acquire()
                 except TimeoutError:
                     raise NoSlot(str(key)) from None
             else:
@@ -233,9 +234,10 @@ class IdempotentRequests:
             # only an executing attempt takes one of the principal's slots: a replay or a 409
             # never waits for one
             async with self._slots.hold(principal.id) as waited:
-                if waited:
+                if waited and lease.expires_at - self._leases.now() < lease.ttl / 2:
                     # the lease ran down while this request queued, before any heartbeat:
-                    # renew it so the claim starts with a whole ttl
+                    # renew it so the claim starts with a whole ttl (a wait shorter than
+                    # half a ttl leaves plenty; the heartbeat renews from there)
                     renewed = await self._leases.extend(lease)
                     if renewed is None:
                         return busy(scope)
