@@ -54,7 +54,8 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                 result,
                 usage,
                 [
-                    "claim -> lease -> effect -> settle; unique keys from Lua",
+                    "identify -> lease -> claim, effect and settle in one statement -> release; "
+                    "unique keys from Lua",
                     f"the server logged {per_request:g} bytes per request (INFO, json)",
                 ],
                 {"server_log_bytes_per_request": per_request},
