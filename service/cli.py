@@ -178,8 +178,13 @@ def _require_devstack(what: str) -> None:
         )
 
 
-class _Terminated(Exception):
-    """SIGTERM arrived: leave every ``with`` block so the embedded servers stop in order."""
+class _Terminated(BaseException):
+    """SIGTERM arrived: leave every ``with`` block so the embedded servers stop in order.
+
+    A BaseException, like KeyboardInterrupt: the signal handler raises it in whatever code
+    runs at that moment, and an ``except Exception`` there (the feed observer's loop logs a
+    failed page and goes on) must not swallow it; one did, and an observer outlived its
+    server."""
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -533,3 +533,35 @@ async def test_the_feed_settlement_is_a_feed_observation_of_the_operation(
         )
     await observer(spec, feed, store, feed_store, engine, clock).run_once()
     assert await feed_settlements(engine, op.operation_id) == 1
+
+
+async def test_the_run_loop_survives_a_failed_page_but_not_a_termination(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``settlement observer run`` stops on SIGTERM by raising from the signal handler in
+    whatever code runs: a page that fails is logged and the loop goes on, but the
+    termination must leave the loop even when it lands inside a page (it once did not: an
+    observer outlived its server)."""
+    from service.cli import _Terminated
+
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    watcher = observer(spec, ScriptedFeed(spec), store, feed_store, engine, clock)
+    pages = 0
+
+    async def page() -> Any:
+        nonlocal pages
+        pages += 1
+        if pages == 1:
+            raise RuntimeError("a page that fails")  # logged; the loop goes on
+        raise _Terminated
+
+    monkeypatch.setattr(watcher, "run_once", page)
+    monkeypatch.setattr(watcher, "wait_after", lambda _page: 0.0)
+    with pytest.raises(_Terminated):
+        await asyncio.wait_for(watcher.run(), 5)
+    assert pages == 2
