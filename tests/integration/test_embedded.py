@@ -40,11 +40,15 @@ OWNER_START_TIMEOUT = 60.0
 # A SIGINT'd owner stops both servers in order; well under a second in practice.
 OWNER_EXIT_TIMEOUT = 30.0
 
+# The owner is a shell job: a shell gives its foreground job the default SIGINT. A child
+# inherits an ignored SIGINT, and something earlier in the suite leaves the test process
+# ignoring SIGINT and SIGQUIT (seen under coverage after the e2e tests), so it is reset here.
 OWNER = """
-import json, sys, time
+import json, signal, sys, time
 from pathlib import Path
 from devstack import EmbeddedServices
 
+signal.signal(signal.SIGINT, signal.default_int_handler)
 try:
     with EmbeddedServices(Path(sys.argv[1]), durable=False) as services:
         assert services.postgres is not None and services.redis is not None
