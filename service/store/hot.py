@@ -162,13 +162,7 @@ class HotPath:
                         scope.principal_id,
                         scope.route,
                         scope.idempotency_key,
-                        values["binding_generation"],
-                        values["request_fingerprint"],
-                        values["bound_principal_id"],
-                        values["bound_credential_generation"],
-                        values["state"],
-                        values["revision"],
-                        values["fencing_token"],
+                        *_written_args(values),
                         attempt_id,
                         values["lease_expires_at"],
                         at(now),
@@ -402,13 +396,10 @@ def _owns(attempt: AttemptRef, record: Record) -> bool:
     )
 
 
-def _finish_args(before: Record, after: Record, decision: Apply, now: datetime) -> tuple[Any, ...]:
-    values = record_values(after)
+def _written_args(values: dict[str, Any]) -> tuple[Any, ...]:
+    """The row's reservation, binding, state, revision and fencing token, as both the
+    finishing CAS and the one-statement insert write them."""
     return (
-        uuid.UUID(before.reservation.operation_id),
-        before.reservation.request_fingerprint,
-        before.reservation.binding_generation,
-        decision.expected_revision,
         values["binding_generation"],
         values["request_fingerprint"],
         values["bound_principal_id"],
@@ -416,6 +407,17 @@ def _finish_args(before: Record, after: Record, decision: Apply, now: datetime) 
         values["state"],
         values["revision"],
         values["fencing_token"],
+    )
+
+
+def _finish_args(before: Record, after: Record, decision: Apply, now: datetime) -> tuple[Any, ...]:
+    values = record_values(after)
+    return (
+        uuid.UUID(before.reservation.operation_id),
+        before.reservation.request_fingerprint,
+        before.reservation.binding_generation,
+        decision.expected_revision,
+        *_written_args(values),
         values["lease_expires_at"],
         values["result_status"],
         values["result_content_type"],
