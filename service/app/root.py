@@ -210,6 +210,7 @@ class Settlement:
             if self.provider is not None:
                 await self.provider.close()
         finally:
+            self.leases.close()
             await self.redis.aclose()
             await self.pool.close()
             await self.engine.dispose()

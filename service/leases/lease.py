@@ -20,9 +20,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from types import TracebackType
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+
+from service.leases.resp import Pipelined, Script, pipelined_for
 
 __all__ = ["DEFAULT_PREFIX", "Heartbeat", "Lease", "LeaseManager", "LeaseUnavailable"]
 
@@ -108,9 +111,14 @@ class LeaseManager:
         self._prefix = prefix
         self._clock = clock
         self._events = events or _ignore
-        # registered once; each call is an EVALSHA that loads the script if Redis lacks it
-        self._extend = redis.register_script(_EXTEND)
-        self._release = redis.register_script(_RELEASE)
+        # acquire, extend and release (every request's) go over one pipelined connection;
+        # the rest, and a client it cannot speak for (TLS), over redis-py
+        self._pipelined: Pipelined | None = pipelined_for(redis)
+        # each call is an EVALSHA that sends the script whole if Redis lacks it
+        self._extend = Script(_EXTEND)
+        self._release = Script(_RELEASE)
+        self._extend_slow = redis.register_script(_EXTEND)
+        self._release_slow = redis.register_script(_RELEASE)
 
     @property
     def ttl(self) -> float:
@@ -131,7 +139,12 @@ class LeaseManager:
         # read before the call: Redis starts the ttl later, so expires_at errs early
         started = self._clock()
         with _unavailable("acquire", key):
-            acquired = await self._redis.set(key, token, nx=True, px=_ms(self._ttl))
+            if self._pipelined is None:
+                acquired = await self._redis.set(key, token, nx=True, px=_ms(self._ttl))
+            else:
+                acquired = await self._pipelined.call(
+                    b"SET", key, token, b"NX", b"PX", _ms(self._ttl)
+                )
         if not acquired:
             return None
         self._events("acquired")
@@ -141,7 +154,9 @@ class LeaseManager:
         """Push the expiry one ttl ahead if the lease is still ours; None when it is lost."""
         started = self._clock()
         with _unavailable("extend", lease.key):
-            extended = await self._extend(keys=[lease.key], args=[lease.token, _ms(lease.ttl)])
+            extended = await self._script(
+                self._extend, self._extend_slow, lease.key, [lease.token, _ms(lease.ttl)]
+            )
         if extended != 1:
             return None
         return replace(lease, expires_at=started + lease.ttl)
@@ -150,10 +165,24 @@ class LeaseManager:
         """Delete the lease if it is still ours; False when it had expired or changed hands.
         ``announce``: a channel to publish on in the same round trip (a settlement's
         wake-up, :meth:`service.leases.Wakeups.deferred`)."""
-        args = [lease.token] if announce is None else [lease.token, announce]
+        args: list[bytes | str | int] = [lease.token]
+        if announce is not None:
+            args.append(announce)
         with _unavailable("release", lease.key):
-            released = await self._release(keys=[lease.key], args=args)
+            released = await self._script(self._release, self._release_slow, lease.key, args)
         return bool(released == 1)
+
+    async def _script(
+        self, script: Script, slow: Any, key: str, args: list[bytes | str | int]
+    ) -> Any:
+        if self._pipelined is None:
+            return await slow(keys=[key], args=args)
+        return await script(self._pipelined, [key], args)
+
+    def close(self) -> None:
+        """Drop the pipelined connection (the redis-py client is its owner's to close)."""
+        if self._pipelined is not None:
+            self._pipelined.close()
 
     async def holders(self, names: list[str]) -> list[str | None]:
         """The current token of each named lease (None where free), in one round trip."""

@@ -586,3 +586,10 @@ async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
     assert (
         await count(engine, operations, operations.c.idempotency_key == scope.idempotency_key) == 1
     )
+
+
+async def test_hot_connections_plan_each_statement_once(pool: Any) -> None:
+    """Generic plans from the first execution, and the hot path's short lock timeout."""
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
+        assert await conn.fetchval("SHOW lock_timeout") == "1s"
