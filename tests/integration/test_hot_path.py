@@ -15,6 +15,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.config import Settings
 from service.core import (
     Claim,
     ObservationKind,
@@ -26,6 +27,7 @@ from service.core import (
 )
 from service.core import Observation as CoreObservation
 from service.domain import ledger
+from service.store.pool import make_pool
 from service.store.settlement import AttemptRef, EffectStatement, SettlementStore
 from service.store.tables import (
     accounts,
@@ -593,3 +595,35 @@ async def test_hot_connections_plan_each_statement_once(pool: Any) -> None:
     async with pool.acquire() as conn:
         assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
         assert await conn.fetchval("SHOW lock_timeout") == "1s"
+
+
+async def test_an_acquire_beyond_the_pool_size_waits_only_the_acquire_timeout(
+    migrated_url: str,
+) -> None:
+    """Acquires within the size skip asyncpg's timeout task; the one beyond it still gets the
+    timeout, even when the others are still opening their connections."""
+    settings = Settings.from_env({}, db_connect_timeout=0.5)
+    pool = await make_pool(settings, migrated_url, size=2)
+    hold = asyncio.Event()
+    holding: list[int] = []
+
+    async def borrow() -> None:
+        async with pool.acquire() as conn:
+            holding.append(await conn.fetchval("SELECT 1"))
+            await hold.wait()
+
+    try:
+        tasks = [asyncio.create_task(borrow()) for _ in range(3)]
+        done, _ = await asyncio.wait(tasks, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1
+        with pytest.raises(TimeoutError):
+            await done.pop()
+        assert holding == [1, 1]
+        hold.set()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5.0)
+        assert pool.out == 0
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT 2") == 2
+    finally:
+        hold.set()
+        await pool.close()
