@@ -6,11 +6,15 @@ unquoting, 1-255 printable ASCII characters (0x20-0x7E).
 
 from __future__ import annotations
 
+import re
+
 from service.http.problems import ProblemError
 
 __all__ = ["MAX_KEY_LENGTH", "IdempotencyKeyError", "parse_idempotency_key"]
 
 MAX_KEY_LENGTH = 255
+# every character of a key: printable ASCII, space to tilde
+_PRINTABLE_ASCII = re.compile(r"[\x20-\x7e]*")
 
 
 class IdempotencyKeyError(ProblemError):
@@ -33,7 +37,7 @@ def parse_idempotency_key(values: list[str]) -> str:
             "idempotency-key-invalid",
             f"the key must be 1-{MAX_KEY_LENGTH} characters, got {len(key)}",
         )
-    if any(not 0x20 <= ord(c) <= 0x7E for c in key):
+    if not _PRINTABLE_ASCII.fullmatch(key):
         raise IdempotencyKeyError("idempotency-key-invalid", "the key must be printable ASCII")
     return key
 

@@ -472,6 +472,8 @@ def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: D
         level = logging.ERROR
     elif observation.source is Source.ATTEMPT and decision.disposition.value == "applied":
         level = logging.DEBUG  # an attempt storing its own outcome is every request's routine
+    if not log.isEnabledFor(level):
+        return  # the fields below cost more than the check, on every request
     log.log(
         level,
         "observation settled",
