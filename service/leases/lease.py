@@ -50,6 +50,8 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     redis_errors.ReadOnlyError,
     redis_errors.OutOfMemoryError,
     OSError,
+    # any other error reply to a lease's command: the lease store misbehaves, so no lease
+    redis_errors.ResponseError,
 )
 
 # KEYS[1] lease key, ARGV[1] token, ARGV[2] ttl in ms -> 1 if extended, 0 if not ours.

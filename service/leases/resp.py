@@ -23,25 +23,18 @@ from typing import Any, cast
 
 import hiredis
 from redis import exceptions as redis_errors
+from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, UnixDomainSocketConnection
 
 __all__ = ["Pipelined", "Script", "pipelined_for"]
 
-# Error replies by their first word, as redis-py maps them (the ones the lease layer tells
-# apart: a read-only replica or a full Redis refuses a lease; NOSCRIPT reloads the script).
-_ERRORS: dict[str, type[redis_errors.ResponseError]] = {
-    "NOSCRIPT": redis_errors.NoScriptError,
-    "READONLY": redis_errors.ReadOnlyError,
-    "OOM": redis_errors.OutOfMemoryError,
-}
 
-
-def _error(reply: redis_errors.ResponseError) -> redis_errors.RedisError:
-    message = str(reply)
-    if message.startswith(("NOAUTH", "WRONGPASS")):
-        return redis_errors.AuthenticationError(message)
-    return _ERRORS.get(message.split(" ", 1)[0], redis_errors.ResponseError)(message)
+def _error(message: str) -> Exception:
+    """An error reply as redis-py's exception for it (``LOADING`` is a ConnectionError,
+    ``NOSCRIPT`` a NoScriptError, a wrong password an AuthenticationError, ...)."""
+    error: Exception = BaseParser.parse_error(message)  # type: ignore[no-untyped-call]
+    return error
 
 
 def _pack(args: tuple[bytes | str | int, ...]) -> bytes:
@@ -60,7 +53,7 @@ class _Protocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.closed = False
-        self._reader = hiredis.Reader(replyError=redis_errors.ResponseError)
+        self._reader = hiredis.Reader(replyError=_error)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass
@@ -127,7 +120,8 @@ class Pipelined:
             self._hello.append(("SELECT", db))
         self._protocol: _Protocol | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._connecting: asyncio.Future[_Protocol] | None = None
+        self._connecting: asyncio.Task[_Protocol] | None = None
+        self._closes = 0  # close() calls: a connect begun before one is not kept
 
     async def call(self, *args: bytes | str | int) -> Any:
         """The answer to one command; redis-py's exceptions on failure."""
@@ -135,36 +129,62 @@ class Pipelined:
         loop = asyncio.get_running_loop()
         if protocol is None or protocol.closed or loop is not self._loop:
             protocol = await self._connect(loop)
-        assert protocol.transport is not None
+        return await self._send(loop, protocol, args, self._timeout)
+
+    @staticmethod
+    async def _send(
+        loop: asyncio.AbstractEventLoop,
+        protocol: _Protocol,
+        args: tuple[bytes | str | int, ...],
+        timeout: float,  # noqa: ASYNC109 (a timer per command, cheaper than a Timeout)
+    ) -> Any:
+        if protocol.closed or protocol.transport is None:  # lost since it was opened
+            raise redis_errors.ConnectionError("Redis connection lost")
         future = loop.create_future()
         protocol.waiting.append(future)
         protocol.transport.write(_pack(args))
-        timer = loop.call_later(self._timeout, _expire, protocol, future, self._timeout)
+        timer = loop.call_later(timeout, _expire, protocol, future, timeout)
         try:
             reply = await future
         finally:
             timer.cancel()
-        if isinstance(reply, redis_errors.ResponseError):
-            raise _error(reply)
+        if isinstance(reply, Exception):
+            raise reply
         return reply
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
-        if self._connecting is not None and self._loop is loop:
-            return await asyncio.shield(self._connecting)
-        self._loop = loop
-        self._protocol = None
-        self._connecting = loop.create_future()
+        """The connection, opened once for every caller that needs it: by a task of its own,
+        so a caller cancelled meanwhile cancels only its own wait."""
+        connecting = self._connecting
+        if connecting is None or self._loop is not loop:
+            if self._protocol is not None:
+                self._protocol.abort(redis_errors.ConnectionError("reconnecting"))
+            self._loop = loop
+            self._protocol = None
+            connecting = self._connecting = loop.create_task(self._open(loop))
+            closes = self._closes
+            connecting.add_done_callback(lambda task: self._opened(task, loop, closes))
         try:
-            protocol = await self._open(loop)
-        except BaseException as exc:
-            self._connecting.set_exception(exc)
-            self._connecting.exception()  # retrieved: later callers connect anew
-            self._connecting = None
+            return await asyncio.shield(connecting)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if connecting.cancelled() and (current is None or not current.cancelling()):
+                # close() stopped the connect; this caller was not cancelled
+                raise redis_errors.ConnectionError("closed while connecting") from None
             raise
-        self._protocol = protocol
-        self._connecting.set_result(protocol)
-        self._connecting = None
-        return protocol
+
+    def _opened(
+        self, task: asyncio.Task[_Protocol], loop: asyncio.AbstractEventLoop, closes: int
+    ) -> None:
+        if self._connecting is task:
+            self._connecting = None
+        if task.cancelled() or task.exception() is not None:  # retrieved: nobody may wait
+            return
+        protocol = task.result()
+        if self._loop is loop and self._closes == closes:
+            self._protocol = protocol
+        else:  # closed, or another loop took over, meanwhile
+            protocol.abort(redis_errors.ConnectionError("client closed"))
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         try:
@@ -181,28 +201,20 @@ class Pipelined:
         except OSError as exc:
             raise redis_errors.ConnectionError(f"cannot connect to Redis: {exc}") from exc
         for command in self._hello:
-            future = loop.create_future()
-            protocol.waiting.append(future)
-            assert protocol.transport is not None
-            protocol.transport.write(_pack(command))
             try:
-                async with asyncio.timeout(self._timeout):
-                    reply = await future
-            except TimeoutError:
-                protocol.abort(redis_errors.TimeoutError("Redis did not answer the handshake"))
-                raise redis_errors.TimeoutError(
-                    f"Redis did not answer {command[0]!r} within {self._timeout}s"
-                ) from None
+                await self._send(loop, protocol, command, self._timeout)
             except BaseException:
-                protocol.abort(redis_errors.ConnectionError("handshake interrupted"))
+                protocol.abort(redis_errors.ConnectionError("handshake failed"))
                 raise
-            if isinstance(reply, redis_errors.ResponseError):
-                protocol.abort(redis_errors.ConnectionError("handshake refused"))
-                raise _error(reply)
         return protocol
 
     def close(self) -> None:
-        """Drop the connection (commands still waiting fail); the next call reconnects."""
+        """Drop the connection (commands still waiting fail) and stop a connect in progress;
+        a later call connects anew."""
+        self._closes += 1
+        if self._connecting is not None:
+            self._connecting.cancel()
+            self._connecting = None
         if self._protocol is not None:
             self._protocol.abort(redis_errors.ConnectionError("client closed"))
             self._protocol = None

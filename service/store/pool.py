@@ -52,28 +52,33 @@ class HotPool:
 
 
 class _Borrow:
-    """One ``async with`` of :meth:`HotPool.acquire`."""
+    """One ``async with`` of :meth:`HotPool.acquire`: counted out from before the acquire
+    until asyncpg has the connection back, and released within the acquire timeout whatever
+    the acquire was given (asyncpg's release waits for a cancelled query or a rollback)."""
 
-    __slots__ = ("_context", "_hot")
+    __slots__ = ("_conn", "_hot")
 
     def __init__(self, hot: HotPool) -> None:
         self._hot = hot
-        self._context: Any = None
+        self._conn: Any = None
 
     async def __aenter__(self) -> Any:
         hot = self._hot
         timeout = None if hot.out < hot._size else hot._timeout
-        self._context = hot._pool.acquire(timeout=timeout)
         hot.out += 1  # counted from here: a concurrent acquire must not count it free
         try:
-            return await self._context.__aenter__()
+            self._conn = await hot._pool.acquire(timeout=timeout)
         except BaseException:
             hot.out -= 1
             raise
+        return self._conn
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self._hot.out -= 1
-        await self._context.__aexit__(*exc_info)
+        hot = self._hot
+        try:
+            await hot._pool.release(self._conn, timeout=hot._timeout)
+        finally:
+            hot.out -= 1
 
 
 async def make_pool(settings: Settings, url: str, *, size: int | None = None) -> HotPool:

@@ -14,6 +14,7 @@ from litestar import Litestar
 
 from service.config import Settings
 from service.http.app import create_app
+from service.http.lane import IdempotentLane
 from service.store.db import make_engine
 from service.store.principals import PrincipalStore, Role
 from tests.conftest import Services
@@ -125,8 +126,18 @@ def _same(
         assert json.loads(one[2]).keys() == json.loads(other[2]).keys()
 
 
-async def test_the_lane_answers_as_the_router_does(apps: tuple[_Asgi, _Asgi], api_key: str) -> None:
+async def test_the_lane_answers_as_the_router_does(
+    apps: tuple[_Asgi, _Asgi], api_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     lane, router = apps
+    served: list[str] = []
+    handle = IdempotentLane._handle
+
+    async def counted(self: IdempotentLane, handler: Any, scope: Any, *args: Any) -> None:
+        served.append(scope["path"])
+        await handle(self, handler, scope, *args)
+
+    monkeypatch.setattr(IdempotentLane, "_handle", counted)
     auth = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
 
     async def both(
@@ -174,6 +185,11 @@ async def test_the_lane_answers_as_the_router_does(apps: tuple[_Asgi, _Asgi], ap
     assert changed[0] == 422
     refused, _ = await both("POST", "/v1/transfers", auth, transfer_of(1000), key="i")
     assert refused[0] == 402
+    # every POST above went through the lane of one app only
+    assert len(served) == 13
+    assert set(served) == {"/v1/accounts", "/v1/transfers"}
     # what the lane leaves to Litestar
     await both("GET", "/v1/transfers", auth)
     await both("POST", "/v1/transfers/", auth, transfer, key="h")
+    await both("POST", "/v1/transfers", {**auth, "Host": "bad host/"}, transfer, key="j")
+    assert len(served) == 13

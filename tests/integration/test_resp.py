@@ -77,8 +77,8 @@ async def test_a_cancelled_caller_leaves_the_answers_in_step(
     """A caller cancelled while Redis works on its command: its late answer is dropped, and
     the next command still gets its own."""
     key = f"test:{uuid.uuid4().hex}"
-    blocked = asyncio.create_task(pipelined.call(b"BLPOP", key, b"0.3"))
-    await asyncio.sleep(0.05)
+    blocked = asyncio.create_task(pipelined.call(b"BLPOP", key, b"0.1"))
+    await asyncio.sleep(0.02)
     blocked.cancel()
     with pytest.raises(asyncio.CancelledError):
         await blocked
@@ -101,11 +101,12 @@ async def test_the_connection_authenticates_and_selects_its_database(
     pipelined.close()
 
     wrong = services.redis_url.replace("://:", "://:wrong", 1)
-    if wrong != services.redis_url:
-        refused = pipelined_for(connect_redis(wrong))
-        assert refused is not None
-        with pytest.raises(redis_errors.AuthenticationError):
-            await refused.call(b"PING")
+    if wrong == services.redis_url:
+        pytest.skip("this Redis asks for no password (SETTLEMENT_REDIS_URL without one)")
+    refused = pipelined_for(connect_redis(wrong))
+    assert refused is not None
+    with pytest.raises(redis_errors.AuthenticationError):
+        await refused.call(b"PING")
 
 
 @asynccontextmanager
@@ -173,6 +174,72 @@ async def test_a_reply_nobody_asked_for_drops_the_connection() -> None:
         await asyncio.sleep(0.05)  # the extra reply arrives: the connection is dropped
         assert await pipelined.call(b"PING") == b"PONG"
         assert len(accepted) == 2  # the second command went over a new connection
+        pipelined.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "error"),
+    [
+        (b"-LOADING Redis is loading the dataset in memory", redis_errors.BusyLoadingError),
+        (b"-ERR max number of clients reached", redis_errors.ConnectionError),
+        (b"-READONLY You can't write against a read only replica.", redis_errors.ReadOnlyError),
+        (
+            b"-OOM command not allowed when used memory > 'maxmemory'.",
+            redis_errors.OutOfMemoryError,
+        ),
+        (
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value",
+            redis_errors.ResponseError,
+        ),
+    ],
+)
+async def test_error_replies_are_redis_py_s_and_leave_no_lease(
+    reply: bytes, error: type[Exception]
+) -> None:
+    """Each error reply as redis-py raises it; for a lease, every one is "unavailable"."""
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(1 << 16):
+            writer.write(reply + b"\r\n")
+        writer.close()
+
+    async with _server(refuse) as (port, _):
+        pipelined = Pipelined(("127.0.0.1", port), timeout=PROMPT, connect_timeout=PROMPT)
+        with pytest.raises(error):
+            await pipelined.call(b"SET", b"k", b"v")
+        pipelined.close()
+        settings = Settings.from_env({}, redis_timeout=PROMPT)
+        client = make_redis(settings, f"redis://127.0.0.1:{port}/0")
+        leases = LeaseManager(client, ttl=1.0)
+        with pytest.raises(LeaseUnavailable):
+            await leases.acquire("refused")
+        leases.close()
+        await client.aclose()
+
+
+async def test_a_caller_cancelled_while_connecting_leaves_the_others_waiting() -> None:
+    """The connect is shared: cancelling the caller that started it cancels only that
+    caller's wait; the others get their answers once the handshake is done."""
+    answer = asyncio.Event()
+
+    async def slow_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer.wait()
+        while data := await reader.read(1 << 16):
+            writer.write(b"+PONG\r\n" * data.count(b"*"))  # one answer per command, AUTH too
+        writer.close()
+
+    async with _server(slow_handshake) as (port, _):
+        pipelined = Pipelined(
+            ("127.0.0.1", port), timeout=PROMPT, connect_timeout=PROMPT, password="pw"
+        )
+        first = asyncio.create_task(pipelined.call(b"PING"))
+        second = asyncio.create_task(pipelined.call(b"PING"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        answer.set()
+        assert await asyncio.wait_for(second, PROMPT) == b"PONG"
+        with pytest.raises(asyncio.CancelledError):
+            await first
         pipelined.close()
 
 
