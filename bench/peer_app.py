@@ -44,10 +44,20 @@ from bench import serve
 from bench.fixtures import TENANT
 from bench.stack import plain_url
 
-__all__ = ["PEER_PATH", "PEER_ROUTE", "TransferBody", "app_factory", "main", "validation_probe"]
+__all__ = [
+    "PEER_PATH",
+    "PEER_PLAIN_PATH",
+    "PEER_ROUTE",
+    "TransferBody",
+    "app_factory",
+    "main",
+    "validation_probe",
+]
 
 PEER_PATH = "/bench/powertools-transfer"
 PEER_ROUTE = f"POST {PEER_PATH}"
+# The same transaction with no idempotency layer around it: the peer's plain transfer.
+PEER_PLAIN_PATH = "/bench/peer-plain-transfer"
 # The environment variable naming the principal the operation rows belong to (no auth here).
 PRINCIPAL_ENV = "BENCH_PEER_PRINCIPAL"
 # Records kept as long as the server keeps a completed operation (expires_at: one day).
@@ -134,6 +144,10 @@ class Peer:
 
     def open(self) -> None:
         self.pool.open(wait=True, timeout=POOL_OPEN_TIMEOUT)
+
+    def plain_transfer(self, *, request: dict[str, Any]) -> dict[str, Any]:
+        """The transaction of :meth:`transfer` without Powertools around it."""
+        return self._transfer(request=request)
 
     def close(self) -> None:
         self.pool.close()
@@ -228,6 +242,22 @@ def powertools_transfer(
     )
 
 
+@post(PEER_PLAIN_PATH, status_code=201, sync_to_thread=True)
+def peer_plain_transfer(
+    data: TransferBody,
+    peer: Peer,
+    key: Annotated[str, Parameter(header="Idempotency-Key", min_length=1, max_length=255)],
+) -> Response[bytes]:
+    """The peer's transaction alone: what a user of the peer pays without idempotency."""
+    try:
+        made = peer.plain_transfer(request={"key": key, "body": data})
+    except Refused as refused:
+        return _problem(422, str(refused))
+    return Response(
+        content=msgspec.json.encode(made), status_code=201, media_type="application/json"
+    )
+
+
 def _problem(status: int, detail: str) -> Response[bytes]:
     return Response(
         content=msgspec.json.encode({"status": status, "detail": detail}),
@@ -269,7 +299,7 @@ def app_factory() -> Litestar:
             peer.close()
 
     return Litestar(
-        route_handlers=[health, powertools_transfer],
+        route_handlers=[health, powertools_transfer, peer_plain_transfer],
         dependencies={"peer": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],
         openapi_config=None,

@@ -79,6 +79,7 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
         "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),
+        "plain-transfer / peer-plain-transfer": ratio("plain-transfer", "peer-plain-transfer"),
         "new / pgbench-new": ratio("new", "pgbench-new"),
         "replay / pgbench-read": ratio("replay", "pgbench-read"),
     }

@@ -15,7 +15,7 @@ from bench.client import ContentionRound, send_all
 from bench.client import contention as run_contention
 from bench.fixtures import ROUTE, TRANSFERS, Fixture
 from bench.loadgen import LoadResult, raw_request, run_pgbench, write_requests
-from bench.peer_app import PEER_PATH, PEER_ROUTE, validation_probe
+from bench.peer_app import PEER_PATH, PEER_PLAIN_PATH, PEER_ROUTE, validation_probe
 from bench.runner import Row, Runner, Scenario
 from bench.session import say, seed, send_seed
 from bench.stack import ServerProcess, Stack
@@ -244,6 +244,22 @@ def peer(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                     *notes,
                 ],
                 {"executions": {**check, "answers_201": created, "one_per_key": once}},
+            )
+        )
+
+        say("peer-plain-transfer: the peer's transaction without Powertools")
+        args = fixture.fresh_args(PEER_PLAIN_PATH, "peerplain")
+        result, usage = runner.wrk(stack, server, "fresh.lua", args)
+        runner.add(
+            Row(
+                "peer-plain-transfer",
+                f"POST {PEER_PLAIN_PATH}",
+                result,
+                usage,
+                [
+                    "the peer's transaction (sync psycopg, a thread per request) with no "
+                    "idempotency layer and no authentication: what plain-transfer is compared to"
+                ],
             )
         )
         runner.session.server_errors(server, "peer server")
