@@ -232,14 +232,9 @@ def powertools_transfer(
     )
 
     try:
-        made = peer.transfer(request={"key": key, "body": data})
+        return _made(peer.transfer, key, data)
     except IdempotencyAlreadyInProgressError:
         return _problem(409, "in progress")
-    except Refused as refused:  # not expected here: every bench account is funded
-        return _problem(422, str(refused))
-    return Response(
-        content=msgspec.json.encode(made), status_code=201, media_type="application/json"
-    )
 
 
 @post(PEER_PLAIN_PATH, status_code=201, sync_to_thread=True)
@@ -249,8 +244,14 @@ def peer_plain_transfer(
     key: Annotated[str, Parameter(header="Idempotency-Key", min_length=1, max_length=255)],
 ) -> Response[bytes]:
     """The peer's transaction alone: what a user of the peer pays without idempotency."""
+    return _made(peer.plain_transfer, key, data)
+
+
+def _made(transfer: Callable[..., dict[str, Any]], key: str, body: TransferBody) -> Response[bytes]:
+    """201 with the transfer ``transfer`` made, or 422 when it was refused (not expected
+    here: every bench account is funded)."""
     try:
-        made = peer.plain_transfer(request={"key": key, "body": data})
+        made = transfer(request={"key": key, "body": body})
     except Refused as refused:
         return _problem(422, str(refused))
     return Response(

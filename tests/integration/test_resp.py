@@ -208,13 +208,7 @@ async def test_error_replies_are_redis_py_s_and_leave_no_lease(
         with pytest.raises(error):
             await pipelined.call(b"SET", b"k", b"v")
         pipelined.close()
-        settings = Settings.from_env({}, redis_timeout=PROMPT)
-        client = make_redis(settings, f"redis://127.0.0.1:{port}/0")
-        leases = LeaseManager(client, ttl=1.0)
-        with pytest.raises(LeaseUnavailable):
-            await leases.acquire("refused")
-        leases.close()
-        await client.aclose()
+        await _no_lease_from(port, PROMPT)
 
 
 async def test_a_caller_cancelled_while_connecting_leaves_the_others_waiting() -> None:
@@ -243,26 +237,32 @@ async def test_a_caller_cancelled_while_connecting_leaves_the_others_waiting() -
         pipelined.close()
 
 
-async def test_nobody_listening_is_a_connection_error() -> None:
+def _dead_port() -> int:
     with closing(socket.socket()) as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    pipelined = Pipelined(("127.0.0.1", port), timeout=SHORT, connect_timeout=SHORT)
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def _no_lease_from(port: int, redis_timeout: float) -> None:
+    """A lease manager on the Redis at ``port`` answers LeaseUnavailable."""
+    settings = Settings.from_env({}, redis_timeout=redis_timeout)
+    client = make_redis(settings, f"redis://127.0.0.1:{port}/0")
+    leases = LeaseManager(client, ttl=1.0)
+    with pytest.raises(LeaseUnavailable):
+        await leases.acquire("refused")
+    leases.close()
+    await client.aclose()
+
+
+async def test_nobody_listening_is_a_connection_error() -> None:
+    pipelined = Pipelined(("127.0.0.1", _dead_port()), timeout=SHORT, connect_timeout=SHORT)
     with pytest.raises(redis_errors.ConnectionError):
         await pipelined.call(b"PING")
 
 
 async def test_a_lease_on_an_unreachable_redis_is_unavailable() -> None:
-    with closing(socket.socket()) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    settings = Settings.from_env({}, redis_timeout=SHORT)
-    client = make_redis(settings, f"redis://127.0.0.1:{port}/0")
-    leases = LeaseManager(client, ttl=1.0)
-    with pytest.raises(LeaseUnavailable):
-        await leases.acquire("nobody-home")
-    leases.close()
-    await client.aclose()
+    await _no_lease_from(_dead_port(), SHORT)
 
 
 def test_leases_over_uvloop(services: Services) -> None:
