@@ -17,6 +17,7 @@ from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
 from service.core import Refuse, RefuseReason, Scope
 from service.leases import LeaseManager
+from service.store.pool import HotPool
 from service.store.principals import BOOTSTRAP_TENANT, Principal, PrincipalStore, Role
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
@@ -99,12 +100,14 @@ class Admin:
         principals: PrincipalStore,
         store: SettlementStore,
         reader: AsyncEngine,
+        views: HotPool,
         leases: LeaseManager,
         routes: dict[str, IdempotentRoute],
     ) -> None:
         self._principals = principals
         self._store = store
         self._reader = reader
+        self._views = views  # the asyncpg pool the operation views are read on
         self._leases = leases
         self._routes = routes
 
@@ -155,7 +158,7 @@ class Admin:
         self, admin: Principal, operation_id: uuid.UUID, body: SupersedeBody
     ) -> Superseded | Problem:
         """Start a new reservation epoch (the store decides under the row lock)."""
-        view = await operation_view(self._reader, operation_id)
+        view = await operation_view(self._views, operation_id)
         if view is None or not admin.may_act_in(view.tenant):
             return Problem("not-found", f"no operation {operation_id}")
         edited = None
@@ -185,7 +188,7 @@ class Admin:
         if decision.fenced_live_attempt:
             scope = Scope(view.tenant, view.principal_id, view.route, view.key)
             await self._leases.revoke(scope.lease_name())
-        after = await operation_view(self._reader, operation_id)
+        after = await operation_view(self._views, operation_id)
         assert after is not None
         return Superseded(
             operation=after,

@@ -123,11 +123,12 @@ class Settlement:
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
         )
         self.tombstones = RetentionStore(engine, self.retention)
-        self.status = StatusQueries(self.reader, self.leases, self.tombstones, clock=clock)
+        self.status = StatusQueries(pool, self.leases, self.tombstones, clock=clock)
         self.admin = Admin(
             principals=self.principals,
             store=self.store,
             reader=self.reader,
+            views=pool,
             leases=self.leases,
             routes=self.routes,
         )

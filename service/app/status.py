@@ -10,11 +10,10 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from service.app.answers import Problem, expired
 from service.core import Scope
 from service.leases import LeaseManager, LeaseUnavailable
+from service.store.pool import HotPool
 from service.store.principals import Principal, Role
 from service.store.retention import RetentionStore
 from service.store.status import OperationView, find_by_key, operation_view
@@ -28,19 +27,19 @@ MAX_SHOWN_LEASE = 86_400.0
 class StatusQueries:
     def __init__(
         self,
-        reader: AsyncEngine,
+        views: HotPool,
         leases: LeaseManager,
         tombstones: RetentionStore,
         *,
         clock: Callable[[], float],
     ) -> None:
-        self._reader = reader
+        self._views = views  # the asyncpg pool the views are read on
         self._leases = leases
         self._tombstones = tombstones
         self._clock = clock
 
     async def by_id(self, principal: Principal, operation_id: uuid.UUID) -> OperationView | Problem:
-        view = await operation_view(self._reader, operation_id)
+        view = await operation_view(self._views, operation_id)
         if view is None:
             tombstone = await self._tombstones.by_operation(operation_id)
             if tombstone is not None and _may_see(
@@ -52,7 +51,7 @@ class StatusQueries:
     async def by_key(
         self, principal: Principal, key: str, route: str | None
     ) -> OperationView | Problem:
-        view = await find_by_key(self._reader, principal.tenant, principal.id, key, route)
+        view = await find_by_key(self._views, principal.tenant, principal.id, key, route)
         if view is None:
             tombstone = await self._tombstones.by_key(principal.tenant, principal.id, key, route)
             if tombstone is not None:

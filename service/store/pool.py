@@ -98,6 +98,9 @@ async def make_pool(settings: Settings, url: str, *, size: int | None = None) ->
             # first five executions on every connection (a new transfer's statement is large:
             # make bench measured 1.23-1.53 -> 0.95-0.99 ms of PostgreSQL CPU per new one).
             "plan_cache_mode": "force_generic_plan",
+            # timestamps PostgreSQL writes into JSON (the status views' lists) end in +00:00,
+            # as asyncpg's own timestamps are in UTC
+            "timezone": "UTC",
         },
         init=_init,
         reset=_keep_session,

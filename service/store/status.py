@@ -1,4 +1,8 @@
-"""Read models for the status resource (reconciliation queries). Reads only; no authority."""
+"""Read models for the status resource (reconciliation queries). Reads only; no authority.
+
+One statement per view, prepared on the hot path's asyncpg pool: the operation row with its
+attempts, epochs and observations as JSON arrays (through SQLAlchemy these were four
+statements and about 2.4 ms of CPU per answer)."""
 
 from __future__ import annotations
 
@@ -7,10 +11,6 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
-from service.store.tables import attempts, observations, operation_epochs, operations
 
 __all__ = ["OperationView", "find_by_key", "operation_view"]
 
@@ -101,122 +101,97 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
     return body.decode("utf-8", "replace")
 
 
-async def _view(conn: AsyncConnection, row: Any) -> OperationView:
-    attempt_rows = (
-        await conn.execute(
-            select(attempts)
-            .where(attempts.c.operation_id == row.id)
-            .order_by(attempts.c.fencing_token)
-        )
-    ).all()
-    epoch_rows = (
-        await conn.execute(
-            select(operation_epochs)
-            .where(operation_epochs.c.operation_id == row.id)
-            .order_by(operation_epochs.c.binding_generation)
-        )
-    ).all()
-    observation_rows = (
-        await conn.execute(
-            select(observations)
-            .where(observations.c.operation_id == row.id)
-            .order_by(observations.c.id)
-            .limit(MAX_OBSERVATIONS)
-        )
-    ).all()
+# The operation and everything listed under it, in one statement: its attempts, epochs and
+# first MAX_OBSERVATIONS observations as JSON arrays whose keys are the views' fields.
+_LISTS = f"""
+  (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')
+     FROM (SELECT id, fencing_token, binding_generation, started_at, finished_at, outcome,
+                  response_status, error
+             FROM attempts WHERE operation_id = o.id) a) AS attempts_json,
+  (SELECT coalesce(json_agg(e ORDER BY e.binding_generation), '[]')
+     FROM (SELECT binding_generation, request_fingerprint, final_state, result_digest, reason,
+                  superseded_by, superseded_at
+             FROM operation_epochs WHERE operation_id = o.id) e) AS epochs_json,
+  (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')
+     FROM (SELECT id, source, kind, verified, stage, disposition, reason, revision_before,
+                  revision_after, detail, created_at
+             FROM observations WHERE operation_id = o.id
+            ORDER BY id LIMIT {MAX_OBSERVATIONS}) b) AS observations_json"""
+
+_COLUMNS = """o.id, o.tenant, o.principal_id, o.idempotency_key, o.route, o.state,
+  o.binding_generation, o.request_fingerprint, o.revision, o.created_at, o.updated_at,
+  o.expires_at, o.result_status, o.result_digest, o.result_content_type, o.result_body,
+  o.current_attempt_id, o.fencing_token, o.lease_expires_at, o.conflict"""
+
+BY_ID = f"SELECT {_COLUMNS}, {_LISTS}\n  FROM operations o WHERE o.id = $1"
+
+# the caller's most recent operation under a key (any route, or $4's)
+_LATEST = """SELECT * FROM operations
+     WHERE tenant = $1 AND principal_id = $2 AND idempotency_key = $3{route}
+     ORDER BY created_at DESC LIMIT 1"""
+BY_KEY = f"SELECT {_COLUMNS}, {_LISTS}\n  FROM ({_LATEST.format(route='')}) o"
+BY_KEY_ON_ROUTE = (
+    f"SELECT {_COLUMNS}, {_LISTS}\n  FROM ({_LATEST.format(route=' AND route = $4')}) o"
+)
+
+_attempts = msgspec.json.Decoder(list[AttemptView])
+_epochs = msgspec.json.Decoder(list[EpochView])
+_observations = msgspec.json.Decoder(list[ObservationView])
+
+
+def _view(row: Any) -> OperationView:
     result = None
-    if row.result_digest is not None:
+    if row["result_digest"] is not None:
         result = ResultView(
-            status=row.result_status,
-            digest=row.result_digest,
-            content_type=row.result_content_type,
-            body=_body(row.result_content_type, row.result_body),
+            status=row["result_status"],
+            digest=row["result_digest"],
+            content_type=row["result_content_type"],
+            body=_body(row["result_content_type"], row["result_body"]),
         )
     lease = None
-    if row.state == "in_progress":
+    if row["state"] == "in_progress":
         lease = LeaseView(
-            attempt=row.current_attempt_id,
-            fencing_token=row.fencing_token,
-            expires_at=row.lease_expires_at,
+            attempt=row["current_attempt_id"],
+            fencing_token=row["fencing_token"],
+            expires_at=row["lease_expires_at"],
         )
     return OperationView(
-        id=row.id,
-        tenant=row.tenant,
-        principal_id=row.principal_id,
-        key=row.idempotency_key,
-        route=row.route,
-        state=row.state,
-        binding_generation=row.binding_generation,
-        request_fingerprint=row.request_fingerprint,
-        revision=row.revision,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        expires_at=row.expires_at,
+        id=row["id"],
+        tenant=row["tenant"],
+        principal_id=row["principal_id"],
+        key=row["idempotency_key"],
+        route=row["route"],
+        state=row["state"],
+        binding_generation=row["binding_generation"],
+        request_fingerprint=row["request_fingerprint"],
+        revision=row["revision"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        expires_at=row["expires_at"],
         result=result,
         lease=lease,
-        attempts=[
-            AttemptView(
-                id=a.id,
-                fencing_token=a.fencing_token,
-                binding_generation=a.binding_generation,
-                started_at=a.started_at,
-                finished_at=a.finished_at,
-                outcome=a.outcome,
-                response_status=a.response_status,
-                error=a.error,
-            )
-            for a in attempt_rows
-        ],
-        epochs=[
-            EpochView(
-                binding_generation=e.binding_generation,
-                request_fingerprint=e.request_fingerprint,
-                final_state=e.final_state,
-                result_digest=e.result_digest,
-                reason=e.reason,
-                superseded_by=e.superseded_by,
-                superseded_at=e.superseded_at,
-            )
-            for e in epoch_rows
-        ],
-        conflict=row.conflict,
-        observations=[
-            ObservationView(
-                source=o.source,
-                kind=o.kind,
-                verified=o.verified,
-                stage=o.stage,
-                disposition=o.disposition,
-                reason=o.reason,
-                revision_before=o.revision_before,
-                revision_after=o.revision_after,
-                detail=o.detail,
-                created_at=o.created_at,
-            )
-            for o in observation_rows
-        ],
+        attempts=_attempts.decode(row["attempts_json"]),
+        epochs=_epochs.decode(row["epochs_json"]),
+        conflict=row["conflict"],
+        observations=_observations.decode(row["observations_json"]),
     )
 
 
-async def operation_view(engine: AsyncEngine, operation_id: uuid.UUID) -> OperationView | None:
-    async with engine.connect() as conn:
-        row = (
-            await conn.execute(select(operations).where(operations.c.id == operation_id))
-        ).first()
-        return None if row is None else await _view(conn, row)
+async def operation_view(pool: Any, operation_id: uuid.UUID) -> OperationView | None:
+    """``pool``: the hot path's asyncpg pool (:mod:`service.store.pool`), whose sessions
+    write timestamps in JSON in UTC."""
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(BY_ID, operation_id)
+    return None if row is None else _view(row)
 
 
 async def find_by_key(
-    engine: AsyncEngine, tenant: str, principal_id: uuid.UUID, key: str, route: str | None
+    pool: Any, tenant: str, principal_id: uuid.UUID, key: str, route: str | None
 ) -> OperationView | None:
     """The caller's most recent operation under ``key`` (optionally on one route)."""
-    stmt = select(operations).where(
-        operations.c.tenant == tenant,
-        operations.c.principal_id == principal_id,
-        operations.c.idempotency_key == key,
-    )
-    if route is not None:
-        stmt = stmt.where(operations.c.route == route)
-    async with engine.connect() as conn:
-        row = (await conn.execute(stmt.order_by(operations.c.created_at.desc()).limit(1))).first()
-        return None if row is None else await _view(conn, row)
+    async with pool.acquire() as conn:
+        if route is None:
+            row = await conn.fetchrow(BY_KEY, tenant, principal_id, key)
+        else:
+            row = await conn.fetchrow(BY_KEY_ON_ROUTE, tenant, principal_id, key, route)
+    return None if row is None else _view(row)
