@@ -101,13 +101,16 @@ class Settings:
         1.0, "hot-path row locks (accounts, its operation row): 503 beats a queue behind them."
     )
     db_pool_size: int = _setting(
-        10, "hot-path connections (asyncpg) per worker process: requests and local effects."
+        10,
+        "hot-path connections (asyncpg) per worker process: requests, local effects and the "
+        "status views.",
     )
     max_running_per_principal: int = _setting(
         8, "idempotent requests one principal runs at once per worker; more wait, then 429."
     )
     db_cold_pool_size: int = _setting(
-        5, "SQLAlchemy connections per worker: admin, status, sweeps, observations, retries."
+        5,
+        "SQLAlchemy connections per worker: admin, tombstone reads, sweeps, observations, retries.",
     )
     redis_timeout: float = _setting(
         2.0, "socket timeout of every Redis call; Redis is liveness, so fail fast."
