@@ -40,6 +40,7 @@ from service.core import (
     settle,
 )
 from service.store.hot_sql import (
+    BY_SCOPE,
     CLAIM_NEW,
     FINISH,
     IDENTIFY,
@@ -93,6 +94,14 @@ class HotPath:
                 forget_at=row["t_forget_at"],
             )
         return principal, record, tombstone
+
+    async def by_scope(self, scope: Scope) -> Record | None:
+        """The scope's row, read without a lock."""
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(
+                BY_SCOPE, scope.tenant, scope.principal_id, scope.route, scope.idempotency_key
+            )
+        return None if row is None else record_from_row(row)
 
     async def claim_new(
         self,

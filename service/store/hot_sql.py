@@ -2,7 +2,7 @@
 
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
-* ``LOCK``: the operation row under its lock.
+* ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
 * ``FINISH``: the row's CAS, the observation and the attempt's end; :func:`finish_with`
   carries a local effect's SQL (``EffectStatement``) in it.
 * :func:`claim_settle_with`: a new operation claimed, run and settled in one statement.
@@ -13,7 +13,15 @@ from __future__ import annotations
 import functools
 import re
 
-__all__ = ["CLAIM_NEW", "FINISH", "IDENTIFY", "LOCK", "claim_settle_with", "finish_with"]
+__all__ = [
+    "BY_SCOPE",
+    "CLAIM_NEW",
+    "FINISH",
+    "IDENTIFY",
+    "LOCK",
+    "claim_settle_with",
+    "finish_with",
+]
 
 _RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
     o.bound_credential_generation, o.state, o.revision, o.fencing_token, o.lease_expires_at,
@@ -63,6 +71,10 @@ RETURNING operation_id
 """
 
 LOCK = f"SELECT {_RECORD} FROM operations o WHERE o.id = $1 FOR UPDATE"
+
+# the scope's row, no lock (a 409's re-read, Prefer: wait's)
+BY_SCOPE = f"""SELECT {_RECORD} FROM operations o
+ WHERE o.tenant = $1 AND o.principal_id = $2 AND o.route = $3 AND o.idempotency_key = $4"""
 
 _OBSERVATION_COLUMNS = """operation_id, source, kind, binding_generation,
         request_fingerprint, fencing_token, verified, result_status, result_digest,

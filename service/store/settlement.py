@@ -114,7 +114,9 @@ class SettlementStore:
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
         """The scope's row, one indexed read without a lock (the request's first read is
-        ``identify``; this one is for re-reads, e.g. after a Prefer: wait)."""
+        ``identify``; this one is for re-reads: a 409's, a Prefer: wait's)."""
+        if self._hot is not None:
+            return await self._hot.by_scope(scope)
         return await self._read_one(*scope_predicate(scope))
 
     async def _read_one(self, *where: Any) -> Record | None:
