@@ -1,14 +1,15 @@
 """The idempotent routes' own lane: a POST to one of them goes straight to its handler.
 
 Litestar routes a request, resolves its dependencies, wraps the handler in its exception
-middleware and turns the returned ``Response`` into ASGI messages: about 110 Python calls per
-request, a quarter of a replay's CPU (``/work`` profiles: 568 calls per replay, 111 of them
-Litestar's). The idempotent routes need none of its routing (a fixed path), nor its
-dependency injection (the handler takes the request and the process's ``Settlement``), so
-this lane calls the handler Litestar registered, with the same Litestar ``Request`` (its
-body limit, its headers) and the same exception table (:mod:`service.http.problems`), and
-sends the ``Response`` the way Litestar does (``to_asgi_response``). Every other request,
-and any method but POST, goes to Litestar unchanged.
+middleware and turns the returned ``Response`` into ASGI messages: 111 of the 568 Python calls
+of a replay, profiled in process. The idempotent routes need none of its routing (a fixed
+path), nor its dependency injection (the handler takes the request and the process's
+``Settlement``), so this lane calls the handler Litestar registered, with the same Litestar
+``Request`` (its body limit, its headers) and the same exception table
+(:mod:`service.http.problems`), and sends the ``Response`` the way Litestar does
+(``to_asgi_response``): 59 of Litestar's calls remain, and a replay went from 0.38 to 0.30 ms
+of CPU in that measurement. Every other request, any method but POST, and a request whose
+Host header Litestar's router would refuse go to Litestar unchanged.
 """
 
 from __future__ import annotations
