@@ -39,6 +39,7 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
+from service.store.hot_args import finish_args, observation_args, written_args
 from service.store.hot_sql import (
     BY_SCOPE,
     CLAIM_NEW,
@@ -171,7 +172,7 @@ class HotPath:
                         scope.principal_id,
                         scope.route,
                         scope.idempotency_key,
-                        *_written_args(values),
+                        *written_args(values),
                         attempt_id,
                         values["lease_expires_at"],
                         at(now),
@@ -183,7 +184,7 @@ class HotPath:
                         expires,
                         lease_token,
                         to_ts(claimed.lease_expires_at),
-                        *_observation_args(observation, decision),
+                        *observation_args(observation, decision),
                         decision.expected_revision,
                         claimed.fencing_token,
                         claimed.reservation.binding_generation,
@@ -300,9 +301,9 @@ class HotPath:
         try:
             row = await conn.fetchrow(
                 finish_with(statement.guard, statement.apply),
-                *_finish_args(claimed, after, decision, at(now)),
+                *finish_args(claimed, after, decision, at(now)),
                 expires,
-                *_observation_args(observation, decision),
+                *observation_args(observation, decision),
                 attempt.attempt_id,
                 *statement.args,
             )
@@ -359,9 +360,9 @@ class HotPath:
                 expires = at(now) + timedelta(seconds=retention)
             observation_id = await conn.fetchval(
                 FINISH,
-                *_finish_args(record, after, decision, at(now)),
+                *finish_args(record, after, decision, at(now)),
                 expires,
-                *_observation_args(observation, decision),
+                *observation_args(observation, decision),
                 attempt.attempt_id,
             )
             if observation_id is None:
@@ -402,54 +403,4 @@ def _owns(attempt: AttemptRef, record: Record) -> bool:
         record.reservation == attempt.reservation
         and record.fencing_token == attempt.fencing_token
         and not record.state.terminal
-    )
-
-
-def _written_args(values: dict[str, Any]) -> tuple[Any, ...]:
-    """The row's reservation, binding, state, revision and fencing token, as both the
-    finishing CAS and the one-statement insert write them."""
-    return (
-        values["binding_generation"],
-        values["request_fingerprint"],
-        values["bound_principal_id"],
-        values["bound_credential_generation"],
-        values["state"],
-        values["revision"],
-        values["fencing_token"],
-    )
-
-
-def _finish_args(before: Record, after: Record, decision: Apply, now: datetime) -> tuple[Any, ...]:
-    values = record_values(after)
-    return (
-        uuid.UUID(before.reservation.operation_id),
-        before.reservation.request_fingerprint,
-        before.reservation.binding_generation,
-        decision.expected_revision,
-        *_written_args(values),
-        values["lease_expires_at"],
-        values["result_status"],
-        values["result_content_type"],
-        values["result_body"],
-        values["result_digest"],
-        values["conflict"],
-        now,
-    )
-
-
-def _observation_args(observation: Observation, decision: Apply) -> tuple[Any, ...]:
-    result = observation.result
-    return (
-        observation.source.value,
-        observation.kind.value,
-        observation.reservation.binding_generation,
-        observation.reservation.request_fingerprint,
-        observation.fencing_token,
-        observation.verified,
-        result.status if result else None,
-        result.digest if result else None,
-        to_ts(observation.lease_expires_at),
-        decision.stage.value,
-        decision.disposition.value,
-        decision.reason.value,
     )
