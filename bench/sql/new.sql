@@ -54,11 +54,6 @@ WITH locked AS (
            'application/json', decode(repeat('7b', 229), 'hex'),
            md5(:k::text) || md5(:k::text), NULL, now() + interval '1 day'
      WHERE EXISTS (SELECT 1 FROM effect_ok)
-       AND NOT EXISTS (
-        SELECT 1 FROM tombstones t
-         WHERE t.tenant = :tenant AND t.principal_id = :principal::uuid
-           AND t.route = 'POST /v1/transfers' AND t.idempotency_key = 'pgbench-' || :k::text
-           AND t.forget_at > now())
     ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id
 ), debit AS (

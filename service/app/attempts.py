@@ -57,6 +57,7 @@ from service.evidence import SignedEvidence, observation_of
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager
 from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
+from service.store.outcomes import KeyExpired
 from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
@@ -147,7 +148,8 @@ class Attempts:
         one statement while holding ``lease`` (nothing is ever left ``in_progress``: a crash or
         a lost connection leaves either the whole settled operation or nothing). None when
         nothing was written and the caller should claim and run the attempt the general
-        way (the guard refused, a row or a tombstone appeared)."""
+        way (the guard refused, a row appeared). ``KeyExpired`` when the key's tombstone
+        stands (written by a purge that committed while this statement ran)."""
         assert spec.statement is not None
         statement_of = spec.statement
         started = time.perf_counter()
@@ -177,6 +179,8 @@ class Attempts:
                 # a lock not granted: nothing was written; the general way claims first and
                 # waits once more (a lock freed meanwhile runs the transfer after all)
                 return None
+            except KeyExpired:
+                raise  # the key's operation was purged: 410, nothing written
             except Exception as exc:
                 return self._unwritten(op, exc)
             if done is None:

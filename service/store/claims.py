@@ -2,7 +2,8 @@
 
 Lock the scope's row (or insert it), ask the core (``decide_claim``), CAS, and record the
 attempt; a stale ``in_progress`` row's demotion is recorded as an observation in the same
-transaction.
+transaction. An insert under a live tombstone is refused by the schema itself (migration 0006):
+the phase runner raises it as :class:`~service.store.outcomes.KeyExpired`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from service.core import (
     settle,
     with_lease,
 )
-from service.store.outcomes import ClaimOutcome, KeyExpired
+from service.store.outcomes import ClaimOutcome
 from service.store.phase import Phase
 from service.store.rows import at
 from service.store.unit_of_work import StaleRevision, UnitOfWork
@@ -43,10 +44,6 @@ def claim_phase(
     async def phase(uow: UnitOfWork) -> ClaimOutcome:
         record = await uow.get_for_update_by_scope(scope)
         now = clock()
-        if record is None:
-            expired = await uow.live_tombstone(scope, at(now))
-            if expired is not None:  # purged by retention: never claimed anew (DESIGN §9)
-                raise KeyExpired(expired)
         if record is not None and holds_lease:
             record = with_lease(record, None, now)
         decision = decide_claim(record, request, now)

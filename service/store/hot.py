@@ -113,28 +113,30 @@ class HotPath:
         now: datetime,
     ) -> bool:
         """Insert ``record`` (the core's NEW claim) and its attempt; False when the scope
-        already has a row (another claimer won; nothing was written)."""
+        already has a row (another claimer won; nothing was written). ``KeyExpired`` when
+        the scope's tombstone stands."""
         binding = record.binding
-        async with self._pool.acquire() as conn:
-            inserted = await conn.fetchval(
-                CLAIM_NEW,
-                uuid.UUID(record.reservation.operation_id),
-                scope.tenant,
-                scope.principal_id,
-                scope.route,
-                scope.idempotency_key,
-                record.reservation.binding_generation,
-                record.reservation.request_fingerprint,
-                uuid.UUID(binding.principal_id),
-                binding.credential_generation,
-                record.state.value,
-                record.revision,
-                record.fencing_token,
-                attempt_id,
-                to_ts(record.lease_expires_at),
-                now,
-                lease_token,
-            )
+        with lock_timeouts():  # a live tombstone: KeyExpired
+            async with self._pool.acquire() as conn:
+                inserted = await conn.fetchval(
+                    CLAIM_NEW,
+                    uuid.UUID(record.reservation.operation_id),
+                    scope.tenant,
+                    scope.principal_id,
+                    scope.route,
+                    scope.idempotency_key,
+                    record.reservation.binding_generation,
+                    record.reservation.request_fingerprint,
+                    uuid.UUID(binding.principal_id),
+                    binding.credential_generation,
+                    record.state.value,
+                    record.revision,
+                    record.fencing_token,
+                    attempt_id,
+                    to_ts(record.lease_expires_at),
+                    now,
+                    lease_token,
+                )
         return inserted is not None
 
     async def claim_and_settle(
@@ -152,9 +154,9 @@ class HotPath:
         """A scope with no row: claim it (``claimed``, the core's NEW claim), run the effect
         and settle the attempt's outcome in one statement, its own transaction; the row is
         written once, already settled. None when nothing was written: the effect's guard
-        refused, the core did not apply the outcome, another claimer's row exists, or the
-        key's tombstone stands (the caller then claims and runs the effect the general way,
-        which says why)."""
+        refused, the core did not apply the outcome or another claimer's row exists (the
+        caller then claims and runs the effect the general way, which says why).
+        ``KeyExpired`` when the key's tombstone stands: nothing was written."""
         observation = statement.observation
         decision = settle(claimed, observation, now, policy)
         if not isinstance(decision, Apply):

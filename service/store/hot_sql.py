@@ -2,6 +2,10 @@
 
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
+
+An operation is never inserted under a live tombstone: the schema's trigger (migration 0006)
+fails such an insert with SQLSTATE SK410, which :func:`service.store.phase.lock_timeouts`
+raises as ``KeyExpired``.
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
 * ``FINISH``: the row's CAS, the observation and the attempt's end; :func:`finish_with`
   carries a local effect's SQL (``EffectStatement``) in it.
@@ -44,14 +48,7 @@ SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
  WHERE p.key_hash = $1 AND p.revoked_at IS NULL
 """
 
-# a key whose operation was purged (a live tombstone) is never claimed anew: $2-$5 the
-# scope, $15 now
-_NO_LIVE_TOMBSTONE = """NOT EXISTS (
-        SELECT 1 FROM tombstones t
-         WHERE t.tenant = $2::varchar AND t.principal_id = $3::uuid AND t.route = $4::varchar
-           AND t.idempotency_key = $5::varchar AND t.forget_at > $15::timestamptz)"""
-
-CLAIM_NEW = f"""
+CLAIM_NEW = """
 WITH claimed AS (
     INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
         binding_generation, request_fingerprint, bound_principal_id,
@@ -60,7 +57,6 @@ WITH claimed AS (
     SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, $6::int, $7::varchar,
            $8::uuid, $9::int, $10::varchar, $11::bigint, $12::bigint, $13::uuid,
            $14::timestamptz, $15::timestamptz, $15::timestamptz
-     WHERE {_NO_LIVE_TOMBSTONE}
     ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id
 )
@@ -130,7 +126,7 @@ def finish_with(guard: str, apply: str) -> str:
 # lease, $24-$35 the observation, $36 the claim's revision, $37-$38 the attempt's fencing
 # token and epoch; the effect's $E<n> follow.
 CLAIM_SETTLE_PARAMS = 38
-_CLAIMED_SETTLED = f"""written AS (
+_CLAIMED_SETTLED = """written AS (
     INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
         binding_generation, request_fingerprint, bound_principal_id,
         bound_credential_generation, state, revision, fencing_token, current_attempt_id,
@@ -141,7 +137,6 @@ _CLAIMED_SETTLED = f"""written AS (
            $14::timestamptz, $15::timestamptz, $15::timestamptz, $16::int, $17::varchar,
            $18::bytea, $19::varchar, $20::jsonb, $21::timestamptz
      WHERE EXISTS (SELECT 1 FROM effect_ok)
-       AND {_NO_LIVE_TOMBSTONE}
     ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
     RETURNING id
 )"""

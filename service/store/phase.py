@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 
+from service.store.outcomes import KeyExpired
 from service.store.unit_of_work import StaleRevision, UnitOfWork
 
 __all__ = ["Phase", "PhaseRunner", "RowLocked", "SettlementContention"]
@@ -32,6 +34,9 @@ Phase = Callable[[UnitOfWork], Awaitable[T]]
 
 # SQLSTATE of "lock_timeout expired" (lock_not_available).
 LOCK_NOT_AVAILABLE = "55P03"
+# SQLSTATE of the schema's own refusal to insert an operation under a live tombstone (the
+# trigger of migration 0006); its DETAIL is the purged operation's id.
+KEY_EXPIRED = "SK410"
 
 
 class RowLocked(RuntimeError):
@@ -48,17 +53,27 @@ class SettlementContention(RuntimeError):
 
 @contextlib.contextmanager
 def lock_timeouts() -> Iterator[None]:
-    """A lock not granted within the lock timeout is a busy row, not a server fault."""
+    """A lock not granted within the lock timeout is a busy row, not a server fault; an
+    insert under a live tombstone is the key's expiry (:class:`KeyExpired`)."""
     try:
         yield
     except DBAPIError as exc:  # SQLAlchemy's pool
         if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise RowLocked("the operation row is locked by another phase") from exc
+        cause = exc.orig.__cause__ if exc.orig is not None else None
+        if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate == KEY_EXPIRED:
+            raise _expired(cause) from exc
         raise
     except asyncpg.PostgresError as exc:  # the hot path's pool
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise RowLocked("a row is locked by another phase") from exc
+        if exc.sqlstate == KEY_EXPIRED:
+            raise _expired(exc) from exc
         raise
+
+
+def _expired(exc: asyncpg.PostgresError) -> KeyExpired:
+    return KeyExpired(uuid.UUID(exc.detail))
 
 
 class PhaseRunner:

@@ -24,7 +24,6 @@ from service.store.tables import (
     operation_epochs,
     operations,
     principals,
-    tombstones,
 )
 
 __all__ = ["AttemptEnd", "StaleRevision", "UnitOfWork", "scope_predicate"]
@@ -107,21 +106,6 @@ class UnitOfWork:
             .first()
         )
         return None if row is None else record_from_row(row)
-
-    async def live_tombstone(self, scope: Scope, now: datetime) -> uuid.UUID | None:
-        """The operation id of the scope's tombstone, if one still stands at ``now``."""
-        found: uuid.UUID | None = (
-            await self.connection.execute(
-                select(tombstones.c.operation_id).where(
-                    tombstones.c.tenant == scope.tenant,
-                    tombstones.c.principal_id == scope.principal_id,
-                    tombstones.c.route == scope.route,
-                    tombstones.c.idempotency_key == scope.idempotency_key,
-                    tombstones.c.forget_at > now,
-                )
-            )
-        ).scalar_one_or_none()
-        return found
 
     async def get_for_update_with_scope(
         self, operation_id: uuid.UUID

@@ -27,6 +27,7 @@ from service.store.tables import (
     operation_epochs,
     operations,
     tombstones,
+    transfers,
 )
 from service.telemetry import Metrics
 from tests.integration.factories import (
@@ -341,3 +342,99 @@ SELECT gen_random_uuid(), 'acme', :owner, 'POST /v1/transfers', 'bulk-' || g, 1,
         f"{len(reads)} replays alongside: median {statistics.median(reads) * 1000:.1f} ms, "
         f"max {max(reads) * 1000:.1f} ms"
     )
+
+
+async def held_purge(engine: AsyncEngine, op: uuid.UUID, forget_at: Any) -> Any:
+    """A purge of ``op`` begun and not committed (what :data:`_PURGE` does to one row):
+    its row deleted, its tombstone written. Returns the open connection; commit it."""
+    conn = await engine.connect()
+    await conn.begin()
+    await conn.execute(observations.delete().where(observations.c.operation_id == op))
+    gone = (
+        await conn.execute(
+            operations.delete()
+            .where(operations.c.id == op)
+            .returning(
+                operations.c.tenant,
+                operations.c.principal_id,
+                operations.c.route,
+                operations.c.idempotency_key,
+                operations.c.request_fingerprint,
+                operations.c.expires_at,
+            )
+        )
+    ).one()
+    await conn.execute(
+        tombstones.insert().values(
+            tenant=gone.tenant,
+            principal_id=gone.principal_id,
+            route=gone.route,
+            idempotency_key=gone.idempotency_key,
+            operation_id=op,
+            request_fingerprint=gone.request_fingerprint,
+            final_state="completed",
+            expired_at=gone.expires_at,
+            forget_at=forget_at,
+        )
+    )
+    return conn
+
+
+async def blocked_on_a_lock(engine: AsyncEngine, what: str) -> None:
+    """Until a statement containing ``what`` waits for a lock (it found the held purge)."""
+    for _ in range(200):
+        async with engine.connect() as conn:
+            waiting = (
+                await conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE wait_event_type = 'Lock' AND query LIKE :what"
+                    ),
+                    {"what": f"%{what}%"},
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no statement with {what!r} waited for the purge")
+
+
+@pytest.mark.parametrize("way", ["claim", "claim-and-settle", "locked-claim"])
+async def test_a_claim_that_waits_for_the_purge_of_its_scopes_row_never_inserts_a_new_one(
+    engine: AsyncEngine,
+    open_engine: Any,
+    retention_store: SettlementStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    way: str,
+) -> None:
+    """The claim's statement begins while the scope's expired row still stands (its snapshot
+    has the row and no tombstone); its insert waits for the purge deleting that row, which
+    then commits the tombstone. The claim must answer the expiry, and write nothing."""
+    from tests.integration.test_hot_path import new_transfer, two_accounts
+
+    scope = make_scope(principal_id)
+    op, _ = await settled_transfer(retention_store, scope, clock)
+    ids = await two_accounts(engine, 100)
+    clock.advance(61)
+    purge = await held_purge(open_engine(), op, at(clock.now + 600))
+    request = claim_request(principal_id, clock)
+    if way == "claim-and-settle":
+        claiming = retention_store.claim_and_settle_local(
+            scope, request, new_transfer(ids, 10), lease_token="t", route=scope.route
+        )
+    else:
+        claiming = retention_store.claim(
+            scope, request, lease_token="t", assume_absent=way == "claim"
+        )
+    task = asyncio.ensure_future(claiming)
+    try:
+        await blocked_on_a_lock(engine, "operations")
+    finally:
+        await purge.commit()
+        await purge.close()
+    with pytest.raises(KeyExpired) as expired:
+        await task
+    assert expired.value.operation_id == op
+    assert await count(engine, operations, operations.c.principal_id == principal_id) == 0
+    assert await count(engine, transfers, transfers.c.operation_id == request.new_operation_id) == 0
