@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Any
-
-from litestar import Request
 
 from service.http.problems import ProblemError
+from service.http.reply import Call
 from service.store.principals import Principal, PrincipalStore, Role
 
 __all__ = ["AuthError", "authenticate", "bearer_key", "require_role", "unknown_key"]
@@ -21,14 +19,14 @@ class AuthError(ProblemError):
     """``unauthenticated`` (401) or ``forbidden`` (403)."""
 
 
-async def authenticate(request: Request[Any, Any, Any], principals: PrincipalStore) -> Principal:
+async def authenticate(request: Call, principals: PrincipalStore) -> Principal:
     principal = await principals.authenticate(bearer_key(request))
     if principal is None:
         raise unknown_key()
     return principal
 
 
-def bearer_key(request: Request[Any, Any, Any]) -> str:
+def bearer_key(request: Call) -> str:
     """The API key of the ``Authorization: Bearer`` header (its syntax only; no lookup)."""
     header = request.headers.get("authorization")
     if header is None:

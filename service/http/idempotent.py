@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response
 from litestar.exceptions import ClientException
 
 from service.app.effects import IdempotentRoute
@@ -18,11 +17,12 @@ from service.app.root import Settlement
 from service.http.auth import AuthError, authenticate, bearer_key, require_role, unknown_key
 from service.http.bodies import decode_json
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
-from service.http.problems import ProblemError, problem_response
+from service.http.problems import ProblemError, problem_reply
 from service.http.render import prefer_wait, render, stamp_idempotency_headers
+from service.http.reply import Call, Reply
 from service.store.principals import Principal
 
-__all__ = ["IDEMPOTENT_DESCRIPTION", "handle_idempotent"]
+__all__ = ["IDEMPOTENT_DESCRIPTION", "answer_idempotent"]
 
 # The OpenAPI description of every idempotent route: the key and the retention policy.
 IDEMPOTENT_DESCRIPTION = """\
@@ -38,47 +38,49 @@ Operations that are in progress, unknown or in conflict never expire.
 """
 
 
-async def handle_idempotent(
-    request: Request[Any, Any, Any],
+async def answer_idempotent(
+    call: Call,
     settlement: Settlement,
     spec: IdempotentRoute,
     path_params: dict[str, Any] | None = None,
-) -> Response[bytes]:
+) -> Reply:
+    """The route's answer, for Litestar's router and the idempotent lane alike."""
     try:
-        principal, seen = await _identify(request, settlement, spec)
+        principal, seen = await _identify(call, settlement, spec)
     except (AuthError, IdempotencyKeyError) as exc:
-        return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
+        return stamp_idempotency_headers(problem_reply(exc.slug, exc.detail))
     try:
-        raw = await request.body()
+        raw = await call.body()
     except ClientException as exc:
         if exc.status_code != 413:
             raise
-        return stamp_idempotency_headers(problem_response("payload-too-large", str(exc.detail)))
+        return stamp_idempotency_headers(problem_reply("payload-too-large", str(exc.detail)))
+    headers = call.headers
     try:
-        body = decode_json(raw, spec.body_type, request.headers.get("content-type"))
+        body = decode_json(raw, spec.body_type, headers.get("content-type"))
     except ProblemError as exc:
-        return stamp_idempotency_headers(problem_response(exc.slug, exc.detail))
+        return stamp_idempotency_headers(problem_reply(exc.slug, exc.detail))
     answer = await settlement.requests.handle(
         spec,
         principal,
         seen,
         body,
         path_params=path_params,
-        wait=prefer_wait(request.headers.get("prefer"), settlement.settings.max_wait),
+        wait=prefer_wait(headers.get("prefer"), settlement.settings.max_wait),
     )
     return render(answer)
 
 
 async def _identify(
-    request: Request[Any, Any, Any], settlement: Settlement, spec: IdempotentRoute
+    call: Call, settlement: Settlement, spec: IdempotentRoute
 ) -> tuple[Principal, Seen]:
     """The caller and the row of their scope, in one statement. Errors come in the order a
     client fixes them: credentials (401, 403) before the Idempotency-Key header (400)."""
-    api_key = bearer_key(request)
+    api_key = bearer_key(call)
     try:
-        key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
+        key = parse_idempotency_key(call.headers.getall("idempotency-key", []))
     except IdempotencyKeyError:
-        require_role(await authenticate(request, settlement.principals), *spec.roles)
+        require_role(await authenticate(call, settlement.principals), *spec.roles)
         raise
     found = await settlement.requests.identify(api_key, spec, key)
     if found is None:

@@ -20,6 +20,7 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
+from service.http.reply import Reply, to_response
 from service.leases import LeaseUnavailable
 from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
 from service.store.principals import PrincipalExists
@@ -30,6 +31,7 @@ __all__ = [
     "PROBLEM_CONTENT_TYPE",
     "ProblemError",
     "exception_handlers",
+    "problem_reply",
     "problem_response",
 ]
 
@@ -100,19 +102,25 @@ def problem_response(
     headers: dict[str, str] | None = None,
     **fields: Any,
 ) -> Response[bytes]:
+    return to_response(problem_reply(slug, detail, headers=headers, **fields))
+
+
+def problem_reply(
+    slug: str,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **fields: Any,
+) -> Reply:
     status, title = SLUGS[slug]
     note_problem(slug)
+    headers = dict(headers) if headers else {}
     if status == 401:  # RFC 9110 section 11.6.1: a 401 names the scheme it wants
-        headers = {**(headers or {}), "WWW-Authenticate": 'Bearer realm="settlement"'}
+        headers["WWW-Authenticate"] = 'Bearer realm="settlement"'
     body = ProblemDocument(
         type=f"/problems/{slug}", title=title, status=status, detail=detail, **fields
     )
-    return Response(
-        content=msgspec.json.encode(body),
-        status_code=status,
-        media_type=PROBLEM_CONTENT_TYPE,
-        headers=headers,
-    )
+    return Reply(status, PROBLEM_CONTENT_TYPE, msgspec.json.encode(body), headers)
 
 
 def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

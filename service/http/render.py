@@ -1,7 +1,8 @@
 """Answers of the use cases as HTTP responses: one ``match``, nothing decided here.
 
-Every response of an idempotent route goes through :func:`stamp_idempotency_headers`, which
-sets ``Idempotent-Replayed`` and, once an operation exists, ``Operation-Id``.
+An idempotent route's answer is a :class:`~service.http.reply.Reply`; every one goes through
+:func:`stamp_idempotency_headers`, which sets ``Idempotent-Replayed`` and, once an operation
+exists, ``Operation-Id``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import msgspec
 from litestar import Response
 
 from service.app.answers import Answer, Problem, Stored
-from service.http.problems import problem_response
+from service.http.problems import problem_reply
+from service.http.reply import Reply, to_response
 
 __all__ = [
     "json_response",
@@ -27,29 +29,27 @@ __all__ = [
 _PREFER_WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,6})(?:$|[;,\s])", re.IGNORECASE)
 
 
-def render(answer: Answer) -> Response[bytes]:
-    """The response of an idempotent route."""
+def render(answer: Answer) -> Reply:
+    """The reply of an idempotent route."""
     match answer:
         case Stored(result=result, operation_id=op, replayed=replayed):
-            response = Response(
-                content=result.body, status_code=result.status, media_type=result.content_type
-            )
-            stamp_idempotency_headers(response, op, replayed=replayed)
+            reply = Reply(result.status, result.content_type, result.body)
+            stamp_idempotency_headers(reply, op, replayed=replayed)
         case Problem(operation_id=op):
-            response = stamp_idempotency_headers(render_problem(answer), op)
+            reply = stamp_idempotency_headers(render_problem(answer), op)
     if answer.preference_applied is not None:
-        response.headers["Preference-Applied"] = answer.preference_applied
-    return response
+        reply.headers["Preference-Applied"] = answer.preference_applied
+    return reply
 
 
-def render_problem(problem: Problem) -> Response[bytes]:
+def render_problem(problem: Problem) -> Reply:
     """A problem document with its ``Retry-After`` and ``Location`` headers."""
     headers: dict[str, str] = {}
     if problem.retry_after:
         headers["Retry-After"] = "1"
     if problem.location is not None:
         headers["Location"] = problem.location
-    return problem_response(
+    return problem_reply(
         problem.slug,
         problem.detail,
         headers=headers or None,
@@ -61,12 +61,12 @@ def render_problem(problem: Problem) -> Response[bytes]:
 
 
 def stamp_idempotency_headers(
-    response: Response[bytes], operation_id: str | None = None, *, replayed: bool = False
-) -> Response[bytes]:
-    response.headers["Idempotent-Replayed"] = "true" if replayed else "false"
+    reply: Reply, operation_id: str | None = None, *, replayed: bool = False
+) -> Reply:
+    reply.headers["Idempotent-Replayed"] = "true" if replayed else "false"
     if operation_id:
-        response.headers["Operation-Id"] = operation_id
-    return response
+        reply.headers["Operation-Id"] = operation_id
+    return reply
 
 
 def prefer_wait(header: str | None, cap: float) -> float:
@@ -87,6 +87,6 @@ def render_json_or_problem(answer: Any, status_code: int = 200) -> Response[byte
     """A use case's value as JSON, or its refusal as a problem document."""
     match answer:
         case Problem():
-            return render_problem(answer)
+            return to_response(render_problem(answer))
         case value:
             return json_response(value, status_code)

@@ -47,9 +47,18 @@ class _Asgi:
         await self._task
 
     async def request(
-        self, method: str, path: str, headers: dict[str, str], body: bytes = b""
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | list[tuple[str, str]],
+        body: bytes | list[bytes] = b"",
+        *,
+        lower: bool = True,
     ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-        raw = [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
+        """``body``: one chunk, or the chunks of a streamed body (an empty list: the client
+        hangs up instead); ``lower``: header names lowercased, as the ASGI servers send them."""
+        pairs = headers.items() if isinstance(headers, dict) else headers
+        raw = [((k.lower() if lower else k).encode(), v.encode("latin-1")) for k, v in pairs]
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
@@ -65,12 +74,15 @@ class _Asgi:
             "server": ("127.0.0.1", 80),
             "state": {},
         }
-        chunks = [body]
+        chunks = [body] if isinstance(body, bytes) else list(body)
+        hang_up = not chunks
 
         async def receive() -> dict[str, Any]:
             if chunks:
-                return {"type": "http.request", "body": chunks.pop(), "more_body": False}
-            await asyncio.sleep(30)
+                chunk = chunks.pop(0)
+                return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+            if not hang_up:
+                await asyncio.sleep(30)
             return {"type": "http.disconnect"}
 
         sent: list[dict[str, Any]] = []
@@ -141,15 +153,23 @@ async def test_the_lane_answers_as_the_router_does(
     auth = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
 
     async def both(
-        method: str, path: str, headers: dict[str, str], body: bytes = b"", key: str | None = None
+        method: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes | list[bytes] = b"",
+        key: str | None = None,
+        *,
+        extra: tuple[tuple[str, str], ...] = (),
+        lower: bool = True,
     ) -> tuple[Any, Any]:
-        """The request through each app; ``key`` gets a per-app suffix (a new operation each)."""
+        """The request through each app; ``key`` gets a per-app suffix (a new operation each);
+        ``extra``: more headers, repeated names kept."""
         answers = []
         for app, suffix in ((lane, "lane"), (router, "router")):
-            sent = dict(headers)
+            sent = list(headers.items())
             if key is not None:
-                sent["Idempotency-Key"] = f"{key}-{suffix}"
-            answers.append(await app.request(method, path, sent, body))
+                sent.append(("Idempotency-Key", f"{key}-{suffix}"))
+            answers.append(await app.request(method, path, [*sent, *extra], body, lower=lower))
         _same(answers[0], answers[1])
         return answers[0], answers[1]
 
@@ -185,11 +205,30 @@ async def test_the_lane_answers_as_the_router_does(
     assert changed[0] == 422
     refused, _ = await both("POST", "/v1/transfers", auth, transfer_of(1000), key="i")
     assert refused[0] == 402
+    # what the lane reads of a request by itself: the body in chunks, within the limit or
+    # not, a hang-up, a content-length that is no number, header names in any case,
+    # repeated headers, Prefer
+    third = len(transfer) // 3
+    chunked = [transfer[:third], transfer[third : 2 * third], transfer[2 * third :]]
+    streamed, _ = await both("POST", "/v1/transfers", auth, chunked, key="k")
+    assert streamed[0] == 201
+    over = [b"x" * (600 * 1024)] * 3
+    assert (await both("POST", "/v1/transfers", auth, over, key="l"))[0][0] == 413
+    await both("POST", "/v1/transfers", auth, [], key="m")
+    await both("POST", "/v1/transfers", {**auth, "Content-Length": "twelve"}, transfer, key="n")
+    cased, _ = await both("POST", "/v1/transfers", auth, transfer, key="o", lower=False)
+    assert cased[0] == 201
+    twice = (("Idempotency-Key", "one"), ("Idempotency-Key", "two"))
+    assert (await both("POST", "/v1/transfers", auth, transfer, extra=twice))[0][0] == 400
+    waited, _ = await both("POST", "/v1/transfers", {**auth, "Prefer": "wait=1"}, transfer, key="g")
+    assert (b"idempotent-replayed", b"true") in waited[1]  # settled: a replay at once
+    # payouts, off on this server: the route's own answer, through the lane too
+    assert (await both("POST", "/v1/payouts", auth, b"{}", key="p"))[0][0] == 404
     # every POST above went through the lane of one app only
-    assert len(served) == 13
-    assert set(served) == {"/v1/accounts", "/v1/transfers"}
+    assert len(served) == 21
+    assert set(served) == {"/v1/accounts", "/v1/transfers", "/v1/payouts"}
     # what the lane leaves to Litestar
     await both("GET", "/v1/transfers", auth)
     await both("POST", "/v1/transfers/", auth, transfer, key="h")
     await both("POST", "/v1/transfers", {**auth, "Host": "bad host/"}, transfer, key="j")
-    assert len(served) == 13
+    assert len(served) == 21

@@ -8,15 +8,17 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.params import FromPath
 
+from service.app.root import Settlement
 from service.domain import ledger
 from service.http.auth import authenticate, require_role
 from service.http.deps import Services
-from service.http.idempotent import IDEMPOTENT_DESCRIPTION, handle_idempotent
+from service.http.idempotent import IDEMPOTENT_DESCRIPTION, answer_idempotent
 from service.http.problems import problem_response
 from service.http.render import json_response
+from service.http.reply import Call, Reply, to_response
 from service.store.principals import Role
 
-__all__ = ["get_account", "post_account", "post_transfer"]
+__all__ = ["answer_account", "answer_transfer", "get_account", "post_account", "post_transfer"]
 
 
 @post(
@@ -27,7 +29,11 @@ __all__ = ["get_account", "post_account", "post_transfer"]
     description=IDEMPOTENT_DESCRIPTION,
 )
 async def post_account(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    return await handle_idempotent(request, settlement, settlement.accounts)
+    return to_response(await answer_account(request, settlement))
+
+
+async def answer_account(call: Call, settlement: Settlement) -> Reply:
+    return await answer_idempotent(call, settlement, settlement.accounts)
 
 
 @post(
@@ -38,7 +44,11 @@ async def post_account(request: Request[Any, Any, Any], settlement: Services) ->
     description=IDEMPOTENT_DESCRIPTION,
 )
 async def post_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    return await handle_idempotent(request, settlement, settlement.transfers)
+    return to_response(await answer_transfer(request, settlement))
+
+
+async def answer_transfer(call: Call, settlement: Settlement) -> Reply:
+    return await answer_idempotent(call, settlement, settlement.transfers)
 
 
 @get(
