@@ -299,8 +299,15 @@ class IdempotentRequests:
     async def _in_progress(
         self, scope: Scope, claim: ClaimRequest, record: Record | None, wait: float
     ) -> Answer:
-        """Another attempt holds the lease: 409, or wait for its settlement and replay."""
+        """Another attempt holds the lease: 409, or wait for its settlement and replay.
+
+        With no row in this request's first read and no wait, the 409 points at the key's
+        lookup (which finds the operation once its row exists) without reading the scope
+        again: a new local operation's row appears only settled, so under contention that
+        read found nothing but cost a round trip per duplicate."""
         if record is None:
+            if wait <= 0:
+                return busy(scope)
             record = await self._store.get_by_scope(scope)
         if record is None:
             return busy(scope)  # the winner has not inserted its row yet

@@ -8,13 +8,17 @@ import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from litestar import Litestar
+from redis.asyncio import Redis
 
 from service.config import Settings
+from service.core import Scope
 from service.http.app import create_app
 from service.http.lane import IdempotentLane
+from service.leases import LeaseManager
 from service.store.db import make_engine
 from service.store.principals import PrincipalStore, Role
 from tests.conftest import Services
@@ -232,3 +236,59 @@ async def test_the_lane_answers_as_the_router_does(
     await both("POST", "/v1/transfers/", auth, transfer, key="h")
     await both("POST", "/v1/transfers", {**auth, "Host": "bad host/"}, transfer, key="j")
     assert len(served) == 21
+
+
+@pytest.fixture
+async def client(migrated_url: str) -> tuple[Any, str]:
+    """A client principal of its own tenant, with its API key."""
+    engine = make_engine(Settings.from_env({}), migrated_url, pool_size=1)
+    try:
+        tenant = f"held-{uuid.uuid4().hex[:8]}"
+        return await PrincipalStore(engine).create(tenant, "held-client", Role.CLIENT)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("prefer", [None, "wait=2"])
+async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_lookup(
+    apps: tuple[_Asgi, _Asgi], services: Services, client: tuple[Any, str], prefer: str | None
+) -> None:
+    """The lease is held (as while a new local operation's one statement runs) and the scope
+    has no row: 409 at once, pointing at the key's lookup; with Prefer: wait too, since the
+    scope is read once more and still has no row. Nothing is written."""
+    principal, api_key = client
+    route, key = "POST /v1/transfers", f"held-{uuid.uuid4().hex[:8]}"
+    scope = Scope(
+        tenant=principal.tenant, principal_id=principal.id, route=route, idempotency_key=key
+    )
+    redis = Redis.from_url(services.redis_url)
+    leases = LeaseManager(redis, ttl=30.0)
+    held = await leases.acquire(scope.lease_name())
+    assert held is not None
+    try:
+        headers = {
+            "Authorization": f"Bearer {api_key}",
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+        }
+        if prefer is not None:
+            headers["Prefer"] = prefer
+        body = json.dumps(
+            {"source": str(uuid.uuid4()), "destination": str(uuid.uuid4()), "amount": 1}
+            | {"currency": "EUR"}
+        ).encode()
+        for app in apps:
+            status, answered, content = await app.request("POST", "/v1/transfers", headers, body)
+            found = dict(answered)
+            assert status == 409, content
+            assert json.loads(content)["type"] == "/problems/operation-in-progress"
+            assert (
+                found[b"location"]
+                == b"/v1/operations?" + urlencode({"key": key, "route": route}).encode()
+            )
+            assert found[b"retry-after"] == b"1"
+            assert b"preference-applied" not in found
+    finally:
+        assert await leases.release(held)
+        leases.close()
+        await redis.aclose()
