@@ -237,10 +237,14 @@ class IdempotentRequests:
                 if waited and lease.expires_at - self._leases.now() < lease.ttl / 2:
                     # the lease ran down while this request queued, before any heartbeat:
                     # renew it so the claim starts with a whole ttl (a wait shorter than
-                    # half a ttl leaves plenty; the heartbeat renews from there)
+                    # half a ttl leaves plenty; the heartbeat renews from there). Expired
+                    # meanwhile: take it anew, unless a duplicate holds it now (409)
                     renewed = await self._leases.extend(lease)
                     if renewed is None:
-                        return busy(scope)
+                        renewed = await self._leases.acquire(scope.lease_name())
+                        if renewed is None:
+                            held.clear()  # another's now: nothing of ours to release
+                            return busy(scope)
                     held[0] = lease = renewed
                 return await self._execute(
                     spec, principal, scope, claim, body, record, lease, release

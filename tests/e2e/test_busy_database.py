@@ -97,7 +97,9 @@ def test_a_supersede_of_a_locked_operation_row_is_a_409_with_retry_after(
     assert balance(server.base_url, key, source) == 90
 
 
-def test_one_principal_cannot_take_every_connection(services: Services, app_database: str) -> None:
+def test_one_principal_cannot_take_every_connection(
+    server: ServerProcess, services: Services, app_database: str
+) -> None:
     slow = {
         **ENV,
         "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": "2",
@@ -105,40 +107,41 @@ def test_one_principal_cannot_take_every_connection(services: Services, app_data
         "SETTLEMENT_ENABLE_FAILPOINTS": "1",
         "SETTLEMENT_FAILPOINTS": "effect.before_commit=sleep:1.5",
     }
-    with ServerProcess(app_database, services.redis_url, env=slow) as server:
-        greedy = new_principal(server.base_url)["api_key"]
-        # an account pair per request: they must not wait on each other's row locks
-        pairs = [
-            (new_account(server.base_url, greedy, 100), new_account(server.base_url, greedy, 0))
-            for _ in range(3)
-        ]
-        other = new_principal(server.base_url)["api_key"]
-        other_source = new_account(server.base_url, other, 100)
-        other_destination = new_account(server.base_url, other, 0)
+    # the principals and their accounts from the module's server (no failpoint)
+    greedy = new_principal(server.base_url)["api_key"]
+    # an account pair per request: they must not wait on each other's row locks
+    pairs = [
+        (new_account(server.base_url, greedy, 100), new_account(server.base_url, greedy, 0))
+        for _ in range(3)
+    ]
+    other = new_principal(server.base_url)["api_key"]
+    other_source = new_account(server.base_url, other, 100)
+    other_destination = new_account(server.base_url, other, 0)
+    with ServerProcess(app_database, services.redis_url, env=slow) as limited:
         answers: list[httpx.Response] = []
 
         def send(i: int) -> None:
-            answers.append(transfer(server.base_url, greedy, f"greedy-{i}", *pairs[i], 1))
+            answers.append(transfer(limited.base_url, greedy, f"greedy-{i}", *pairs[i], 1))
 
         running = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for thread in running:
             thread.start()
         time.sleep(0.5)  # both are inside their effect now
         # the third waits for a slot up to the connect timeout (0.3 s here), then is refused
-        refused = transfer(server.base_url, greedy, "greedy-2", *pairs[2], 1)
+        refused = transfer(limited.base_url, greedy, "greedy-2", *pairs[2], 1)
         assert refused.status_code == 429, refused.text
         assert refused.json()["type"] == "/problems/too-many-requests"
         assert refused.headers["retry-after"]
         # another principal is not held back by the first one's requests
-        fine = transfer(server.base_url, other, "other-1", other_source, other_destination, 1)
+        fine = transfer(limited.base_url, other, "other-1", other_source, other_destination, 1)
         assert fine.status_code == 201, fine.text
         for thread in running:
             thread.join(30)
         assert sorted(a.status_code for a in answers) == [201, 201]
         # the refused key ran nothing: its retry executes it now
-        retry = transfer(server.base_url, greedy, "greedy-2", *pairs[2], 1)
+        retry = transfer(limited.base_url, greedy, "greedy-2", *pairs[2], 1)
         assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "false"
-        assert [balance(server.base_url, greedy, source) for source, _ in pairs] == [99, 99, 99]
+        assert [balance(limited.base_url, greedy, source) for source, _ in pairs] == [99, 99, 99]
 
 
 def test_the_hot_path_waits_for_an_account_lock_only_its_own_short_lock_timeout(
@@ -203,3 +206,70 @@ def test_a_database_connection_lost_mid_request_is_a_503_and_the_retry_moves_mon
         relay.stop()
     moved = "SELECT count(*) FROM transfers WHERE source_id = :s"
     assert scalar(app_database, moved, s=source) == 1
+
+
+def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_holds_it(
+    server: ServerProcess, services: Services, app_database: str
+) -> None:
+    """One slot per principal, a lease of 1 s, and an effect that holds its slot for 2.5 s: a
+    second request queues for the slot far past its lease. It takes the lease anew and runs
+    (it used to answer 409 with nobody running); when a duplicate took the expired lease while
+    both queued, exactly one of the two runs and the other is told 409 or replays it (which
+    one depends on whose lease is live when each gets the slot)."""
+    queued = {
+        **ENV,
+        "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": "1",
+        "SETTLEMENT_DB_CONNECT_TIMEOUT": "8",
+        "SETTLEMENT_LEASE_TTL": "1",
+        "SETTLEMENT_ENABLE_FAILPOINTS": "1",
+        "SETTLEMENT_FAILPOINTS": "effect.before_commit=sleep:2.5",
+    }
+    # the principal and its accounts from the module's server (no failpoint)
+    key = new_principal(server.base_url)["api_key"]
+    pairs = [
+        (new_account(server.base_url, key, 100), new_account(server.base_url, key, 0))
+        for _ in range(2)
+    ]
+    with ServerProcess(app_database, services.redis_url, env=queued) as slow:
+        answers: dict[str, httpx.Response] = {}
+
+        def send(name: str, idempotency_key: str, pair: int) -> threading.Thread:
+            def post() -> None:
+                answers[name] = transfer(slow.base_url, key, idempotency_key, *pairs[pair], 1)
+
+            thread = threading.Thread(target=post)
+            thread.start()
+            return thread
+
+        for round_, duplicate in (("alone", False), ("raced", True)):
+            sent = [send(f"{round_}-holder", f"{round_}-holder", 0)]
+            time.sleep(0.4)  # the holder runs its effect, in the one slot
+            sent.append(send(f"{round_}-queued", f"{round_}-queued", 1))
+            if duplicate:
+                time.sleep(1.3)  # the queued request's lease has run out
+                sent.append(send(f"{round_}-duplicate", f"{round_}-queued", 1))
+            for thread in sent:
+                thread.join(40)
+            assert answers[f"{round_}-holder"].status_code == 201
+            ran = "SELECT count(*) FROM operations o JOIN transfers t ON t.operation_id = o.id"
+            ran += " WHERE o.idempotency_key = :k"
+            assert scalar(app_database, ran, k=f"{round_}-queued") == 1
+            if not duplicate:
+                alone = answers[f"{round_}-queued"]
+                assert alone.status_code == 201, alone.text
+                continue
+            # one ran; the other found it held (409) or, queued until it was done, replayed it
+            pair = [answers[f"{round_}-queued"], answers[f"{round_}-duplicate"]]
+            ran_it = [
+                a
+                for a in pair
+                if a.status_code == 201 and a.headers["idempotent-replayed"] == "false"
+            ]
+            assert len(ran_it) == 1, [a.text for a in pair]
+            other = pair[1 - pair.index(ran_it[0])]
+            if other.status_code == 409:
+                assert other.json()["type"] == "/problems/operation-in-progress"
+            else:
+                assert other.status_code == 201, other.text
+                assert other.headers["idempotent-replayed"] == "true"
+                assert other.headers["operation-id"] == ran_it[0].headers["operation-id"]
