@@ -97,23 +97,34 @@ def test_a_supersede_of_a_locked_operation_row_is_a_409_with_retry_after(
     assert balance(server.base_url, key, source) == 90
 
 
+def slots_env(*, running: int, slot_wait: float, effect_sleep: float) -> dict[str, str]:
+    """A server with ``running`` slots per principal, waited for ``slot_wait`` seconds (the
+    connect timeout), whose effects each hold their slot ``effect_sleep`` seconds."""
+    return {
+        **ENV,
+        "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": str(running),
+        "SETTLEMENT_DB_CONNECT_TIMEOUT": str(slot_wait),
+        "SETTLEMENT_ENABLE_FAILPOINTS": "1",
+        "SETTLEMENT_FAILPOINTS": f"effect.before_commit=sleep:{effect_sleep}",
+    }
+
+
+def account_pairs(server: ServerProcess, key: str, count: int) -> list[tuple[str, str]]:
+    """``count`` (source with 100, destination with 0) pairs of the principal of ``key``."""
+    return [
+        (new_account(server.base_url, key, 100), new_account(server.base_url, key, 0))
+        for _ in range(count)
+    ]
+
+
 def test_one_principal_cannot_take_every_connection(
     server: ServerProcess, services: Services, app_database: str
 ) -> None:
-    slow = {
-        **ENV,
-        "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": "2",
-        "SETTLEMENT_DB_CONNECT_TIMEOUT": "0.3",
-        "SETTLEMENT_ENABLE_FAILPOINTS": "1",
-        "SETTLEMENT_FAILPOINTS": "effect.before_commit=sleep:1.5",
-    }
-    # the principals and their accounts from the module's server (no failpoint)
+    slow = slots_env(running=2, slot_wait=0.3, effect_sleep=1.5)
+    # the principals and their accounts from the module's server (no failpoint); an account
+    # pair per request: they must not wait on each other's row locks
     greedy = new_principal(server.base_url)["api_key"]
-    # an account pair per request: they must not wait on each other's row locks
-    pairs = [
-        (new_account(server.base_url, greedy, 100), new_account(server.base_url, greedy, 0))
-        for _ in range(3)
-    ]
+    pairs = account_pairs(server, greedy, 3)
     other = new_principal(server.base_url)["api_key"]
     other_source = new_account(server.base_url, other, 100)
     other_destination = new_account(server.base_url, other, 0)
@@ -216,20 +227,10 @@ def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_h
     (it used to answer 409 with nobody running); when a duplicate took the expired lease while
     both queued, exactly one of the two runs and the other is told 409 or replays it (which
     one depends on whose lease is live when each gets the slot)."""
-    queued = {
-        **ENV,
-        "SETTLEMENT_MAX_RUNNING_PER_PRINCIPAL": "1",
-        "SETTLEMENT_DB_CONNECT_TIMEOUT": "8",
-        "SETTLEMENT_LEASE_TTL": "1",
-        "SETTLEMENT_ENABLE_FAILPOINTS": "1",
-        "SETTLEMENT_FAILPOINTS": "effect.before_commit=sleep:2.5",
-    }
+    queued = {**slots_env(running=1, slot_wait=8, effect_sleep=2.5), "SETTLEMENT_LEASE_TTL": "1"}
     # the principal and its accounts from the module's server (no failpoint)
     key = new_principal(server.base_url)["api_key"]
-    pairs = [
-        (new_account(server.base_url, key, 100), new_account(server.base_url, key, 0))
-        for _ in range(2)
-    ]
+    pairs = account_pairs(server, key, 2)
     with ServerProcess(app_database, services.redis_url, env=queued) as slow:
         answers: dict[str, httpx.Response] = {}
 
