@@ -43,7 +43,7 @@ from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager, LeaseUnavailable, Wakeups
 from service.store.outcomes import KeyExpired
 from service.store.principals import Principal, hash_key
-from service.store.retention import Tombstone
+from service.store.retention import RetentionStore, Tombstone
 from service.store.rows import at
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 from service.telemetry import annotate, span
@@ -105,6 +105,7 @@ class IdempotentRequests:
         self,
         *,
         store: SettlementStore,
+        tombstones: RetentionStore,
         leases: LeaseManager,
         wakeups: Wakeups,
         attempts: Attempts,
@@ -117,6 +118,7 @@ class IdempotentRequests:
         this process; more wait up to ``slot_wait`` seconds for a slot, then get 429. So one
         client cannot take every connection of the pool from the others."""
         self._store = store
+        self._tombstones = tombstones
         self._leases = leases
         self._wakeups = wakeups
         self._attempts = attempts
@@ -173,7 +175,10 @@ class IdempotentRequests:
         try:
             return await self._run(spec, principal, scope, claim, body, wait, seen.record)
         except KeyExpired as exc:  # purged between this request's first read and its claim
-            return Problem(
+            tombstone = await self._tombstones.by_operation(exc.operation_id)
+            if tombstone is not None:
+                return expired(tombstone)
+            return Problem(  # forgotten as well since (a tombstone retention of seconds)
                 "idempotency-key-expired",
                 "this operation's result expired and was purged",
                 str(exc.operation_id),
@@ -215,12 +220,7 @@ class IdempotentRequests:
                 lease = await self._leases.acquire(scope.lease_name())
                 traced.set(lease_acquired=lease is not None)
         except LeaseUnavailable:
-            return Problem(
-                "lease-unavailable",
-                "the lease store is unreachable; no new execution without a lease",
-                None if record is None else record.reservation.operation_id,
-                retry_after=True,
-            )
+            return _no_lease(record)
         if lease is None:
             return await self._in_progress(scope, claim, record, wait)
         held: list[Lease] = [lease]  # the lease as last renewed; emptied once released
@@ -239,12 +239,15 @@ class IdempotentRequests:
                     # renew it so the claim starts with a whole ttl (a wait shorter than
                     # half a ttl leaves plenty; the heartbeat renews from there). Expired
                     # meanwhile: take it anew, unless a duplicate holds it now (409)
-                    renewed = await self._leases.extend(lease)
-                    if renewed is None:
-                        renewed = await self._leases.acquire(scope.lease_name())
+                    try:
+                        renewed = await self._leases.extend(lease)
                         if renewed is None:
-                            held.clear()  # another's now: nothing of ours to release
-                            return busy(scope)
+                            renewed = await self._leases.acquire(scope.lease_name())
+                    except LeaseUnavailable:
+                        return _no_lease(record)
+                    if renewed is None:
+                        held.clear()  # another's now: nothing of ours to release
+                        return busy(scope)
                     held[0] = lease = renewed
                 return await self._execute(
                     spec, principal, scope, claim, body, record, lease, release
@@ -340,3 +343,12 @@ class IdempotentRequests:
         return answer_of(
             InProgress(operation_id=operation_id, lease_expires_at=record.lease_expires_at or 0.0)
         )
+
+
+def _no_lease(record: Record | None) -> Problem:
+    return Problem(
+        "lease-unavailable",
+        "the lease store is unreachable; no new execution without a lease",
+        None if record is None else record.reservation.operation_id,
+        retry_after=True,
+    )

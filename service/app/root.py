@@ -99,8 +99,10 @@ class Settlement:
         )
         self.failpoints = Failpoints.from_settings(settings)
         self.late = LateAnswers(self.store, self.metrics)
+        self.tombstones = RetentionStore(engine, self.retention)
         self.requests = IdempotentRequests(
             store=self.store,
+            tombstones=self.tombstones,
             leases=self.leases,
             wakeups=self.wakeups,
             attempts=Attempts(
@@ -122,7 +124,6 @@ class Settlement:
             secret=settings.provider_secret,
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
         )
-        self.tombstones = RetentionStore(engine, self.retention)
         self.status = StatusQueries(pool, self.leases, self.tombstones, clock=clock)
         self.admin = Admin(
             principals=self.principals,

@@ -16,7 +16,7 @@ from litestar.di import Provide
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
 from service.http.health import health, livez, metrics, readyz
-from service.http.lane import Answer, IdempotentLane
+from service.http.lane import IdempotentLane
 from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
 from service.http.problems import exception_handlers
@@ -28,20 +28,14 @@ from service.http.routes.admin import (
     supersede_operation,
 )
 from service.http.routes.feeds import decide_hold, get_feed, list_feeds
-from service.http.routes.ledger import (
-    answer_account,
-    answer_transfer,
-    get_account,
-    post_account,
-    post_transfer,
-)
+from service.http.routes.ledger import get_account, post_account, post_transfer
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
-from service.http.routes.payouts import answer_payout, post_payout
+from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
 from service.telemetry import Metrics, RequestTelemetry, configure_tracing
 
-__all__ = ["IDEMPOTENT_LANE", "app_from_env", "create_app"]
+__all__ = ["IDEMPOTENT_PATHS", "app_from_env", "create_app"]
 
 log = logging.getLogger("settlement.app")
 
@@ -56,13 +50,9 @@ class _Opened:
         return self.settlement
 
 
-# The POST routes served by the idempotent lane (service.http.lane), past Litestar's router,
-# with the answer each route's Litestar handler gives too.
-IDEMPOTENT_LANE: dict[str, Answer] = {
-    "/v1/accounts": answer_account,
-    "/v1/transfers": answer_transfer,
-    "/v1/payouts": answer_payout,
-}
+# The POST routes served by the idempotent lane (service.http.lane), past Litestar's router:
+# each calls the answer its handler names in its opt.
+IDEMPOTENT_PATHS = ["/v1/accounts", "/v1/transfers", "/v1/payouts"]
 
 
 def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
@@ -115,7 +105,7 @@ def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
     )
     inner = app.asgi_handler
     if lane:
-        inner = IdempotentLane(app, inner, IDEMPOTENT_LANE, opened.get)
+        inner = IdempotentLane(app, inner, IDEMPOTENT_PATHS, opened.get)
     # outside the exception handlers, so every answer (404s too) has its Request-Id and counts
     app.asgi_handler = RequestTelemetry(inner, counted, access_log=settings.access_log)
     return app

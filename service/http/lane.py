@@ -36,18 +36,18 @@ from litestar.routes import HTTPRoute
 from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from service.http.problems import CLIENT_GONE, exception_handlers
-from service.http.reply import Call, Reply, send_reply
+from service.http.reply import LANE_ANSWER, Call, Reply, send_reply
 
-__all__ = ["Answer", "IdempotentLane"]
+__all__ = ["IdempotentLane", "RouteAnswer"]
 
 # an idempotent route's answer: (request, the process's Settlement) -> its reply
-Answer = Callable[[Call, Any], Awaitable[Reply]]
+RouteAnswer = Callable[[Call, Any], Awaitable[Reply]]
 
 
 class _Route:
     __slots__ = ("answer", "handler", "limit")
 
-    def __init__(self, handler: HTTPRouteHandler, answer: Answer) -> None:
+    def __init__(self, handler: HTTPRouteHandler, answer: RouteAnswer) -> None:
         self.handler = handler
         self.answer = answer
         self.limit: float = handler.resolve_request_max_body_size() or math.inf
@@ -55,26 +55,29 @@ class _Route:
 
 class IdempotentLane:
     """Litestar's ``inner`` ASGI handler (its exception middleware and router) with a lane for
-    the POST routes of ``app`` in ``routes`` (path -> the route's answer); ``settlement``
-    gives the process's Settlement (what Litestar's dependency would inject). It runs inside
+    the POST routes of ``app`` at ``paths``: each calls the answer its handler names in its
+    ``opt`` (:data:`~service.http.reply.LANE_ANSWER`); ``settlement`` gives the process's
+    Settlement (what Litestar's dependency would inject). It runs inside
     ``Litestar.__call__``, which has put the app in the scope."""
 
     def __init__(
         self,
         app: Litestar,
         inner: Callable[[Any, Any, Any], Awaitable[None]],
-        routes: dict[str, Answer],
+        paths: list[str],
         settlement: Callable[[], Any],
     ) -> None:
         self._app = inner
         self._settlement = settlement
         self._routes: dict[str, _Route] = {}
         for route in app.routes:
-            if route.path in routes and isinstance(route, HTTPRoute):
-                self._routes[route.path] = _Route(_registered(route), routes[route.path])
-        missing = set(routes) - set(self._routes)
+            if route.path in paths and isinstance(route, HTTPRoute):
+                handler = _registered(route)
+                if handler is not None and callable(handler.opt.get(LANE_ANSWER)):
+                    self._routes[route.path] = _Route(handler, handler.opt[LANE_ANSWER])
+        missing = set(paths) - set(self._routes)
         if missing:
-            raise ValueError(f"no POST route at {sorted(missing)}")
+            raise ValueError(f"no POST route with a {LANE_ANSWER} at {sorted(missing)}")
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -158,7 +161,7 @@ class _LaneCall:
                         raise RequestEntityTooLarge
                     chunks.append(chunk)
                 if not event.get("more_body", False):
-                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                    return b"".join(chunks)
             elif event["type"] == "http.disconnect":
                 raise InternalServerException(CLIENT_GONE)
 
@@ -172,12 +175,11 @@ def _valid_host(scope: Any) -> bool:
     return True
 
 
-def _registered(route: HTTPRoute) -> HTTPRouteHandler:
+def _registered(route: HTTPRoute) -> HTTPRouteHandler | None:
     """The route's POST handler as Litestar registered it (with the app's body limit)."""
-    entry = route.route_handler_map["POST"]
+    entry = route.route_handler_map.get("POST")
     handler = entry[0] if isinstance(entry, tuple) else entry
-    assert isinstance(handler, HTTPRouteHandler)
-    return handler
+    return handler if isinstance(handler, HTTPRouteHandler) else None
 
 
 def _answer_for(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

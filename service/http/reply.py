@@ -16,7 +16,11 @@ from typing import Any, Protocol
 import msgspec
 from litestar import Response
 
-__all__ = ["Call", "Headers", "Reply", "send_reply", "to_response"]
+__all__ = ["LANE_ANSWER", "Call", "Headers", "Reply", "send_reply", "to_response"]
+
+# The key, in an idempotent route's Litestar ``opt``, of the route's answer function
+# ``(call, settlement) -> Reply``: what its handler calls, and what the lane calls instead.
+LANE_ANSWER = "lane_answer"
 
 
 class Headers(Protocol):

@@ -15,10 +15,14 @@ from service.http.deps import Services
 from service.http.idempotent import IDEMPOTENT_DESCRIPTION, answer_idempotent
 from service.http.problems import problem_response
 from service.http.render import json_response
-from service.http.reply import Call, Reply, to_response
+from service.http.reply import LANE_ANSWER, Call, Reply, to_response
 from service.store.principals import Role
 
 __all__ = ["answer_account", "answer_transfer", "get_account", "post_account", "post_transfer"]
+
+
+async def answer_account(call: Call, settlement: Settlement) -> Reply:
+    return await answer_idempotent(call, settlement, settlement.accounts)
 
 
 @post(
@@ -27,13 +31,14 @@ __all__ = ["answer_account", "answer_transfer", "get_account", "post_account", "
     operation_id="createAccount",
     summary="Open an account (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
+    opt={LANE_ANSWER: answer_account},
 )
 async def post_account(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     return to_response(await answer_account(request, settlement))
 
 
-async def answer_account(call: Call, settlement: Settlement) -> Reply:
-    return await answer_idempotent(call, settlement, settlement.accounts)
+async def answer_transfer(call: Call, settlement: Settlement) -> Reply:
+    return await answer_idempotent(call, settlement, settlement.transfers)
 
 
 @post(
@@ -42,13 +47,10 @@ async def answer_account(call: Call, settlement: Settlement) -> Reply:
     operation_id="createTransfer",
     summary="Move money between accounts (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
+    opt={LANE_ANSWER: answer_transfer},
 )
 async def post_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     return to_response(await answer_transfer(request, settlement))
-
-
-async def answer_transfer(call: Call, settlement: Settlement) -> Reply:
-    return await answer_idempotent(call, settlement, settlement.transfers)
 
 
 @get(

@@ -13,24 +13,13 @@ from service.http.idempotent import IDEMPOTENT_DESCRIPTION, answer_idempotent
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import problem_reply
 from service.http.render import stamp_idempotency_headers
-from service.http.reply import Call, Reply, to_response
+from service.http.reply import LANE_ANSWER, Call, Reply, to_response
 from service.store.principals import Role
 
 __all__ = ["answer_payout", "post_payout"]
 
 # who may call POST /v1/payouts (the IdempotentRoute's default roles)
 PAYOUT_ROLES = (Role.CLIENT, Role.ADMIN)
-
-
-@post(
-    "/v1/payouts",
-    status_code=201,
-    operation_id="createPayout",
-    summary="Pay out through the provider (idempotent)",
-    description=IDEMPOTENT_DESCRIPTION,
-)
-async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    return to_response(await answer_payout(request, settlement))
 
 
 async def answer_payout(call: Call, settlement: Settlement) -> Reply:
@@ -50,3 +39,15 @@ async def answer_payout(call: Call, settlement: Settlement) -> Reply:
         )
         return stamp_idempotency_headers(off)
     return await answer_idempotent(call, settlement, settlement.payouts)
+
+
+@post(
+    "/v1/payouts",
+    status_code=201,
+    operation_id="createPayout",
+    summary="Pay out through the provider (idempotent)",
+    description=IDEMPOTENT_DESCRIPTION,
+    opt={LANE_ANSWER: answer_payout},
+)
+async def post_payout(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
+    return to_response(await answer_payout(request, settlement))
