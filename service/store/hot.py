@@ -50,7 +50,7 @@ from service.store.hot_sql import (
     finish_with,
 )
 from service.store.outcomes import AttemptRef, EffectStatement, LocalEffect, Settled
-from service.store.phase import lock_timeouts
+from service.store.phase import database_refusals
 from service.store.principals import Principal, live_principal
 from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row, record_values, to_ts
@@ -116,7 +116,7 @@ class HotPath:
         already has a row (another claimer won; nothing was written). ``KeyExpired`` when
         the scope's tombstone stands."""
         binding = record.binding
-        with lock_timeouts():  # a live tombstone: KeyExpired
+        with database_refusals():  # a live tombstone: KeyExpired
             async with self._pool.acquire() as conn:
                 inserted = await conn.fetchval(
                     CLAIM_NEW,
@@ -164,7 +164,7 @@ class HotPath:
         after = decision.record
         values = record_values(after)
         expires = at(now) + timedelta(seconds=retention) if after.state.terminal else None
-        with lock_timeouts():
+        with database_refusals():
             async with self._pool.acquire() as conn:
                 try:
                     row = await conn.fetchrow(
@@ -228,7 +228,7 @@ class HotPath:
         effect wrote before failing is rolled back) or when the core did not apply the
         outcome (the effect is rolled back); None when there is no such operation.
         """
-        with lock_timeouts():
+        with database_refusals():
             async with self._pool.acquire() as conn:
                 # First without the row lock, on the row as the attempt's claim wrote it:
                 # the finishing CAS proves the row is still exactly that. Should the CAS

@@ -2,14 +2,14 @@
 
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
-
-An operation is never inserted under a live tombstone: the schema's trigger (migration 0006)
-fails such an insert with SQLSTATE SK410, which :func:`service.store.phase.lock_timeouts`
-raises as ``KeyExpired``.
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
 * ``FINISH``: the row's CAS, the observation and the attempt's end; :func:`finish_with`
   carries a local effect's SQL (``EffectStatement``) in it.
 * :func:`claim_settle_with`: a new operation claimed, run and settled in one statement.
+
+An operation is never inserted under a live tombstone: the schema's trigger (migration 0006)
+fails such an insert with SQLSTATE SK410, which
+:func:`service.store.phase.database_refusals` raises as ``KeyExpired``.
 """
 
 from __future__ import annotations

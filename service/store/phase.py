@@ -52,7 +52,7 @@ class SettlementContention(RuntimeError):
 
 
 @contextlib.contextmanager
-def lock_timeouts() -> Iterator[None]:
+def database_refusals() -> Iterator[None]:
     """A lock not granted within the lock timeout is a busy row, not a server fault; an
     insert under a live tombstone is the key's expiry (:class:`KeyExpired`)."""
     try:
@@ -73,7 +73,8 @@ def lock_timeouts() -> Iterator[None]:
 
 
 def _expired(exc: asyncpg.PostgresError) -> KeyExpired:
-    return KeyExpired(uuid.UUID(exc.detail))
+    """The trigger's DETAIL is the purged operation's id."""
+    return KeyExpired(uuid.UUID(str(exc.detail)))
 
 
 class PhaseRunner:
@@ -89,7 +90,7 @@ class PhaseRunner:
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> T:
         """Run ``phase`` in its own transaction and commit it; rerun it on a stale CAS."""
-        with lock_timeouts():
+        with database_refusals():
             for round_ in range(1, self._max_retries + 1):
                 async with self._unit_of_work() as uow:
                     try:
