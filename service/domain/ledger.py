@@ -130,24 +130,37 @@ VALUES ($1, $2, $3, $7, $4, $5, $6, $8, $9, $10)
 
 # transfer_statement's SQL: $E1 both account ids in ascending order, $E2 tenant, $E3 source,
 # $E4 destination, $E5 amount, $E6 currency, $E7 the balance limit, $E8 the transfer's id,
-# $E9 the operation, $E10 its binding generation, $E11 memo, $E12 created_at
+# $E9 the operation, $E10 its binding generation, $E11 memo, $E12 created_at.
+#
+# The guard judges the rows ``locked`` returns, and the writes set the balances the guard
+# computed from those rows, never ``balance - amount`` of the row the UPDATE itself scans.
+# In one statement every part reads the statement's snapshot; ``FOR UPDATE`` waits for a
+# concurrent transfer and then returns the row version that transfer committed (PostgreSQL's
+# re-check of an updated row, EvalPlanQual), but the UPDATE of the same row starts again from
+# the version in the snapshot: it computes the new row from that older version and checks
+# the table's CHECK constraints on it before it finds the row updated and recomputes. A debit
+# of a balance that a concurrent credit had just funded thus failed the balance CHECK (a 500)
+# although the guard had rightly let it through. Setting the value the guard computed makes
+# the row checked and written the one the guard judged; the lock held since ``locked`` keeps
+# that row the latest until the statement commits.
 _TRANSFER_GUARD = """
 locked AS (
     SELECT id, currency, balance FROM accounts
      WHERE id = ANY($E1::uuid[]) AND tenant = $E2::varchar
      ORDER BY id FOR UPDATE
 ), effect_ok AS (
-    SELECT 1 FROM locked s, locked d
+    SELECT s.balance - $E5::bigint AS source_after, d.balance + $E5::bigint AS destination_after
+      FROM locked s, locked d
      WHERE s.id = $E3::uuid AND d.id = $E4::uuid
        AND s.currency = $E6::varchar AND d.currency = $E6::varchar
        AND s.balance >= $E5::bigint AND d.balance + $E5::bigint <= $E7::bigint
 )"""
 _TRANSFER_APPLY = """
 debit AS (
-    UPDATE accounts SET balance = balance - $E5::bigint
+    UPDATE accounts SET balance = (SELECT source_after FROM effect_ok)
      WHERE id = $E3::uuid AND EXISTS (SELECT 1 FROM written)
 ), credit AS (
-    UPDATE accounts SET balance = balance + $E5::bigint
+    UPDATE accounts SET balance = (SELECT destination_after FROM effect_ok)
      WHERE id = $E4::uuid AND EXISTS (SELECT 1 FROM written)
 ), moved AS (
     INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
