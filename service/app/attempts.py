@@ -12,6 +12,13 @@ ending, the lease being lost, or (external only) the provider timeout.
   answer keeper, which settles the answer if it still arrives.
 
 A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
+
+A database integrity error raised by a local effect (a CHECK, unique, foreign-key,
+not-null or exclusion constraint refusing its writes) is not an outcome either: the
+effect's transaction rolled back, so nothing of it was written. The attempt gives up
+(``unknown``, or no row at all for a new operation's one statement) and the client gets
+409 ``effect-refused``, safe to retry with the same key. It means an effect's own rules let
+through a write its table refuses, so it is logged as an error naming the constraint.
 """
 
 from __future__ import annotations
@@ -200,6 +207,8 @@ class Attempts:
     def _unwritten(self, operation_id: str, exc: Exception) -> Answer:
         """The one statement of a new operation failed: it wrote nothing, or (a connection
         lost at COMMIT) everything; a retry with the same key runs it or replays it."""
+        if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+            return _refused(operation_id, exc, state=None)
         if isinstance(exc, BUSY) or database_gone(exc):
             log.warning(
                 "new operation found the database busy or away",
@@ -331,6 +340,9 @@ class Attempts:
             settled = work.result()
         except BUSY as exc:
             return await self._busy(attempt, context, exc)
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            await self._give_up(attempt)
+            return _refused(str(context.operation_id), exc, state="unknown")
         except Exception as exc:
             if database_gone(exc):  # wrapped where BUSY cannot see it: busy, not a bug
                 return await self._busy(attempt, context, exc)
@@ -476,6 +488,27 @@ class Attempts:
         """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
         with contextlib.suppress(Exception):
             await self._settle(attempt, _attempt_observation(attempt))
+
+
+def _refused(
+    operation_id: str, exc: asyncpg.IntegrityConstraintViolationError, *, state: str | None
+) -> Problem:
+    """A local effect's writes refused by a constraint of their tables: nothing was written
+    (its transaction rolled back); a retry with the same key runs the effect again."""
+    constraint = getattr(exc, "constraint_name", None) or type(exc).__name__
+    log.error(
+        "effect refused by the database",
+        exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"operation_id": operation_id, "constraint": constraint},
+    )
+    return Problem(
+        "effect-refused",
+        f"the database refused the effect's writes ({constraint}); nothing was written, "
+        "retry with the same key",
+        operation_id,
+        state=state,
+        retry_after=True,
+    )
 
 
 def _attempt_observation(

@@ -99,11 +99,13 @@ _TRANSFER_FAILURES = (
 _SUPERSEDE_REFUSALS = ("not-found", "supersede-needs-force", "operation-in-progress")
 
 OPERATIONS: dict[str, RouteDoc] = {
-    "createAccount": RouteDoc(201, Account, _IDEMPOTENT, AccountRequest, idempotent=True),
+    "createAccount": RouteDoc(
+        201, Account, (*_IDEMPOTENT, "effect-refused"), AccountRequest, idempotent=True
+    ),
     "createTransfer": RouteDoc(
         201,
         Transfer,
-        (*_IDEMPOTENT, *_TRANSFER_FAILURES),
+        (*_IDEMPOTENT, "effect-refused", *_TRANSFER_FAILURES),
         TransferRequest,
         idempotent=True,
     ),
@@ -249,6 +251,7 @@ def _headers(*names: str) -> dict[str, Any]:
 # problems answered with Retry-After; operation-in-progress also with Location
 _RETRY = {
     "operation-in-progress",
+    "effect-refused",
     "operation-outcome-unknown",
     "lease-unavailable",
     "too-many-requests",

@@ -169,6 +169,14 @@ _TEXTS: dict[str, tuple[str, bool, str]] = {
         True,
         "Retry with the same key after Retry-After seconds.",
     ),
+    "effect-refused": (
+        "A rule of the database (a CHECK, unique or foreign-key constraint) refused what the "
+        "operation's effect wrote. Its transaction rolled back: nothing was written, and the "
+        "operation, if it has a row, is unknown. The server logs the constraint as an error.",
+        True,
+        "Retry with the same key after Retry-After seconds; if it keeps coming back, report "
+        "it with the Request-Id.",
+    ),
     "principal-exists": (
         "A principal with this name already exists in the tenant.",
         False,

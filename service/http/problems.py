@@ -54,6 +54,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "operation-conflict": (409, "Operation outcome in conflict"),
     "operation-superseded": (409, "Operation superseded while this attempt ran"),
     "operation-outcome-unknown": (504, "Operation outcome unknown"),
+    "effect-refused": (409, "Effect refused by a database constraint"),
     "idempotency-key-expired": (410, "Idempotency key expired"),
     "lease-unavailable": (503, "Lease store unavailable"),
     "not-found": (404, "Not found"),
