@@ -4,9 +4,11 @@
   so their address never changes; two server processes; the provider simulator; a feed
   observer process on the simulator's cursor feed.
 * **Clients** (threads): each performs intended actions (a transfer between two of the
-  run's accounts, or a payout), each with its own Idempotency-Key, retrying with jitter
-  through connection errors, 409 in progress, 429, 503 and 504 until a terminal answer; a
-  third of the requests ask ``Prefer: wait``.
+  run's accounts, or a payout; a share of the transfers drain or fund accounts opened with
+  low balances, so transfers race for the last of a balance all through the run), each
+  with its own Idempotency-Key, retrying with jitter through connection errors, 409 in
+  progress, 429, 503 and 504 until a terminal answer; a third of the requests ask
+  ``Prefer: wait``.
 * **Nemesis** (the main thread, which may restart PostgreSQL): a schedule drawn from the
   seed of: SIGKILL of a server then a restart; a server restarted with a crash failpoint at a
   commit boundary, then restarted clean; a Redis outage (connections cut, every key lost,
@@ -16,8 +18,10 @@
 * **Checker** over the history and the final database: one effect per intended action
   (at most one transfer per operation and epoch; money conserved; every balance equal to
   its opening plus its transfers; exactly one provider payment per sink key of a completed
-  payout), the same terminal answer on every replay, no operation left ``in_progress``, and
-  every 5xx one of the documented ones.
+  payout), the same terminal answer on every replay, no operation left ``in_progress``,
+  every 5xx one of the documented ones, no effect refused by a database constraint, and
+  every 402 ``insufficient-funds`` judged on a balance its source account really had while
+  the client waited for the answer (PostgreSQL's commit timestamps order the transfers).
 
 ``run(seed, duration, ...)`` returns a :class:`Summary`; ``violations`` must be empty. The
 seed fixes the actions' kinds, amounts and the fault schedule; thread timing is the OS's.
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import signal
 import sqlite3
 import tempfile
@@ -60,6 +65,16 @@ ADMIN_KEY = "chaos-admin-" + uuid.uuid4().hex
 LEASE_TTL = 2.0
 ACCOUNTS = 6
 OPENING = 1_000_000
+# Accounts opened low, which a share of the transfers drain (and some fund): insufficient
+# funds and credits racing debits for the last of a balance happen throughout the run.
+LOW_ACCOUNTS = 3
+LOW_OPENING = 30_000
+LOW_SHARE = 0.4
+# A transfer commits a moment before its commit timestamp is visible: the balances an
+# answer may have been judged on start this long before its first request was sent.
+COMMIT_SLACK = 0.05
+# The detail of a 402 insufficient-funds (service.domain.ledger.transfer).
+INSUFFICIENT = re.compile(r"source balance (-?\d+) is below the amount (\d+)")
 # How long one client keeps retrying one action before it leaves it to the settling phase.
 ACTION_PATIENCE = 45.0
 # After the load: how long unfinished actions are retried against the healed cluster.
@@ -74,6 +89,7 @@ DOCUMENTED_5XX = {
 # Answers after which the client retries the same request.
 RETRY_SLUGS = {
     "operation-in-progress",
+    "effect-refused",
     "operation-superseded",
     "too-many-requests",
     "service-unavailable",
@@ -103,6 +119,8 @@ class Action:
     requests: int = 0
     answers: list[tuple[int, bytes]] = field(default_factory=list)  # terminal answers
     operation_id: str | None = None
+    sent_at: float | None = None  # wall clock before the first request
+    answered_at: float | None = None  # wall clock after the first terminal answer
 
 
 @dataclass
@@ -142,6 +160,7 @@ class Cluster:
         self.database_url = self.pg_relay.url_for(pg_url, self.pg.port)
         self.redis_url = self.redis_relay.url_for(redis_url, self.redis.port)
         self._redis_direct = redis_url
+        self._track_commit_timestamps()
         upgrade(self.database_url)
         self.provider = ProviderProcess().start()
         self.env = {
@@ -160,6 +179,26 @@ class Cluster:
         self.started: list[ServerProcess] = []
         self.servers: list[ServerProcess | None] = [self._server() for _ in range(2)]
         self.observer: Observer | None = self._observer()
+
+    def _track_commit_timestamps(self) -> None:
+        """PostgreSQL records when each transaction committed (the 402 check orders the
+        transfers by it); the setting needs a restart and is kept in the cluster's
+        ``postgresql.auto.conf`` across the nemesis' restarts."""
+
+        async def enable() -> None:
+            engine = create_async_engine(async_url(self.database_url), isolation_level="AUTOCOMMIT")
+            try:
+                async with engine.connect() as conn:
+                    await conn.execute(text("ALTER SYSTEM SET track_commit_timestamp = on"))
+            finally:
+                await engine.dispose()
+
+        asyncio.run(enable())
+        self.pg_relay.cut()
+        self.pg.stop()
+        self.pg.start()
+        self.pg_relay.retarget(self.pg.port)
+        self.pg_relay.restore()
 
     def _server(self, failpoint: str | None = None) -> ServerProcess:
         env = dict(self.env)
@@ -244,15 +283,18 @@ class Clients:
         )
         assert made.status_code == 201, made.text
         self.key = made.json()["api_key"]
-        self.accounts = []
-        for n in range(ACCOUNTS):
+        self.openings: dict[str, int] = {}
+        for n in range(ACCOUNTS + LOW_ACCOUNTS):
+            opening = OPENING if n < ACCOUNTS else LOW_OPENING
             opened = httpx.post(
                 f"{base}/v1/accounts",
-                json={"currency": "EUR", "opening_balance": OPENING},
+                json={"currency": "EUR", "opening_balance": opening},
                 headers={**self._auth(), "Idempotency-Key": f"open-{n}"},
             )
             assert opened.status_code == 201, opened.text
-            self.accounts.append(opened.json()["id"])
+            self.openings[opened.json()["id"]] = opening
+        self.accounts = list(self.openings)[:ACCOUNTS]
+        self.low_accounts = list(self.openings)[ACCOUNTS:]
         self._threads = [
             threading.Thread(target=self._loop, args=(rng,), daemon=True) for rng in self._rngs
         ]
@@ -282,13 +324,17 @@ class Clients:
         if rng.random() < 0.3:
             body = {"beneficiary": "CHAOS LTD", "amount": rng.randint(1, 5000), "currency": "EUR"}
             return Action(uuid.uuid4().hex, "payout", body, wait=rng.random() < 0.33)
-        source, destination = rng.sample(self.accounts, 2)
-        body = {
-            "source": source,
-            "destination": destination,
-            "amount": rng.randint(1, 20_000),
-            "currency": "EUR",
-        }
+        if rng.random() < LOW_SHARE:
+            low = rng.choice(self.low_accounts)
+            other = rng.choice([a for a in self.openings if a != low])
+            if rng.random() < 0.6:  # drain it
+                source, destination, amount = low, other, rng.randint(1_000, 15_000)
+            else:  # fund it (and race the debits waiting for it)
+                source, destination, amount = other, low, rng.randint(1_000, 10_000)
+        else:
+            source, destination = rng.sample(self.accounts, 2)
+            amount = rng.randint(1, 20_000)
+        body = {"source": source, "destination": destination, "amount": amount, "currency": "EUR"}
         return Action(uuid.uuid4().hex, "transfer", body, wait=rng.random() < 0.33)
 
     def perform(
@@ -304,6 +350,8 @@ class Clients:
                 time.sleep(0.2)
                 continue
             headers = {**self._auth(), "Idempotency-Key": action.key}
+            if action.sent_at is None:
+                action.sent_at = time.time()
             if action.wait:
                 headers["Prefer"] = "wait=2"
             try:
@@ -322,6 +370,8 @@ class Clients:
             if slug in RETRY_SLUGS or answer.status_code >= 500:
                 time.sleep(rng.uniform(0.05, 0.4))
                 continue
+            if action.answered_at is None:
+                action.answered_at = time.time()
             action.answers.append((answer.status_code, answer.content))
 
     def _count(self, what: str) -> None:
@@ -474,20 +524,18 @@ def check(cluster: Cluster, clients: Clients, summary: Summary) -> None:
     if twice:
         violations.append(f"{twice} operation epochs with more than one transfer")
     total = scalar(db, "SELECT coalesce(sum(balance), 0) FROM accounts WHERE tenant = 'chaos'")
-    if total != ACCOUNTS * OPENING:
-        violations.append(f"money not conserved: {total} != {ACCOUNTS * OPENING}")
-    off = scalar(
-        db,
-        """
-SELECT count(*) FROM accounts a
- WHERE a.tenant = 'chaos' AND a.balance <> :opening
-       + coalesce((SELECT sum(amount) FROM transfers t WHERE t.destination_id = a.id), 0)
-       - coalesce((SELECT sum(amount) FROM transfers t WHERE t.source_id = a.id), 0)
-""",
-        opening=OPENING,
-    )
+    opened = sum(clients.openings.values())
+    if total != opened:
+        violations.append(f"money not conserved: {total} != {opened}")
+    ledger = _ledger(db)
+    balances = ledger.balances(clients.openings)
+    off = [a for a, b in _final_balances(db).items() if balances.get(a) != b]
     if off:
-        violations.append(f"{off} balances differ from opening + transfers")
+        violations.append(f"{len(off)} balances differ from opening + transfers")
+    negative = [a for a, b in ledger.lowest(clients.openings).items() if b < 0]
+    if negative:
+        violations.append(f"{len(negative)} accounts went below 0: {negative[:3]}")
+    _check_refusals(clients, ledger, summary)
     open_ops = scalar(db, "SELECT count(*) FROM operations WHERE state = 'in_progress'")
     if open_ops:
         violations.append(f"{open_ops} operations left in_progress")
@@ -501,10 +549,117 @@ SELECT count(*) FROM accounts a
     for status, slug, key in clients.fives:
         if (status, slug) not in DOCUMENTED_5XX:
             violations.append(f"undocumented {status} {slug or '(not a problem document)'} ({key})")
+    refused = summary.statuses.get("409 effect-refused", 0)
+    if refused:  # documented, but a guard let through what a constraint of its table refused
+        violations.append(f"{refused} answers 409 effect-refused")
     superseded = scalar(db, "SELECT count(*) FROM operation_epochs")
     summary.notes.append(
         f"superseded epochs {superseded}; completed payouts in a later epoch {paid_epochs}"
     )
+
+
+@dataclass
+class Ledger:
+    """Every transfer of the run, in commit order: (commit time, source, destination,
+    amount)."""
+
+    moves: list[tuple[float, str, str, int]]
+
+    def balances(self, openings: dict[str, int]) -> dict[str, int]:
+        found = dict(openings)
+        for _, source, destination, amount in self.moves:
+            found[source] = found.get(source, 0) - amount
+            found[destination] = found.get(destination, 0) + amount
+        return found
+
+    def lowest(self, openings: dict[str, int]) -> dict[str, int]:
+        """The lowest balance each account ever had."""
+        found, low = dict(openings), dict(openings)
+        for _, source, destination, amount in self.moves:
+            found[source] -= amount
+            found[destination] += amount
+            low[source] = min(low[source], found[source])
+        return low
+
+    def between(self, account: str, opening: int, start: float, end: float) -> set[int]:
+        """The balances ``account`` had at some moment from ``start`` to ``end``."""
+        balance, seen = opening, set()
+        for at, source, destination, amount in self.moves:
+            if at > end:
+                break
+            if at >= start and not seen:
+                seen.add(balance)  # what it had when the window opened
+            if account in (source, destination):
+                balance += amount if destination == account else -amount
+                if at >= start:
+                    seen.add(balance)
+        seen.add(balance)  # what it had when the window closed (or all along)
+        return seen
+
+
+def _ledger(database_url: str) -> Ledger:
+    async def query(conn: Any) -> Ledger:
+        rows = await conn.execute(
+            text(
+                "SELECT extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 AS at,"
+                " source_id, destination_id, amount FROM transfers WHERE tenant = 'chaos'"
+                " ORDER BY at"
+            )
+        )
+        return Ledger([(float(r[0]), str(r[1]), str(r[2]), int(r[3])) for r in rows])
+
+    return _on(database_url, query)
+
+
+def _final_balances(database_url: str) -> dict[str, int]:
+    async def query(conn: Any) -> dict[str, int]:
+        rows = await conn.execute(text("SELECT id, balance FROM accounts WHERE tenant = 'chaos'"))
+        return {str(r[0]): int(r[1]) for r in rows}
+
+    return _on(database_url, query)
+
+
+def _on(database_url: str, query: Any) -> Any:
+    async def go() -> Any:
+        engine = create_async_engine(async_url(database_url))
+        try:
+            async with engine.connect() as conn:
+                return await query(conn)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def _check_refusals(clients: Clients, ledger: Ledger, summary: Summary) -> None:
+    """Every 402 insufficient-funds was judged on a balance its source really had while
+    the client waited (from its first request to its first terminal answer), and below the
+    amount: never on a balance older than the request, so never while the balance covered
+    the amount all along."""
+    checked = 0
+    for action in clients.actions:
+        if action.kind != "transfer" or not action.answers or action.sent_at is None:
+            continue
+        status, body = action.answers[0]
+        if status != 402:
+            continue
+        said = INSUFFICIENT.search(body.decode(errors="replace"))
+        if said is None:
+            summary.violations.append(f"transfer {action.key}: a 402 without its balance {body!r}")
+            continue
+        judged, amount = int(said[1]), int(said[2])
+        source = action.body["source"]
+        assert action.answered_at is not None
+        had = ledger.between(
+            source, clients.openings[source], action.sent_at - COMMIT_SLACK, action.answered_at
+        )
+        checked += 1
+        if judged not in had or judged >= amount:
+            summary.violations.append(
+                f"transfer {action.key}: 402 on balance {judged} for {amount}; the account "
+                f"had {sorted(had)[:6]} while the client waited"
+            )
+    summary.notes.append(f"402 insufficient-funds checked against the ledger: {checked}")
 
 
 def _paid_sink_keys(db_path: Path) -> set[str]:
