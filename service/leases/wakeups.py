@@ -126,7 +126,7 @@ class Wakeups:
                 yield wait
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
 
     async def close(self) -> None:
         """Let the announcements in flight finish (each bounded by the socket timeout)."""
