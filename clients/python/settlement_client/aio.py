@@ -1,0 +1,256 @@
+"""The asyncio client: ``AsyncClient`` and ``AsyncAdminClient``, the same methods as the
+synchronous ones (each a coroutine), over one pooled httpx.AsyncClient."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Literal, Self
+
+import httpx
+
+from . import _routes
+from ._call import Answer, Request
+from .client import DEFAULT_TIMEOUT, _Base
+from .keys import IntendedAction
+from .models import (
+    Account,
+    Health,
+    OperationView,
+    Payout,
+    PrincipalCreated,
+    PrincipalRevoked,
+    ProblemPage,
+    Superseded,
+    Transfer,
+    WorkPage,
+)
+from .observe import Hook
+from .outcome import FIRST_POLL_INTERVAL, TERMINAL, Outcome, OutcomeTimeout, next_interval, outcome
+from .policy import RetryBudget, RetryPolicy
+
+__all__ = ["AsyncAdminClient", "AsyncClient"]
+
+
+class AsyncClient(_Base):
+    """``async with AsyncClient(url, api_key) as client: await client.create_transfer(...)``.
+
+    Every mutating call carries an Idempotency-Key (``key=``, or a fresh UUIDv4) that all
+    its retries reuse; see :mod:`settlement_client.policy` for what is retried."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        policy: RetryPolicy | None = None,
+        budget: RetryBudget | None = None,
+        timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+        hooks: Sequence[Hook] = (),
+        rng: random.Random | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, api_key, policy=policy, budget=budget, timeout=timeout, hooks=hooks, rng=rng
+        )
+        self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport, timeout=timeout)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def send(self, request: Request, kind: Any, *, policy: RetryPolicy | None = None) -> Any:
+        """Send ``request`` under the retry policy: the final 2xx as an :class:`Answer`,
+        anything else raised (:class:`~settlement_client.problems.SettlementError`)."""
+        call = self._call(request, policy)
+        while True:
+            response: httpx.Response | None = None
+            try:
+                response = await self._http.request(
+                    request.method,
+                    request.path,
+                    content=request.body,
+                    params=request.params,
+                    headers=self._headers | call.headers(),
+                    timeout=call.timeout(self.timeout),
+                )
+            except httpx.TransportError as error:
+                decision = call.observe_error(error)
+            else:
+                decision = call.observe_answer(response)
+            if decision.action == "return":
+                assert response is not None
+                return call.answer(response, kind)
+            if decision.action == "raise":
+                raise call.failure(decision, response)
+            await asyncio.sleep(decision.wait)
+
+    # -- idempotent routes -------------------------------------------------------------------
+
+    async def create_account(
+        self,
+        currency: str,
+        opening_balance: int = 0,
+        *,
+        key: str | None = None,
+        prefer_wait: int = 0,
+        policy: RetryPolicy | None = None,
+    ) -> Answer[Account]:
+        body = _routes.account(currency, opening_balance)
+        request = _routes.idempotent("account", body, key, prefer_wait)
+        answer: Answer[Account] = await self.send(request, Account, policy=policy)
+        return answer
+
+    async def create_transfer(
+        self,
+        source: str,
+        destination: str,
+        amount: int,
+        currency: str,
+        memo: str | None = None,
+        *,
+        key: str | None = None,
+        prefer_wait: int = 0,
+        policy: RetryPolicy | None = None,
+    ) -> Answer[Transfer]:
+        body = _routes.transfer(source, destination, amount, currency, memo)
+        request = _routes.idempotent("transfer", body, key, prefer_wait)
+        answer: Answer[Transfer] = await self.send(request, Transfer, policy=policy)
+        return answer
+
+    async def create_payout(
+        self,
+        beneficiary: str,
+        amount: int,
+        currency: str,
+        *,
+        key: str | None = None,
+        prefer_wait: int = 0,
+        policy: RetryPolicy | None = None,
+    ) -> Answer[Payout]:
+        body = _routes.payout(beneficiary, amount, currency)
+        request = _routes.idempotent("payout", body, key, prefer_wait)
+        answer: Answer[Payout] = await self.send(request, Payout, policy=policy)
+        return answer
+
+    async def perform(
+        self, action: IntendedAction, *, prefer_wait: int = 0, policy: RetryPolicy | None = None
+    ) -> Answer[Account | Transfer | Payout]:
+        """Send a persisted intended action with its own key (first time or after a restart)."""
+        request = _routes.idempotent(action.kind, action.body, action.key, prefer_wait)
+        answer: Answer[Account | Transfer | Payout] = await self.send(
+            request, _routes.ANSWERS[action.kind], policy=policy
+        )
+        return answer
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get_account(self, account_id: str) -> Answer[Account]:
+        answer: Answer[Account] = await self.send(
+            _routes.get(f"/v1/accounts/{_routes.segment(account_id)}"), Account
+        )
+        return answer
+
+    async def get_operation(self, operation_id: str) -> Answer[OperationView]:
+        answer: Answer[OperationView] = await self.send(
+            _routes.get(f"/v1/operations/{_routes.segment(operation_id)}"), OperationView
+        )
+        return answer
+
+    async def find_operation(self, key: str, route: str | None = None) -> Answer[OperationView]:
+        params = {"key": key} | ({"route": route} if route else {})
+        answer: Answer[OperationView] = await self.send(
+            _routes.get("/v1/operations", params), OperationView
+        )
+        return answer
+
+    async def problem_page(self, slug: str) -> Answer[ProblemPage]:
+        answer: Answer[ProblemPage] = await self.send(
+            _routes.get(f"/problems/{_routes.segment(slug)}"), ProblemPage
+        )
+        return answer
+
+    async def health(self) -> Answer[Health]:
+        answer: Answer[Health] = await self.send(_routes.get("/health"), Health)
+        return answer
+
+    async def wait_for_outcome(self, operation_id: str, timeout: float) -> Outcome:  # noqa: ASYNC109 - the same signature as Client's; the timeout is the status resource's, not one await's
+        """Follow ``GET /v1/operations/{id}`` until the operation is terminal (completed,
+        failed, conflict), or raise :class:`OutcomeTimeout` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        interval, polls = FIRST_POLL_INTERVAL, 0
+        view: OperationView | None = None
+        while True:
+            view = (await self.get_operation(operation_id)).value
+            polls += 1
+            if view.state in TERMINAL:
+                return outcome(view, polls)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OutcomeTimeout(
+                    f"operation {operation_id} still {view.state} after {timeout}s", view
+                )
+            await asyncio.sleep(min(interval, left))
+            interval = next_interval(interval)
+
+
+class AsyncAdminClient(AsyncClient):
+    """The admin routes (an ``admin`` principal's key), besides every ``AsyncClient`` method."""
+
+    async def create_principal(
+        self, tenant: str, name: str, role: Literal["admin", "client", "observer"]
+    ) -> Answer[PrincipalCreated]:
+        answer: Answer[PrincipalCreated] = await self.send(
+            _routes.principal(tenant, name, role), PrincipalCreated
+        )
+        return answer
+
+    async def rotate_principal(self, principal_id: str) -> Answer[PrincipalCreated]:
+        path = f"/admin/v1/principals/{_routes.segment(principal_id)}/rotate"
+        answer: Answer[PrincipalCreated] = await self.send(Request("POST", path), PrincipalCreated)
+        return answer
+
+    async def revoke_principal(self, principal_id: str) -> Answer[PrincipalRevoked]:
+        path = f"/admin/v1/principals/{_routes.segment(principal_id)}/revoke"
+        answer: Answer[PrincipalRevoked] = await self.send(Request("POST", path), PrincipalRevoked)
+        return answer
+
+    async def supersede_operation(
+        self,
+        operation_id: str,
+        reason: str,
+        *,
+        request: Any = None,
+        rebind: bool = True,
+        force: bool = False,
+    ) -> Answer[Superseded]:
+        answer: Answer[Superseded] = await self.send(
+            _routes.supersede(operation_id, reason, request, rebind, force), Superseded
+        )
+        return answer
+
+    async def list_work(
+        self,
+        state: Literal["unknown", "conflict", "in_progress"],
+        *,
+        tenant: str | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> Answer[WorkPage]:
+        answer: Answer[WorkPage] = await self.send(
+            _routes.work(state, tenant, limit, after), WorkPage
+        )
+        return answer
