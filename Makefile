@@ -11,10 +11,10 @@ BENCH_STAMP := $(VENV)/.installed-bench
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,devstack]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,devstack]' -e clients/python
 	touch $(STAMP)
 
 # make bench only: the peer's packages (pyproject.toml's bench extra)
@@ -32,12 +32,13 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on service/ and devstack/
+typecheck: $(STAMP) ## mypy --strict on service/, devstack/ and the Python client
 	$(BIN)/mypy --strict service devstack
+	$(BIN)/mypy --strict clients/python/settlement_client
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase
-	$(BIN)/coverage run -m pytest
+	$(BIN)/coverage run -m pytest tests clients/python/tests
 	$(BIN)/coverage report --include='service/core/*' --fail-under=100
 	@$(BIN)/coverage report --format=total | sed 's/^/total coverage of service\/: /; s/$$/%/'
 

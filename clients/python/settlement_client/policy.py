@@ -101,15 +101,18 @@ class RetryBudget:
 
         return time.monotonic()
 
+    def _refill(self) -> None:
+        now = self._now()
+        if self._tokens < 0:
+            self._tokens, self._at = self.capacity, now
+        elapsed = max(0.0, now - self._at)
+        self._tokens = min(self.capacity, self._tokens + elapsed * self.refill_per_second)
+        self._at = now
+
     def try_take(self) -> bool:
+        """Take a token for one retry; False (and nothing taken) when fewer than one is left."""
         with self._lock:
-            now = self._now()
-            if self._tokens < 0:
-                self._tokens, self._at = self.capacity, now
-            self._tokens = min(
-                self.capacity, self._tokens + (now - self._at) * self.refill_per_second
-            )
-            self._at = now
+            self._refill()
             if self._tokens < 1:
                 return False
             self._tokens -= 1
@@ -118,7 +121,8 @@ class RetryBudget:
     @property
     def tokens(self) -> float:
         with self._lock:
-            return self.capacity if self._tokens < 0 else self._tokens
+            self._refill()
+            return self._tokens
 
 
 @dataclass(frozen=True)
