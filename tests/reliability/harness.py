@@ -6,9 +6,11 @@
 * **Clients** (threads): each performs intended actions (a transfer between two of the
   run's accounts, or a payout; a share of the transfers drain or fund accounts opened with
   low balances, so transfers race for the last of a balance all through the run), each
-  with its own Idempotency-Key, retrying with jitter through connection errors, 409 in
-  progress, 429, 503 and 504 until a terminal answer; a third of the requests ask
-  ``Prefer: wait``.
+  with its own Idempotency-Key, through settlement-client (``clients/python``): its retry
+  policy and budget retry connection errors, 409 in progress, 429, 5xx and 504 with the same
+  key; when a call gives up (deadline, budget), the thread calls again with the same key
+  until a terminal answer; a third of the actions ask ``Prefer: wait`` from their first
+  request. Each request goes to one of the live servers, drawn at random.
 * **Nemesis** (the main thread, which may restart PostgreSQL): a schedule drawn from the
   seed of: SIGKILL of a server then a restart; a server restarted with a crash failpoint at a
   commit boundary, then restarted clean; a Redis outage (connections cut, every key lost,
@@ -47,6 +49,15 @@ from typing import Any
 
 import httpx
 import redis
+from settlement_client import (
+    AdminClient,
+    Answer,
+    AttemptEvent,
+    Client,
+    Problem,
+    RetryPolicy,
+    TransportFailed,
+)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -80,22 +91,16 @@ ACTION_PATIENCE = 45.0
 # After the load: how long unfinished actions are retried against the healed cluster.
 SETTLE_PATIENCE = 90.0
 REQUEST_TIMEOUT = 10.0
+# A client call that gave up (its deadline or the retry budget) is called again after a
+# pause drawn from this range: the application's own backoff, above the client's.
+GAVE_UP_PAUSE = (0.2, 1.0)
+# Prefer: wait asked from the first request by a third of the actions.
+ACTION_WAIT = 2
 # The 5xx answers the contract documents (DESIGN §6); anything else is a violation.
 DOCUMENTED_5XX = {
     (503, "service-unavailable"),
     (503, "lease-unavailable"),
     (504, "operation-outcome-unknown"),
-}
-# Answers after which the client retries the same request.
-RETRY_SLUGS = {
-    "operation-in-progress",
-    "effect-refused",
-    "operation-superseded",
-    "too-many-requests",
-    "service-unavailable",
-    "lease-unavailable",
-    "operation-outcome-unknown",
-    "internal-error",
 }
 FAULTS = [
     "kill-server",
@@ -117,6 +122,7 @@ class Action:
     body: dict[str, Any]
     wait: bool
     requests: int = 0
+    calls: int = 0  # client calls (each retries on its own; see Clients.perform)
     answers: list[tuple[int, bytes]] = field(default_factory=list)  # terminal answers
     operation_id: str | None = None
     sent_at: float | None = None  # wall clock before the first request
@@ -132,6 +138,8 @@ class Summary:
     requests: int = 0
     retries: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
+    retries_per_call: Counter[int] = field(default_factory=Counter)
+    gave_up: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -142,6 +150,10 @@ class Summary:
             f"actions {self.actions} ({self.finished} with a terminal answer), "
             f"requests {self.requests}, retries {self.retries}",
             "answers: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.statuses.items())),
+            "retries per client call: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(self.retries_per_call.items()))
+            + "; calls given up: "
+            + (", ".join(f"{k} x{v}" for k, v in sorted(self.gave_up.items())) or "none"),
             "faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.faults.items())),
             *self.notes,
             f"violations: {len(self.violations)}",
@@ -266,6 +278,27 @@ class Cluster:
 # -- clients -------------------------------------------------------------------------------------
 
 
+class AnyServer(httpx.BaseTransport):
+    """Sends each request to one of the cluster's live servers, drawn at random (none up:
+    a connect error, which the client retries)."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self._inner = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        urls = self.cluster.urls()
+        if not urls:
+            raise httpx.ConnectError("no server is up", request=request)
+        target = httpx.URL(self.rng.choice(urls))
+        request.url = request.url.copy_with(host=target.host, port=target.port)
+        return self._inner.handle_request(request)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class Clients:
     def __init__(self, cluster: Cluster, seed: int, count: int, summary: Summary) -> None:
         self.cluster = cluster
@@ -275,32 +308,46 @@ class Clients:
         self._lock = threading.Lock()
         self._rngs = [random.Random(seed * 1000 + n) for n in range(count)]
         self.fives: list[tuple[int, str, str]] = []
+        self._current = threading.local()
         base = cluster.urls()[0]
-        made = httpx.post(
-            f"{base}/admin/v1/principals",
-            json={"tenant": "chaos", "name": "client", "role": "client"},
-            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
-        )
-        assert made.status_code == 201, made.text
-        self.key = made.json()["api_key"]
+        with AdminClient(base, ADMIN_KEY) as admin:
+            self.key = admin.create_principal("chaos", "client", "client").value.api_key
         self.openings: dict[str, int] = {}
-        for n in range(ACCOUNTS + LOW_ACCOUNTS):
-            opening = OPENING if n < ACCOUNTS else LOW_OPENING
-            opened = httpx.post(
-                f"{base}/v1/accounts",
-                json={"currency": "EUR", "opening_balance": opening},
-                headers={**self._auth(), "Idempotency-Key": f"open-{n}"},
-            )
-            assert opened.status_code == 201, opened.text
-            self.openings[opened.json()["id"]] = opening
+        with Client(base, self.key) as client:
+            for n in range(ACCOUNTS + LOW_ACCOUNTS):
+                opening = OPENING if n < ACCOUNTS else LOW_OPENING
+                opened = client.create_account("EUR", opening, key=f"open-{n}")
+                self.openings[opened.value.id] = opening
         self.accounts = list(self.openings)[:ACCOUNTS]
         self.low_accounts = list(self.openings)[ACCOUNTS:]
         self._threads = [
             threading.Thread(target=self._loop, args=(rng,), daemon=True) for rng in self._rngs
         ]
 
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key}"}
+    def client(self, rng: random.Random) -> Client:
+        """A settlement client (one per thread) over every live server, counting each
+        answer it gets into the summary through its hook."""
+        return Client(
+            "http://cluster",
+            self.key,
+            transport=AnyServer(self.cluster, rng),
+            timeout=httpx.Timeout(REQUEST_TIMEOUT),
+            hooks=[self._heard],
+            rng=rng,
+        )
+
+    def _heard(self, event: AttemptEvent) -> None:
+        action: Action | None = getattr(self._current, "action", None)
+        if action is not None:
+            action.requests += 1
+            action.operation_id = event.operation_id or action.operation_id
+        if event.status is None:
+            self._count(f"connection:{event.error}")
+            return
+        self._count(f"{event.status} {event.slug}".strip())
+        if event.status >= 500:
+            with self._lock:
+                self.fives.append((event.status, event.slug, event.key or ""))
 
     def start(self) -> None:
         for thread in self._threads:
@@ -313,12 +360,12 @@ class Clients:
             thread.join(max(0.1, deadline - time.monotonic()))
 
     def _loop(self, rng: random.Random) -> None:
-        with httpx.Client(timeout=REQUEST_TIMEOUT) as http:
+        with self.client(rng) as client:
             while not self.stop.is_set():
                 action = self._new_action(rng)
                 with self._lock:
                     self.actions.append(action)
-                self.perform(http, action, rng, ACTION_PATIENCE)
+                self.perform(client, action, rng, ACTION_PATIENCE)
 
     def _new_action(self, rng: random.Random) -> Action:
         if rng.random() < 0.3:
@@ -337,56 +384,65 @@ class Clients:
         body = {"source": source, "destination": destination, "amount": amount, "currency": "EUR"}
         return Action(uuid.uuid4().hex, "transfer", body, wait=rng.random() < 0.33)
 
-    def perform(
-        self, http: httpx.Client, action: Action, rng: random.Random, patience: float
-    ) -> None:
-        """Send the action until it has a terminal answer, then once more: the replay."""
+    def perform(self, client: Client, action: Action, rng: random.Random, patience: float) -> None:
+        """Call until the action has a terminal answer, then once more: the replay. The
+        client retries within each call; a call that gave up is called again, same key."""
         deadline = time.monotonic() + patience
         wanted = 2 if not action.answers else len(action.answers) + 1
-        path = "/v1/transfers" if action.kind == "transfer" else "/v1/payouts"
-        while len(action.answers) < wanted and time.monotonic() < deadline:
-            urls = self.cluster.urls()
-            if not urls:
-                time.sleep(0.2)
-                continue
-            headers = {**self._auth(), "Idempotency-Key": action.key}
-            if action.sent_at is None:
-                action.sent_at = time.time()
-            if action.wait:
-                headers["Prefer"] = "wait=2"
-            try:
-                answer = http.post(rng.choice(urls) + path, json=action.body, headers=headers)
-            except httpx.HTTPError as exc:
-                self._count(f"connection:{type(exc).__name__}")
-                time.sleep(rng.uniform(0.05, 0.3))
-                continue
-            action.requests += 1
-            action.operation_id = answer.headers.get("operation-id") or action.operation_id
-            slug = _slug(answer)
-            self._count(f"{answer.status_code} {slug}".strip())
-            if answer.status_code >= 500:
-                with self._lock:
-                    self.fives.append((answer.status_code, slug, action.key))
-            if slug in RETRY_SLUGS or answer.status_code >= 500:
-                time.sleep(rng.uniform(0.05, 0.4))
-                continue
-            if action.answered_at is None:
-                action.answered_at = time.time()
-            action.answers.append((answer.status_code, answer.content))
+        self._current.action = action
+        try:
+            while len(action.answers) < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if action.sent_at is None:
+                    action.sent_at = time.time()
+                answer = self._call(client, action, RetryPolicy(max_attempts=1_000, deadline=left))
+                if answer is None:
+                    time.sleep(rng.uniform(*GAVE_UP_PAUSE))
+                    continue
+                if action.answered_at is None:
+                    action.answered_at = time.time()
+                action.answers.append(answer)
+        finally:
+            self._current.action = None
+
+    def _call(
+        self, client: Client, action: Action, policy: RetryPolicy
+    ) -> tuple[int, bytes] | None:
+        """One client call: its terminal answer, or None when it gave up."""
+        action.calls += 1
+        wait = ACTION_WAIT if action.wait else 0
+        try:
+            answer: Answer[object]
+            if action.kind == "transfer":
+                answer = client.create_transfer(
+                    **action.body, key=action.key, prefer_wait=wait, policy=policy
+                )
+            else:
+                answer = client.create_payout(
+                    **action.body, key=action.key, prefer_wait=wait, policy=policy
+                )
+        except Problem as problem:
+            self._tally(problem.attempts, problem.gave_up)
+            if problem.gave_up != "final":
+                return None
+            return problem.status, problem.content
+        except TransportFailed as lost:
+            self._tally(lost.attempts, lost.gave_up)
+            return None
+        self._tally(answer.attempts, "final")
+        return answer.status, answer.content
+
+    def _tally(self, attempts: int, gave_up: str) -> None:
+        with self._lock:
+            self.summary.retries_per_call[max(0, attempts - 1)] += 1
+            if gave_up != "final":
+                self.summary.gave_up[gave_up] += 1
 
     def _count(self, what: str) -> None:
         with self._lock:
             self.summary.statuses[what] += 1
-
-
-def _slug(answer: httpx.Response) -> str:
-    if answer.headers.get("content-type") != "application/problem+json":
-        return ""
-    try:
-        kind = answer.json().get("type", "")
-    except ValueError:
-        return "not-json"
-    return str(kind).removeprefix("/problems/")
 
 
 # -- nemesis -------------------------------------------------------------------------------------
@@ -728,10 +784,10 @@ def settle(cluster: Cluster, clients: Clients, seed: int) -> None:
     replayed (or SETTLE_PATIENCE runs out: the checker reports it)."""
     rng = random.Random(seed)
     deadline = time.monotonic() + SETTLE_PATIENCE
-    with httpx.Client(timeout=REQUEST_TIMEOUT) as http:
+    with clients.client(rng) as client:
         for action in clients.actions:
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             if len(action.answers) < 2:
-                clients.perform(http, action, rng, left)
+                clients.perform(client, action, rng, left)
