@@ -10,7 +10,9 @@ from typing import Literal
 import msgspec
 
 from service.app.answers import Problem
+from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
+from service.core.feed import ReceiptState
 from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
 from service.store.principals import Principal
 
@@ -27,6 +29,10 @@ class HoldView(msgspec.Struct):
     operation_id: str | None
     reason: str
     first_seen_at: datetime
+    age: float
+    """seconds since the event was first seen (the database's clock)"""
+    kept: bool
+    """whether the hold keeps its event (it can be decided again without the feed)"""
 
 
 class AlarmView(msgspec.Struct):
@@ -49,6 +55,8 @@ class FeedView(msgspec.Struct, omit_defaults=True):
     lag: float | None
     """seconds since the observer last found nothing new (None: it never has)"""
     holds: list[HoldView]
+    """the open holds, oldest first (at most 100; ``open_holds`` counts them all)"""
+    open_holds: int
     alarms: list[AlarmView]
     resume_cursor: str | None = None
     applied_position: int | None = None
@@ -64,13 +72,22 @@ class HoldDecided(msgspec.Struct):
     event_id: str
     action: str
     state: str
+    """the receipt's state after the decision (``held`` when a retry decided to hold)"""
 
 
 class FeedAdmin:
     def __init__(
-        self, store: FeedStore, specs: list[FeedSpec], *, clock: Callable[[], float]
+        self,
+        store: FeedStore,
+        specs: list[FeedSpec],
+        *,
+        clock: Callable[[], float],
+        events: FeedEvents | None = None,
     ) -> None:
+        """``events``: decides a held event again on an operator's ``retry`` (without it,
+        a retry answers the hold as it stands)."""
         self._store = store
+        self._events = events
         self._specs = {spec.name: spec for spec in specs}
         self._clock = clock
 
@@ -94,8 +111,10 @@ class FeedAdmin:
     async def decide(
         self, admin: Principal, name: str, event_id: str, body: HoldAction
     ) -> HoldDecided | Problem:
-        """``quarantine``: a final disposition (the barrier may pass the event); ``retry``: the
-        hold goes and the next page processes the event anew."""
+        """``quarantine``: a final disposition (the barrier may pass the event); ``retry``:
+        the stored event is decided again now, as the observer would (the operation known
+        now settles it; a signature that verifies now lets it through); the hold is never
+        deleted, and stays held when the decision is to hold."""
         if not admin.all_tenants:
             return _forbidden()
         if not FEED_NAME.match(name) or "\x00" in event_id:
@@ -104,9 +123,10 @@ class FeedAdmin:
         if held is None or held.state != "held":
             return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
         if body.action == "retry":
-            if not await self._store.release_hold(name, event_id):
-                return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
-            return HoldDecided(feed=name, event_id=event_id, action="retry", state="released")
+            state = ReceiptState.HELD
+            if self._events is not None:
+                state = await self._events.redecide(name, held, operator=True)
+            return HoldDecided(feed=name, event_id=event_id, action="retry", state=state.value)
         decided = await self._store.refuse_event(
             name,
             event_id,
@@ -149,13 +169,15 @@ class FeedAdmin:
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
         spec = self._specs.get(name)
         kind = checkpoint.kind if checkpoint is not None else spec.kind if spec else "cursor"
+        holds, open_holds = await self._store.holds(name)
         view = FeedView(
             name=name,
             kind=kind,
             configured=spec is not None,
             checkpoint_version=0 if checkpoint is None else checkpoint.version,
             lag=None,
-            holds=[_hold(r) for r in await self._store.holds(name)],
+            holds=[_hold(r) for r in holds],
+            open_holds=open_holds,
             alarms=[_alarm(a) for a in await self._store.alarms(name)],
         )
         if checkpoint is not None:
@@ -180,6 +202,8 @@ def _hold(receipt: Receipt) -> HoldView:
         operation_id=None if receipt.operation_id is None else str(receipt.operation_id),
         reason=receipt.reason,
         first_seen_at=receipt.first_seen_at,
+        age=round(receipt.age, 3),
+        kept=receipt.evidence is not None,
     )
 
 

@@ -5,17 +5,18 @@ receipts (:mod:`service.core.feed`), give every new event one durable outcome, t
 checkpoint past the page only if all its events are final (a CAS: a losing observer rereads
 and never writes older progress over newer).
 
-An event's outcome, each committed with its receipt in one transaction:
+Each event's outcome is :class:`service.app.feed_events.FeedEvents`' to decide (applied,
+ignored, quarantined, or held); a database error on the way stops the page, nothing is
+promoted, and the next page retries the event.
 
-* evidence whose signature does not verify (or that is not evidence): **held**
-  (``bad-signature``) for an operator (``POST /admin/v1/feeds/{name}/holds/{event_id}``);
-* about an operation that is not here: held (``unknown-operation``) for
-  ``SETTLEMENT_FEED_UNKNOWN_GRACE``, then **quarantined**; purged by retention: quarantined
-  (``operation-expired``); about a local effect: quarantined (``not-external``);
-* otherwise settled through the core as a ``feed`` observation: the receipt is **applied**,
-  **ignored** (a replay) or **quarantined** (a tuple mismatch), as the core decided;
-* a database error on the way: the page stops, nothing is promoted, and the next page
-  retries the event.
+**Holds are never forgotten.** A hold blocks the barrier while its event is in the page
+being decided. The checkpoint may pass a held event the feed no longer serves at it (an
+overlap or backfill page served it behind the checkpoint): the hold keeps the event, and the
+observer decides its holds again by itself, at most once per ``poll_interval``, the least
+recently decided first, whether or not the feed serves them again: the operation now known
+settles it, the grace run out quarantines it. Holds for an operator (``bad-signature``)
+wait for the operator's ``quarantine`` or ``retry``. ``GET /admin/v1/feeds/{name}`` lists
+every open hold with its age.
 
 Failpoints: ``observer.event.before_commit|after_commit`` around a settled event's commit,
 ``observer.quarantine.before|after`` around a quarantine the observer decides,
@@ -28,13 +29,12 @@ import asyncio
 import enum
 import hashlib
 import logging
-import uuid
 from collections.abc import Callable
 
 import msgspec
 
+from service.app.feed_events import FeedEvents
 from service.config import FeedSpec
-from service.core import Observation, Source
 from service.core.feed import (
     Backoff,
     Blocked,
@@ -48,8 +48,7 @@ from service.core.feed import (
     closable_through,
     cursor_barrier,
 )
-from service.domain.feeds import FeedClient, FeedUnavailable, RawEvent, decode_signed
-from service.evidence import observation_of, verify
+from service.domain.feeds import FeedClient, FeedUnavailable, RawEvent
 from service.failpoints import Failpoints
 from service.store.feeds import Checkpoint, FeedStore
 from service.store.retention import RetentionStore
@@ -62,6 +61,9 @@ log = logging.getLogger("settlement.observer")
 
 # The largest page asked for: a tie group larger than this stalls the feed (an alarm).
 MAX_PAGE = 500
+# Holds decided again per pass (a pass per poll interval at most): a feed with more open
+# holds goes through them over several passes, the least recently decided first.
+HOLD_BATCH = 50
 # How far back an idle timestamp feed looks for events that arrived at closed timestamps,
 # and on which idle page (every tenth: the look-back is a large page).
 LATE_LOOKBACK = 300
@@ -110,16 +112,22 @@ class FeedObserver:
         self.spec = spec
         self._client = client
         self._feeds = feeds
-        self._store = store
-        self._tombstones = tombstones
-        self._secret = secret
-        self._external = external_routes
+        self._events = FeedEvents(
+            feeds,
+            store,
+            tombstones,
+            secret=secret,
+            external_routes=external_routes,
+            failpoints=failpoints,
+            clock=clock,
+            unknown_grace=unknown_grace,
+        )
         self._failpoints = failpoints
         self._clock = clock
         self._page_size = page_size
         self._limit = page_size
-        self._grace = unknown_grace
         self._poll = poll_interval
+        self._next_redrive: float | None = None  # when the holds are decided again next
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
         self._idle_pages = 0  # empty timestamp pages so far: every AUDIT_EVERY-th looks back
@@ -151,7 +159,8 @@ class FeedObserver:
         return float(min(self._max_backoff, self._poll * 2 ** min(self._idle - 1, 16)))
 
     async def run_once(self) -> Page:
-        """One page of the feed."""
+        """One page of the feed (first, when due, the feed's holds are decided again)."""
+        await self.redrive_holds()
         checkpoint = await self._feeds.checkpoint(self.spec.name, self.spec.kind)
         try:
             if self.spec.kind == "cursor":
@@ -160,6 +169,28 @@ class FeedObserver:
         except FeedUnavailable as exc:
             log.warning("feed unavailable", extra={"feed": self.spec.name, "error": str(exc)})
             return Page(PageResult.UNAVAILABLE)
+
+    async def redrive_holds(self, *, force: bool = False) -> int:
+        """Decide the feed's holds again from the events they keep, at most once per
+        ``poll_interval`` (``force``: now); how many became final."""
+        now = self._clock()
+        if not force and self._next_redrive is not None and now < self._next_redrive:
+            return 0
+        self._next_redrive = now + self._poll
+        finals = 0
+        for held in await self._feeds.due_holds(self.spec.name, HOLD_BATCH):
+            try:
+                state = await self._events.redecide(self.spec.name, held)
+            except Exception as exc:
+                log.warning(
+                    "held feed event not decided again; the next pass retries it",
+                    extra={"feed": self.spec.name, "event_id": held.event_id, "error": repr(exc)},
+                )
+                return finals
+            finals += state.final
+        if finals:
+            log.info("feed holds decided", extra={"feed": self.spec.name, "final": finals})
+        return finals
 
     # -- cursor feeds -------------------------------------------------------------------------
 
@@ -311,7 +342,9 @@ class FeedObserver:
         done = 0
         for event in events:
             try:
-                states[event.event_id] = await self._process(event, raw[event.event_id], seen)
+                states[event.event_id] = await self._events.decide(
+                    self.spec.name, event, raw[event.event_id], seen.get(event.event_id)
+                )
             except Exception as exc:
                 log.warning(
                     "feed event not settled; the page stops and will be retried",
@@ -321,87 +354,6 @@ class FeedObserver:
             done += 1
         return done
 
-    async def _process(
-        self, event: FeedEvent, raw: RawEvent, seen: dict[str, Seen]
-    ) -> ReceiptState:
-        name, now = self.spec.name, self._clock()
-        known = seen.get(event.event_id)
-        if known is not None and known.state is ReceiptState.HELD:
-            held = await self._feeds.receipt(name, event.event_id)
-            if held is not None and held.reason == "bad-signature":
-                return ReceiptState.HELD  # for an operator to decide, whatever comes now
-        signed = decode_signed(raw)
-        verified = signed is not None and self._secret is not None and verify(signed, self._secret)
-        if signed is None or not verified:
-            operation_id = None if signed is None else signed.evidence.operation_id
-            observation = (
-                None
-                if signed is None
-                else observation_of(signed.evidence, Source.FEED, verified=False)
-            )
-            receipt = await self._feeds.refuse_event(
-                name, event.event_id, event.order, operation_id, observation,
-                "held", "bad-signature", at(now), digest=event.digest,
-            )  # fmt: skip
-            await self._alarm(
-                "bad-signature", event.event_id, "the event's evidence does not verify"
-            )
-            return ReceiptState(receipt.state)
-        assert signed is not None
-        operation_id = signed.evidence.operation_id
-        observation = observation_of(signed.evidence, Source.FEED)
-        owner = await self._store.owner_of(operation_id)
-        if owner is None:
-            if await self._tombstones.by_operation(operation_id) is not None:
-                return await self._quarantine(event, operation_id, observation, "operation-expired")
-            first = await self._feeds.receipt(name, event.event_id)
-            first_seen = now if first is None else first.first_seen_at.timestamp()
-            if now - first_seen >= self._grace:
-                return await self._quarantine(event, operation_id, observation, "unknown-operation")
-            receipt = await self._feeds.refuse_event(
-                name, event.event_id, event.order, None, None,
-                "held", "unknown-operation", at(now), digest=event.digest,
-            )  # fmt: skip
-            return ReceiptState(receipt.state)
-        if owner[1] not in self._external:
-            return await self._quarantine(event, operation_id, observation, "not-external")
-        receipt, found = await self._feeds.settle_event(
-            name,
-            event.event_id,
-            event.order,
-            operation_id,
-            observation,
-            at(now),
-            digest=event.digest,
-            before_commit=lambda: self._failpoints.hit("observer.event.before_commit"),
-        )
-        await self._failpoints.hit("observer.event.after_commit")
-        if found is not None:
-            self._store.report(operation_id, found[0], found[1])
-        return ReceiptState(receipt.state)
-
-    async def _quarantine(
-        self, event: FeedEvent, operation_id: uuid.UUID, observation: Observation, reason: str
-    ) -> ReceiptState:
-        await self._failpoints.hit("observer.quarantine.before")
-        receipt = await self._feeds.refuse_event(
-            self.spec.name,
-            event.event_id,
-            event.order,
-            operation_id,
-            observation,
-            "quarantined",
-            reason,
-            at(self._clock()),
-            digest=event.digest,
-        )
-        await self._failpoints.hit("observer.quarantine.after")
-        log.warning(
-            "feed event quarantined",
-            extra={"feed": self.spec.name, "event_id": event.event_id, "reason": reason},
-        )
-        return ReceiptState(receipt.state)
-
     # -- alarms -------------------------------------------------------------------------------
 
     async def _stopped(self, stop: Stop, events: int) -> Page:
@@ -409,11 +361,7 @@ class FeedObserver:
         return Page(PageResult.STOPPED, events)
 
     async def _alarm(self, kind: str, event_id: str, detail: str) -> None:
-        log.error(
-            "feed alarm",
-            extra={"feed": self.spec.name, "alarm": kind, "event_id": event_id, "detail": detail},
-        )
-        await self._feeds.alarm(self.spec.name, kind, event_id, detail, at(self._clock()))
+        await self._events.alarm(self.spec.name, kind, event_id, detail)
 
 
 def _digest(event: RawEvent) -> str:

@@ -20,6 +20,7 @@ from service.app.admin import Admin
 from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
+from service.app.feed_events import FeedEvents
 from service.app.feeds import FeedAdmin
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
@@ -137,7 +138,21 @@ class Settlement:
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
         )
         self.feeds = FeedStore(engine, self.store.runner, settle=self.store.settle_phase_of)
-        self.feed_admin = FeedAdmin(self.feeds, settings.feed_specs(), clock=clock)
+        self.feed_admin = FeedAdmin(
+            self.feeds,
+            settings.feed_specs(),
+            clock=clock,
+            events=FeedEvents(
+                self.feeds,
+                self.store,
+                self.tombstones,
+                secret=settings.provider_secret,
+                external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+                failpoints=self.failpoints,
+                clock=clock,
+                unknown_grace=settings.feed_unknown_grace,
+            ),
+        )
         self.purger = Purger(
             self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock
         )

@@ -3,7 +3,10 @@
 * Every event's outcome commits with its receipt in one transaction
   (:meth:`FeedStore.settle_event`, :meth:`FeedStore.refuse_event`): the receipt row is
   inserted first, so a second observer on the same event waits on it and then finds it.
-* A hold (:meth:`FeedStore.hold_event`) is a durable receipt in state ``held``: not final.
+* A hold is a durable receipt in state ``held``: not final. It keeps the event as served
+  (evidence and signature) until it is final, so it can be decided again on its own
+  (:meth:`FeedStore.due_holds`); its age is on the database's clock, whichever observer
+  first saw it.
 * A checkpoint moves only by a CAS on its version and the value it was read with
   (:meth:`FeedStore.promote_cursor`, :meth:`FeedStore.close_through`); a losing observer
   rereads, and never writes older progress over newer.
@@ -53,6 +56,11 @@ class Receipt(msgspec.Struct, frozen=True):
     digest: str
     first_seen_at: datetime
     decided_at: datetime
+    evidence: bytes | None = None
+    """the event's evidence as served, kept while the receipt is held"""
+    signature: str | None = None
+    age: float = 0.0
+    """seconds since the event was first seen, on the database's clock"""
 
 
 class Alarm(msgspec.Struct, frozen=True):
@@ -71,7 +79,23 @@ SettlePhase = Callable[[uuid.UUID, Observation, dict[str, Any]], Phase[tuple[Any
 
 
 def _receipt(row: Any) -> Receipt:
-    return Receipt(**dict(row))
+    values = dict(row)
+    if values.get("evidence") is not None:
+        values["evidence"] = bytes(values["evidence"])
+    if values.get("age") is not None:
+        values["age"] = float(values["age"])  # numeric from extract()
+    return Receipt(**values)
+
+
+# every column of a receipt, and its age on the database's clock
+_WITH_AGE = (
+    *feed_receipts.c,
+    func.extract("epoch", func.clock_timestamp() - feed_receipts.c.first_seen_at).label("age"),
+)
+
+
+# Open holds an admin view lists (oldest first); the view also says how many there are.
+HOLDS_SHOWN = 100
 
 
 class FeedStore:
@@ -198,7 +222,7 @@ class FeedStore:
             row = (
                 (
                     await conn.execute(
-                        select(feed_receipts).where(r.feed == feed, r.event_id == event_id)
+                        select(*_WITH_AGE).where(r.feed == feed, r.event_id == event_id)
                     )
                 )
                 .mappings()
@@ -206,15 +230,33 @@ class FeedStore:
             )
         return None if row is None else _receipt(row)
 
-    async def holds(self, feed: str) -> list[Receipt]:
+    async def holds(self, feed: str, limit: int = HOLDS_SHOWN) -> tuple[list[Receipt], int]:
+        """The feed's open holds, oldest first (at most ``limit``), and how many there are."""
         r = feed_receipts.c
         async with self._reader.connect() as conn:
             rows = (
                 await conn.execute(
-                    select(feed_receipts)
+                    select(*_WITH_AGE)
                     .where(r.feed == feed, r.state == "held")
-                    .order_by(r.event_order, r.event_id)
-                    .limit(100)
+                    .order_by(r.first_seen_at, r.event_id)
+                    .limit(limit)
+                )
+            ).mappings()
+            shown = [_receipt(row) for row in rows]
+            total = await conn.scalar(select(func.count()).where(r.feed == feed, r.state == "held"))
+        return shown, int(total or 0)
+
+    async def due_holds(self, feed: str, limit: int) -> list[Receipt]:
+        """Holds to decide again on their own: those waiting for an operation (not those
+        waiting for an operator), the least recently decided first."""
+        r = feed_receipts.c
+        async with self._reader.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(*_WITH_AGE)
+                    .where(r.feed == feed, r.state == "held", r.reason != "bad-signature")
+                    .order_by(r.decided_at, r.event_id)
+                    .limit(limit)
                 )
             ).mappings()
             return [_receipt(row) for row in rows]
@@ -280,11 +322,13 @@ class FeedStore:
         now: datetime,
         *,
         digest: str = "",
+        served: tuple[bytes, str] | None = None,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Receipt:
         """A receipt in ``state`` (quarantined: final; held: not) with the refused observation
         recorded (stage A, quarantined), in one transaction. A final receipt already there is
-        kept."""
+        kept. ``served``: the event's evidence and signature, which a hold keeps (a hold
+        without them keeps what it had)."""
 
         async def phase(uow: UnitOfWork) -> Receipt:
             existing = await _claim_receipt(uow.connection, feed, event_id, order, now)
@@ -302,25 +346,18 @@ class FeedStore:
                     revision_after=None,
                     detail={"feed": feed, "event_id": event_id, "receipt": state},
                 )
+            kept = served
+            if kept is None and existing is not None and existing.evidence is not None:
+                kept = (existing.evidence, existing.signature or "")
             return await _write_receipt(
                 uow.connection, feed, event_id, operation_id, state, reason, observation_id, now,
                 digest or (existing.digest if existing is not None else ""),
+                served=kept if state == "held" else None,
             )  # fmt: skip
 
         return await self._runner.run(
             f"feed {feed} refuse {event_id}", phase, before_commit=before_commit
         )
-
-    async def release_hold(self, feed: str, event_id: str) -> bool:
-        """An operator's ``retry``: the hold goes, so the next page processes the event anew."""
-        r = feed_receipts.c
-        async with self._engine.begin() as conn:
-            gone = await conn.execute(
-                feed_receipts.delete().where(
-                    r.feed == feed, r.event_id == event_id, r.state == "held"
-                )
-            )
-        return gone.rowcount == 1
 
     # -- alarms -------------------------------------------------------------------------------
 
@@ -384,7 +421,7 @@ async def _claim_receipt(
             event_order=order,
             state="held",
             reason="processing",
-            first_seen_at=now,
+            first_seen_at=func.now(),  # the database's clock: every observer ages it alike
             decided_at=now,
         )
         .on_conflict_do_nothing(index_elements=["feed", "event_id"])
@@ -395,9 +432,7 @@ async def _claim_receipt(
     row = (
         (
             await conn.execute(
-                select(feed_receipts)
-                .where(r.feed == feed, r.event_id == event_id)
-                .with_for_update()
+                select(*_WITH_AGE).where(r.feed == feed, r.event_id == event_id).with_for_update()
             )
         )
         .mappings()
@@ -416,8 +451,12 @@ async def _write_receipt(
     observation_id: int | None,
     now: datetime,
     digest: str,
+    *,
+    served: tuple[bytes, str] | None = None,
 ) -> Receipt:
+    """Finish the event's receipt; ``served`` (kept by a hold) or nothing (a final one)."""
     r = feed_receipts.c
+    evidence, signature = served if served is not None else (None, None)
     row = (
         (
             await conn.execute(
@@ -430,8 +469,10 @@ async def _write_receipt(
                     observation_id=observation_id,
                     digest=digest,
                     decided_at=now,
+                    evidence=evidence,
+                    signature=signature,
                 )
-                .returning(*feed_receipts.c)
+                .returning(*_WITH_AGE)
             )
         )
         .mappings()

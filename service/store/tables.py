@@ -351,6 +351,10 @@ feed_receipts = Table(
     Column("digest", String(64), nullable=False, server_default=text("''")),
     Column("first_seen_at", DateTime(timezone=True), nullable=False),
     Column("decided_at", DateTime(timezone=True), nullable=False),
+    # the event as served (its evidence bytes and signature), kept while it is held so the
+    # hold can be decided again whether or not the feed serves it again; cleared when final
+    Column("evidence", LargeBinary),
+    Column("signature", String(256)),
     CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
 )
 Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)

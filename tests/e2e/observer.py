@@ -33,7 +33,9 @@ class Observer:
         name: str | None = None,
         failpoint: str | None = None,
         page_size: int = 20,
+        unknown_grace: str | None = "0",
     ) -> None:
+        """``unknown_grace``: SETTLEMENT_FEED_UNKNOWN_GRACE (None: the setting's default)."""
         self.name = name or f"{kind[:2]}-{uuid.uuid4().hex[:10]}"
         self.kind = kind
         self._log = tempfile.NamedTemporaryFile(prefix="settlement-observer-", suffix=".log")  # noqa: SIM115 - closed in stop
@@ -46,9 +48,12 @@ class Observer:
             "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
             "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
             "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",
-            "SETTLEMENT_FEED_UNKNOWN_GRACE": "0",
             "SETTLEMENT_LOG_FORMAT": "json",
         }
+        if unknown_grace is not None:
+            env["SETTLEMENT_FEED_UNKNOWN_GRACE"] = unknown_grace
+        else:
+            env.pop("SETTLEMENT_FEED_UNKNOWN_GRACE", None)
         if failpoint is not None:
             env["SETTLEMENT_ENABLE_FAILPOINTS"] = "1"
             env["SETTLEMENT_FAILPOINTS"] = f"{failpoint}=crash"

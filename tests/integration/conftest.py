@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from service.config import Settings
 from service.leases import LeaseManager, make_redis
 from service.store.db import async_url
+from service.store.feeds import FeedStore
 from service.store.pool import make_pool
 from service.store.settlement import SettlementStore
 from tests.conftest import Services
@@ -105,3 +106,15 @@ def redis(services: Services, connect_redis: Callable[[str], Redis]) -> Redis:
 def leases(redis: Redis) -> LeaseManager:
     """Leases under a prefix of this test's own, so no other test's leases are seen."""
     return LeaseManager(redis, ttl=LEASE_MANAGER_TTL, prefix=f"test:{uuid.uuid4().hex}:")
+
+
+@pytest.fixture
+def feed_store(engine: AsyncEngine, store: SettlementStore) -> FeedStore:
+    """The feed observer's store, on the test's engine and settlement store."""
+    return FeedStore(engine, store.runner, settle=store.settle_phase_of)
+
+
+@pytest.fixture
+def feed_name() -> str:
+    """A feed of the test's own."""
+    return "f" + uuid.uuid4().hex[:12]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -75,16 +74,6 @@ class CountingFailpoints(Failpoints):
                 raise FailpointError(name)
 
 
-@pytest.fixture
-def feed_store(engine: AsyncEngine, store: SettlementStore) -> FeedStore:
-    return FeedStore(engine, store.runner, settle=store.settle_phase_of)
-
-
-@pytest.fixture
-async def feed_name() -> AsyncIterator[str]:
-    yield "f" + uuid.uuid4().hex[:12]
-
-
 def observer(
     spec: FeedSpec,
     feed: ScriptedFeed,
@@ -114,10 +103,13 @@ def observer(
     )
 
 
-async def unknown_payout(store: SettlementStore, principal_id: uuid.UUID, clock: Clock) -> Any:
+async def unknown_payout(
+    store: SettlementStore, principal_id: uuid.UUID, clock: Clock, **overrides: Any
+) -> Any:
     """A payout whose answer was lost: claimed, then settled ``unknown``."""
     scope = make_scope(principal_id, route=PAYOUTS)
-    claimed = await store.claim(scope, claim_request(principal_id, clock), lease_token="t")
+    request = claim_request(principal_id, clock, **overrides)
+    claimed = await store.claim(scope, request, lease_token="t")
     assert isinstance(claimed.decision, Claim) and claimed.record is not None
     record = claimed.record
     operation_id = uuid.UUID(record.reservation.operation_id)
@@ -156,12 +148,13 @@ def event(
     )
 
 
-def foreign(event_id: str, **order: int) -> RawEvent:
-    """An event about an operation that is not here."""
+def foreign(event_id: str, operation_id: str | None = None, **order: int) -> RawEvent:
+    """An event about an operation that is not here (yet: ``operation_id`` may come later,
+    claimed with the factories' fingerprint and generation 1)."""
     reservation = type("R", (), {})()
-    reservation.operation_id = str(uuid.uuid4())
+    reservation.operation_id = operation_id or str(uuid.uuid4())
     reservation.binding_generation = 1
-    reservation.request_fingerprint = "e" * 64
+    reservation.request_fingerprint = "e" * 64 if operation_id is None else "f" * 64
     return event(reservation, event_id, **order)
 
 
@@ -345,7 +338,8 @@ async def test_a_bad_signature_holds_the_barrier_until_an_operator_decides(
         assert (await watcher.run_once()).result is PageResult.BLOCKED
     assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == ""
     assert (await store.get(uuid.UUID(bad.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
-    [hold] = await feed_store.holds(feed_name)
+    [hold], open_holds = await feed_store.holds(feed_name)
+    assert open_holds == 1
     assert (hold.event_id, hold.reason) == ("b", "bad-signature")
     assert {a.kind for a in await feed_store.alarms(feed_name)} == {"bad-signature"}
     # the operator quarantines it: the barrier opens
@@ -355,6 +349,17 @@ async def test_a_bad_signature_holds_the_barrier_until_an_operator_decides(
     )  # fmt: skip
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "N"
+
+
+async def age_receipt(engine: AsyncEngine, name: str, event_id: str, seconds: float) -> None:
+    """Make the event first seen ``seconds`` earlier: the grace runs on the database's clock."""
+    r = feed_receipts.c
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(feed_receipts)
+            .where(r.feed == name, r.event_id == event_id)
+            .values(first_seen_at=r.first_seen_at - timedelta(seconds=seconds))
+        )
 
 
 async def test_an_unknown_operation_is_held_for_the_grace_period_then_quarantined(
@@ -367,13 +372,12 @@ async def test_an_unknown_operation_is_held_for_the_grace_period_then_quarantine
     spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
     feed = ScriptedFeed(spec)
     feed.cursor_pages[""] = CursorPage(events=[foreign("x", position=1)], next_cursor="N")
-    wall = Clock(datetime.now(UTC).timestamp())
-    watcher = observer(spec, feed, store, feed_store, engine, wall, grace=30.0)
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=30.0)
     assert (await watcher.run_once()).result is PageResult.BLOCKED
     assert (await receipt_states(engine, feed_name)) == {"x": "held"}
-    wall.advance(29)
+    await age_receipt(engine, feed_name, "x", 28)
     assert (await watcher.run_once()).result is PageResult.BLOCKED
-    wall.advance(2)
+    await age_receipt(engine, feed_name, "x", 3)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert (await receipt_states(engine, feed_name)) == {"x": "quarantined"}
 

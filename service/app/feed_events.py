@@ -1,0 +1,195 @@
+"""One feed event's outcome (DESIGN §8): what the observer decides for each event of a page,
+for each hold it decides again on its own, and for an operator's ``retry`` of a hold.
+
+An event's outcome, each committed with its receipt in one transaction:
+
+* evidence whose signature does not verify (or that is not evidence): **held**
+  (``bad-signature``) for an operator (``POST /admin/v1/feeds/{name}/holds/{event_id}``);
+* about an operation that is not here: held (``unknown-operation``) until
+  ``SETTLEMENT_FEED_UNKNOWN_GRACE`` has passed since the event was first seen (on the
+  database's clock), then **quarantined**; purged by retention: quarantined
+  (``operation-expired``); about a local effect: quarantined (``not-external``);
+* otherwise settled through the core as a ``feed`` observation: the receipt is **applied**,
+  **ignored** (a replay) or **quarantined** (a tuple mismatch), as the core decided.
+
+A hold keeps the event as served, so deciding it again needs nothing from the feed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+import msgspec
+
+from service.core import Observation, Source
+from service.core.feed import FeedEvent, ReceiptState, Seen
+from service.domain.feeds import RawEvent, decode_signed
+from service.evidence import observation_of, verify
+from service.failpoints import Failpoints
+from service.store.feeds import FeedStore, Receipt
+from service.store.retention import RetentionStore
+from service.store.rows import at
+from service.store.settlement import SettlementStore
+
+__all__ = ["FeedEvents", "served_again"]
+
+log = logging.getLogger("settlement.observer")
+
+
+class FeedEvents:
+    def __init__(
+        self,
+        feeds: FeedStore,
+        store: SettlementStore,
+        tombstones: RetentionStore,
+        *,
+        secret: str | None,
+        external_routes: frozenset[str],
+        failpoints: Failpoints,
+        clock: Callable[[], float],
+        unknown_grace: float,
+    ) -> None:
+        self._feeds = feeds
+        self._store = store
+        self._tombstones = tombstones
+        self._secret = secret
+        self._external = external_routes
+        self._failpoints = failpoints
+        self._clock = clock
+        self._grace = unknown_grace
+
+    async def decide(
+        self,
+        feed: str,
+        event: FeedEvent,
+        raw: RawEvent,
+        known: Seen | None,
+        *,
+        operator: bool = False,
+    ) -> ReceiptState:
+        """Give ``event`` its outcome (a final receipt or a hold) and say which.
+
+        ``known``: its receipt, if it has one. A hold for an operator (``bad-signature``)
+        stays as it is unless ``operator`` asks again (a ``retry``)."""
+        now = self._clock()
+        served = (bytes(raw.evidence), raw.signature)
+        if known is not None and known.state is ReceiptState.HELD and not operator:
+            held = await self._feeds.receipt(feed, event.event_id)
+            if held is not None and held.reason == "bad-signature":
+                if event.digest and event.digest != held.digest:
+                    # served again with other content: the hold keeps the latest copy, which
+                    # is what an operator's retry decides
+                    await self._feeds.refuse_event(
+                        feed, event.event_id, event.order, held.operation_id, None,
+                        "held", "bad-signature", at(now), digest=event.digest, served=served,
+                    )  # fmt: skip
+                return ReceiptState.HELD  # for an operator to decide, whatever comes now
+        signed = decode_signed(raw)
+        verified = signed is not None and self._secret is not None and verify(signed, self._secret)
+        if signed is None or not verified:
+            operation_id = None if signed is None else signed.evidence.operation_id
+            observation = (
+                None
+                if signed is None
+                else observation_of(signed.evidence, Source.FEED, verified=False)
+            )
+            receipt = await self._feeds.refuse_event(
+                feed, event.event_id, event.order, operation_id, observation,
+                "held", "bad-signature", at(now), digest=event.digest, served=served,
+            )  # fmt: skip
+            await self.alarm(
+                feed, "bad-signature", event.event_id, "the event's evidence does not verify"
+            )
+            return ReceiptState(receipt.state)
+        assert signed is not None
+        operation_id = signed.evidence.operation_id
+        observation = observation_of(signed.evidence, Source.FEED)
+        owner = await self._store.owner_of(operation_id)
+        if owner is None:
+            if await self._tombstones.by_operation(operation_id) is not None:
+                return await self._quarantine(
+                    feed, event, operation_id, observation, "operation-expired"
+                )
+            first = await self._feeds.receipt(feed, event.event_id)
+            if (0.0 if first is None else first.age) >= self._grace:
+                return await self._quarantine(
+                    feed, event, operation_id, observation, "unknown-operation"
+                )
+            receipt = await self._feeds.refuse_event(
+                feed, event.event_id, event.order, None, None,
+                "held", "unknown-operation", at(now), digest=event.digest, served=served,
+            )  # fmt: skip
+            return ReceiptState(receipt.state)
+        if owner[1] not in self._external:
+            return await self._quarantine(feed, event, operation_id, observation, "not-external")
+        receipt, found = await self._feeds.settle_event(
+            feed,
+            event.event_id,
+            event.order,
+            operation_id,
+            observation,
+            at(now),
+            digest=event.digest,
+            before_commit=lambda: self._failpoints.hit("observer.event.before_commit"),
+        )
+        await self._failpoints.hit("observer.event.after_commit")
+        if found is not None:
+            self._store.report(operation_id, found[0], found[1])
+        return ReceiptState(receipt.state)
+
+    async def redecide(self, feed: str, held: Receipt, *, operator: bool = False) -> ReceiptState:
+        """Decide a hold again from the event it keeps; a hold that kept no event (written
+        before holds kept them) stays as it is until its feed serves it again."""
+        raw = served_again(held)
+        if raw is None:
+            return ReceiptState(held.state)
+        event = FeedEvent(held.event_id, held.event_order, held.digest)
+        known = Seen(order=held.event_order, state=ReceiptState(held.state), digest=held.digest)
+        return await self.decide(feed, event, raw, known, operator=operator)
+
+    async def _quarantine(
+        self,
+        feed: str,
+        event: FeedEvent,
+        operation_id: uuid.UUID,
+        observation: Observation,
+        reason: str,
+    ) -> ReceiptState:
+        await self._failpoints.hit("observer.quarantine.before")
+        receipt = await self._feeds.refuse_event(
+            feed,
+            event.event_id,
+            event.order,
+            operation_id,
+            observation,
+            "quarantined",
+            reason,
+            at(self._clock()),
+            digest=event.digest,
+        )
+        await self._failpoints.hit("observer.quarantine.after")
+        log.warning(
+            "feed event quarantined",
+            extra={"feed": feed, "event_id": event.event_id, "reason": reason},
+        )
+        return ReceiptState(receipt.state)
+
+    async def alarm(self, feed: str, kind: str, event_id: str, detail: str) -> None:
+        log.error(
+            "feed alarm",
+            extra={"feed": feed, "alarm": kind, "event_id": event_id, "detail": detail},
+        )
+        await self._feeds.alarm(feed, kind, event_id, detail, at(self._clock()))
+
+
+def served_again(held: Receipt) -> RawEvent | None:
+    """The event a hold keeps, as its feed served it; None when it kept none."""
+    if held.evidence is None:
+        return None
+    return RawEvent(
+        event_id=held.event_id,
+        evidence=msgspec.Raw(held.evidence),
+        signature=held.signature or "",
+    )
