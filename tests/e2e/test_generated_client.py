@@ -21,7 +21,8 @@ from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-PACKAGE = "settlement_client"
+# not settlement_client: that is the name of clients/python, installed in the same .venv
+PACKAGE = "generated_settlement_client"
 # the generator and ruff (which formats what it writes) are this interpreter's neighbours
 BIN = Path(sys.executable).parent
 
