@@ -36,6 +36,7 @@ import msgspec
 from service.app.feed_events import FeedEvents
 from service.config import FeedSpec
 from service.core.feed import (
+    Advance,
     Backoff,
     Blocked,
     FeedEvent,
@@ -228,6 +229,11 @@ class FeedObserver:
                     return Page(PageResult.STUCK, len(events), processed)
                 await self._feeds.caught_up(name, at(self._clock()))
                 return Page(PageResult.CAUGHT_UP)
+            case Advance(cursor=cursor):
+                # nothing was passed: the new token is kept, the version stays, and the
+                # observer backs off as on any caught-up page
+                await self._feeds.advance_cursor(checkpoint, cursor, at(self._clock()))
+                return Page(PageResult.CAUGHT_UP)
             case Promote(cursor=cursor, applied_position=applied):
                 await self._failpoints.hit("observer.barrier.before")
                 moved = await self._feeds.promote_cursor(
@@ -237,8 +243,6 @@ class FeedObserver:
                 if not moved:
                     log.info("feed checkpoint moved by another observer", extra={"feed": name})
                     return Page(PageResult.LOST, len(events), processed)
-                if not events:
-                    await self._feeds.caught_up(name, at(self._clock()))
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
 

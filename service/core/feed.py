@@ -8,13 +8,16 @@ events that have a final receipt.
 Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
 
 1. A page's positions must strictly increase, and an event identity keeps its position and
-   its content: a page that breaks either (a regression, a conflicting identity) stops the
-   attempt; the checkpoint stays.
+   its content, across pages and within one: a page that breaks either (a regression, a
+   conflicting identity) stops the attempt; the checkpoint stays.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
 3. The returned cursor is promoted only when every event of the page has a final receipt.
    A cursor equal to the request's is not progress: back off. An empty page with a new
-   cursor passes the barrier.
+   cursor passes the barrier but is not progress either, whatever its token says: the new
+   cursor is adopted without moving the checkpoint's version, and the observer backs off
+   as on a caught-up feed (a source that hands out a fresh token on every empty page would
+   otherwise be asked in a loop).
 
 Timestamp feeds (:func:`check_timestamp_page`, :func:`closable_through`): the checkpoint is
 the timestamp through which every event is known and final; the next query asks strictly
@@ -33,6 +36,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 __all__ = [
+    "Advance",
     "Backoff",
     "Blocked",
     "CursorCheck",
@@ -104,7 +108,13 @@ def check_cursor_page(
     previous: int | None = None
     process: list[FeedEvent] = []
     backfilled: list[FeedEvent] = []
+    in_page: dict[str, FeedEvent] = {}
     for event in events:
+        twice = _twice_in_page(in_page, event)
+        if isinstance(twice, Stop):
+            return twice
+        if twice:
+            continue  # the same event again, at the same place: processed once
         if previous is not None and event.order <= previous:
             return Stop(
                 "regression",
@@ -154,19 +164,28 @@ class Backoff(msgspec.Struct, frozen=True):
     """The feed returned the request's own cursor: nothing to promote; wait before asking."""
 
 
+class Advance(msgspec.Struct, frozen=True):
+    """An empty page with a new cursor: adopt ``cursor`` (no event was passed), but it is not
+    progress: the checkpoint's version stays and the observer waits before asking again."""
+
+    cursor: str
+
+
 def cursor_barrier(
     request_cursor: str,
     next_cursor: str,
     applied_position: int | None,
     events: Sequence[FeedEvent],
     states: Mapping[str, ReceiptState],
-) -> Promote | Blocked | Backoff:
+) -> Promote | Advance | Blocked | Backoff:
     """``states``: the receipts of the page's events after processing."""
     open_ = [e.event_id for e in events if not _final(states.get(e.event_id))]
     if open_:
         return Blocked(open_)
     if next_cursor == request_cursor:
         return Backoff()
+    if not events:
+        return Advance(next_cursor)
     highest = max((e.order for e in events), default=None)
     if applied_position is not None and (highest is None or highest < applied_position):
         highest = applied_position
@@ -185,7 +204,13 @@ def check_timestamp_page(
     previous: int | None = None
     process: list[FeedEvent] = []
     late: list[FeedEvent] = []
+    in_page: dict[str, FeedEvent] = {}
     for event in events:
+        twice = _twice_in_page(in_page, event)
+        if isinstance(twice, Stop):
+            return twice
+        if twice:
+            continue  # the same event again, at the same place: processed once
         if previous is not None and event.order < previous:
             return Stop(
                 "regression",
@@ -237,6 +262,24 @@ def closable_through(
     if closed_through is not None and bound <= closed_through:
         return None
     return bound
+
+
+def _twice_in_page(in_page: dict[str, FeedEvent], event: FeedEvent) -> Stop | bool:
+    """An event id met earlier in the same page: at another place or with other content it
+    is a conflicting identity (which of the two is the event?); the very same event again is
+    a duplicate to skip (True); False: met for the first time."""
+    first = in_page.get(event.event_id)
+    if first is None:
+        in_page[event.event_id] = event
+        return False
+    if first.order != event.order or first.digest != event.digest:
+        return Stop(
+            "conflicting-identity",
+            event.event_id,
+            f"served twice in one page: at {first.order} and at {event.order}, "
+            + ("with other content" if first.digest != event.digest else "with the same content"),
+        )
+    return True
 
 
 def _changed(known: Seen, event: FeedEvent) -> Stop | None:

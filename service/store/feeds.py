@@ -174,6 +174,23 @@ class FeedStore:
             )
         return moved.rowcount == 1
 
+    async def advance_cursor(self, current: Checkpoint, cursor: str, now: datetime) -> bool:
+        """An empty page's new cursor: kept (if nobody moved the checkpoint since
+        ``current``), without a new version (nothing was passed), and the feed noted caught
+        up, in one statement."""
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            moved = await conn.execute(
+                update(feed_checkpoints)
+                .where(
+                    c.name == current.name,
+                    c.version == current.version,
+                    c.resume_cursor == current.resume_cursor,
+                )
+                .values(resume_cursor=cursor, caught_up_at=now)
+            )
+        return moved.rowcount == 1
+
     async def caught_up(self, name: str, now: datetime) -> None:
         """Note that a page came back with nothing new (for the lag shown to operators)."""
         async with self._engine.begin() as conn:

@@ -71,7 +71,7 @@ async def held_behind_the_checkpoint(
 ) -> tuple[FeedSpec, ScriptedFeed, object]:
     """The issue's scenario: checkpoint C at 50; an overlap page serves x@40 about an
     operation not known yet (held); the overlap stops; the next fetch of C no longer has x,
-    and the barrier promotes to D. x is held behind the checkpoint."""
+    and the checkpoint moves to D. x is held behind the checkpoint."""
     spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
     await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C", applied_position=50)
     feed = ScriptedFeed(spec)
@@ -83,7 +83,8 @@ async def held_behind_the_checkpoint(
     assert await receipt_states(engine, feed_name) == {"x": "held"}
     feed.cursor_pages["C"] = CursorPage(events=[], next_cursor="D")
     clock.advance(2)
-    assert (await watcher.run_once()).result.value == "promoted"
+    # an empty page with a new cursor: adopted (the checkpoint passes x), not progress
+    assert (await watcher.run_once()).result.value == "caught-up"
     assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "D"
     assert await receipt_states(engine, feed_name) == {"x": "held"}
     return spec, feed, watcher

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from service.core.feed import (
+    Advance,
     Backoff,
     Blocked,
     CursorCheck,
@@ -92,6 +93,25 @@ def test_an_event_served_again_with_other_content_is_a_conflicting_identity() ->
 # -- cursor feeds: the barrier -----------------------------------------------------------------
 
 
+def test_one_event_id_twice_in_a_page_is_a_conflict_unless_it_is_the_same_event() -> None:
+    one, other = FeedEvent("x", 5, "d1"), FeedEvent("x", 6, "d1")
+    stop = check_cursor_page(None, [one, other], {}, {})
+    assert isinstance(stop, Stop) and stop.kind == "conflicting-identity"
+    changed = FeedEvent("x", 5, "d2")
+    for check in (
+        lambda page: check_cursor_page(None, page, {}, {}),
+        lambda page: check_timestamp_page(None, page, {}),
+    ):
+        stop = check([one, changed])
+        assert isinstance(stop, Stop) and "other content" in stop.detail
+        # the very same event twice at one place: processed once
+        checked = check([one, one, FeedEvent("y", 7, "d3")])
+        assert not isinstance(checked, Stop)
+        assert [e.event_id for e in checked.process] == ["x", "y"]
+    stop = check_timestamp_page(None, [one, FeedEvent("x", 9, "d1")], {})
+    assert isinstance(stop, Stop) and "same content" in stop.detail
+
+
 def test_the_cursor_is_promoted_only_when_every_event_is_final() -> None:
     page = [ev("a", 104), ev("b", 106), ev("c", 107)]
     half = {"a": A, "b": IGN}
@@ -104,8 +124,14 @@ def test_the_cursor_is_promoted_only_when_every_event_is_final() -> None:
 
 def test_the_applied_position_never_moves_back() -> None:
     assert cursor_barrier("C7", "C8", 105, [ev("a", 104)], {"a": A}) == Promote("C8", 105)
-    assert cursor_barrier("C7", "C8", 105, [], {}) == Promote("C8", 105)
-    assert cursor_barrier("", "C1", None, [], {}) == Promote("C1", None)
+    assert cursor_barrier("C7", "C8", 105, [ev("a", 103), ev("b", 105)], {"a": A, "b": A}) == (
+        Promote("C8", 105)
+    )
+
+
+def test_an_empty_page_with_a_new_cursor_is_adopted_but_is_not_progress() -> None:
+    assert cursor_barrier("C7", "C8", 105, [], {}) == Advance("C8")
+    assert cursor_barrier("", "C1", None, [], {}) == Advance("C1")
 
 
 def test_the_request_cursor_coming_back_is_a_backoff() -> None:
@@ -207,6 +233,9 @@ class CursorFeedMachine(RuleBasedStateMachine):
         if isinstance(verdict, Promote):
             self.cursor = next_index
             self.applied = verdict.applied_position
+        elif isinstance(verdict, Advance):  # an empty page: its cursor, not progress
+            assert not page
+            self.cursor = next_index
 
     @precondition(lambda self: any(s is H for s in self.receipts.values()))
     @rule()

@@ -1,0 +1,106 @@
+"""The feed observer at the edges of what a source does: empty pages with a fresh token each
+time, and the same event id served twice in one page with different content. Real
+PostgreSQL, scripted feeds."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app.observer import PageResult
+from service.config import FeedSpec
+from service.domain.feeds import CursorPage, TimestampPage
+from service.store.feeds import FeedStore
+from service.store.settlement import SettlementStore
+from tests.integration.factories import Clock
+from tests.integration.test_feed_observer import (
+    ScriptedFeed,
+    event,
+    observer,
+    receipt_states,
+    unknown_payout,
+)
+
+pytestmark = pytest.mark.integration
+
+
+class FreshTokens(ScriptedFeed):
+    """A source that answers every request with an empty page and a token never seen."""
+
+    async def cursor_page(self, cursor: str, limit: int) -> CursorPage:
+        self.asked.append((cursor, limit))
+        return CursorPage(events=[], next_cursor=f"T{len(self.asked)}")
+
+
+async def test_empty_pages_with_a_fresh_token_each_back_off_and_never_climb_the_version(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    feed = FreshTokens(spec)
+    watcher = observer(spec, feed, store, feed_store, engine, clock)
+    before = await feed_store.checkpoint(feed_name, "cursor")
+    waits = []
+    for _ in range(200):
+        page = await watcher.run_once()
+        assert page.result is PageResult.CAUGHT_UP
+        waits.append(watcher.wait_after(page))
+    # backs off like a caught-up feed (1 s doubled up to the 8 s bound), never a 0 s loop
+    assert waits[:5] == [1.0, 2.0, 4.0, 8.0, 8.0] and min(waits) > 0
+    after = await feed_store.checkpoint(feed_name, "cursor")
+    assert after.version == before.version  # nothing was passed: no new version
+    assert after.resume_cursor == "T200"  # the newest token is the one kept
+    assert after.caught_up_at is not None
+    assert len(feed.asked) == 200
+
+
+class Served(ScriptedFeed):
+    """A timestamp source serving one fixed page."""
+
+    def __init__(self, spec: FeedSpec, page: TimestampPage) -> None:
+        super().__init__(spec)
+        self.page = page
+
+    async def timestamp_page(self, after: int | None, limit: int) -> TimestampPage:
+        self.asked.append((after, limit))
+        return self.page
+
+
+@pytest.mark.parametrize("kind", ["cursor", "timestamp"])
+async def test_one_event_id_twice_in_a_page_with_other_content_stops_the_page(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+    kind: str,
+) -> None:
+    """The same event id at two places of one page, each with its own evidence: a
+    conflicting identity, alarmed, and nothing is settled or passed."""
+    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}")
+    a, b = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
+    if kind == "cursor":
+        feed = ScriptedFeed(spec)
+        feed.cursor_pages[""] = CursorPage(
+            events=[event(a, "dup", position=1), event(b, "dup", position=2)], next_cursor="N"
+        )
+    else:
+        feed = Served(
+            spec,
+            TimestampPage(
+                events=[event(a, "dup", timestamp=10), event(b, "dup", timestamp=10)],
+                finality_watermark=20,
+            ),
+        )
+    watcher = observer(spec, feed, store, feed_store, engine, clock)
+    assert (await watcher.run_once()).result is PageResult.STOPPED
+    assert await receipt_states(engine, feed_name) == {}
+    assert {x.kind for x in await feed_store.alarms(feed_name)} == {"conflicting-identity"}
+    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    assert (checkpoint.resume_cursor, checkpoint.closed_through_timestamp) == ("", None)
