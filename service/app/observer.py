@@ -268,7 +268,10 @@ class FeedObserver:
         full = len(events) >= limit
         through = closable_through(closed, events, states, page.finality_watermark, full=full)
         if through is None:
-            if full and len({e.order for e in events}) == 1:
+            # a source whose ``after`` is inclusive serves the closed timestamp's events
+            # again: only the events after it say whether one tie group fills the page
+            fresh = {e.order for e in events if closed is None or e.order > closed}
+            if full and len(fresh) <= 1:
                 # one tie group fills the page: it cannot close until a page holds it whole
                 if limit < MAX_PAGE:
                     self._limit = min(MAX_PAGE, limit * 2)
@@ -299,7 +302,8 @@ class FeedObserver:
         late is processed (never skipped) and alarmed."""
         if closed is None:
             return
-        page = await self._client.timestamp_page(max(-1, closed - LATE_LOOKBACK), MAX_PAGE)
+        start = closed - LATE_LOOKBACK
+        page = await self._client.timestamp_page(start if start >= 0 else None, MAX_PAGE)
         late = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
         if not late:
             return

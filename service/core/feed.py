@@ -259,8 +259,8 @@ def closable_through(
         return None
     unsettled = [e.order for e in events if not _final(states.get(e.event_id))]
     bound = complete if not unsettled else min(complete, min(unsettled) - 1)
-    if closed_through is not None and bound <= closed_through:
-        return None
+    if bound < 0 or (closed_through is not None and bound <= closed_through):
+        return None  # nothing is before timestamp 0: never closed through -1
     return bound
 
 

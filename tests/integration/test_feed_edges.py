@@ -18,6 +18,7 @@ from tests.integration.factories import Clock
 from tests.integration.test_feed_observer import (
     ScriptedFeed,
     event,
+    foreign,
     observer,
     receipt_states,
     unknown_payout,
@@ -104,3 +105,38 @@ async def test_one_event_id_twice_in_a_page_with_other_content_stops_the_page(
     assert {x.kind for x in await feed_store.alarms(feed_name)} == {"conflicting-identity"}
     checkpoint = await feed_store.checkpoint(feed_name, kind)
     assert (checkpoint.resume_cursor, checkpoint.closed_through_timestamp) == ("", None)
+
+
+class InclusiveAfter(ScriptedFeed):
+    """A timestamp source whose ``after`` is inclusive: it serves the closed timestamp's
+    events again on every page."""
+
+    async def timestamp_page(self, after: int | None, limit: int) -> TimestampPage:
+        self.asked.append((after, limit))
+        later = [e for e in self.events if after is None or (e.timestamp or 0) >= after]
+        return TimestampPage(events=later[:limit], finality_watermark=self.watermark)
+
+
+async def test_an_inclusive_after_and_a_tie_group_larger_than_the_page_grow_the_page(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """Consecutive timestamps 100 (3 events) and 101 (12 events), pages of 10, ``after``
+    inclusive: once 100 is closed, every page is 100's three again plus seven of 101. Only
+    the events after the closed timestamp say one tie group fills the page: the page grows
+    and 101 closes (it used to answer caught-up forever)."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp")
+    feed = InclusiveAfter(spec)
+    feed.events = [foreign(f"a{n}", timestamp=100) for n in range(3)]
+    feed.events += [foreign(f"b{n}", timestamp=101) for n in range(12)]
+    feed.events += [foreign("c", timestamp=102)]
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    results = [(await watcher.run_once()).result for _ in range(6)]
+    assert PageResult.GROW in results
+    checkpoint = await feed_store.checkpoint(feed_name, "timestamp")
+    assert checkpoint.closed_through_timestamp == 101
+    states = await receipt_states(engine, feed_name)
+    assert len(states) == 16 and set(states.values()) == {"quarantined"}

@@ -178,6 +178,12 @@ def test_a_watermark_closes_an_empty_stretch_and_a_hold_keeps_it_open() -> None:
     assert closable_through(6, [ev("a", 7)], {"a": H}, 9, full=False) is None
 
 
+def test_an_event_at_timestamp_zero_never_closes_the_feed_through_minus_one() -> None:
+    assert closable_through(None, [ev("a", 0)], {"a": A}, None, full=False) is None
+    assert closable_through(None, [ev("a", 0)], {"a": A}, None, full=True) is None
+    assert closable_through(None, [ev("a", 0), ev("b", 1)], {"a": A, "b": A}, None, full=True) == 0
+
+
 # -- a stateful property: random feeds, pages, ties and crashes --------------------------------
 
 
