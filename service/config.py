@@ -84,6 +84,10 @@ class Settings:
         60.0, "an event about an operation not (yet) here is held this long, then quarantined."
     )
     feed_timeout: float = _setting(5.0, "each feed page request; past it, retry later.")
+    feed_audit_window: float = _setting(
+        300.0,
+        "how far behind its closed timestamp a timestamp feed is read again for late events.",
+    )
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(
         2_592_000.0, "how long an expired key is remembered (410) before it is new again."
@@ -201,6 +205,7 @@ class Settings:
             "retention",
             "tombstone_retention",
             "feed_unknown_grace",
+            "feed_audit_window",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 0")
@@ -338,6 +343,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "feed_max_backoff": _seconds,
     "feed_unknown_grace": _seconds,
     "feed_timeout": _seconds,
+    "feed_audit_window": _seconds,
     "redis_timeout": _seconds,
     "health_timeout": _seconds,
     "body_limit": _integer,

@@ -65,9 +65,8 @@ MAX_PAGE = 500
 # Holds decided again per pass (a pass per poll interval at most): a feed with more open
 # holds goes through them over several passes, the least recently decided first.
 HOLD_BATCH = 50
-# How far back an idle timestamp feed looks for events that arrived at closed timestamps,
-# and on which idle page (every tenth: the look-back is a large page).
-LATE_LOOKBACK = 300
+# One request in this many of a timestamp feed's observer is a page of its late-event audit
+# (busy or idle): the audit walks the window behind the closed timestamp a page at a time.
 AUDIT_EVERY = 10
 
 
@@ -109,7 +108,10 @@ class FeedObserver:
         unknown_grace: float,
         poll_interval: float,
         max_backoff: float,
+        audit_window: float = 300.0,
     ) -> None:
+        """``audit_window``: how far behind its closed timestamp a timestamp feed is read
+        again, page after page, for events that arrived there late."""
         self.spec = spec
         self._client = client
         self._feeds = feeds
@@ -131,7 +133,10 @@ class FeedObserver:
         self._next_redrive: float | None = None  # when the holds are decided again next
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
-        self._idle_pages = 0  # empty timestamp pages so far: every AUDIT_EVERY-th looks back
+        self._audit_window = int(audit_window)
+        self._pages = 0  # timestamp pages so far: every AUDIT_EVERY-th also reads an audit page
+        self._audit_after: int | None = None  # where the audit's walk reads next
+        self._audit_walking = False  # a walk is under way (None above then means the start)
 
     async def close(self) -> None:
         await self._client.close()
@@ -252,6 +257,9 @@ class FeedObserver:
         name = self.spec.name
         closed = checkpoint.closed_through_timestamp
         limit = self._limit
+        self._pages += 1
+        if self._pages % AUDIT_EVERY == 0:
+            await self._audit_page(closed)
         page = await self._client.timestamp_page(closed, limit)
         events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
@@ -283,9 +291,6 @@ class FeedObserver:
             if any(not _final(states.get(e.event_id)) for e in events):
                 return Page(PageResult.BLOCKED, len(events), processed)
             if not events:
-                self._idle_pages += 1
-                if self._idle_pages % AUDIT_EVERY == 1:
-                    await self._late_audit(closed)
                 await self._feeds.caught_up(name, at(self._clock()))
             return Page(PageResult.CAUGHT_UP, len(events), processed)
         await self._failpoints.hit("observer.barrier.before")
@@ -296,29 +301,43 @@ class FeedObserver:
             return Page(PageResult.LOST, len(events), processed)
         return Page(PageResult.PROMOTED, len(events), processed)
 
-    async def _late_audit(self, closed: int | None) -> None:
-        """An idle feed (its first empty page, then every ``AUDIT_EVERY``-th) looks back
-        ``LATE_LOOKBACK`` seconds behind its closed timestamp: an event that arrived there
-        late is processed (never skipped) and alarmed."""
+    async def _audit_page(self, closed: int | None) -> None:
+        """One page of the late-event audit: a walk through ``audit_window`` seconds behind
+        the closed timestamp, a page of up to ``MAX_PAGE`` events at a time, checked like a
+        main page (order, identity, content); an event there without a receipt arrived late:
+        alarmed and processed, never skipped. The walk starts again behind the then closed
+        timestamp once it has passed the closed one."""
         if closed is None:
             return
-        start = closed - LATE_LOOKBACK
-        page = await self._client.timestamp_page(start if start >= 0 else None, MAX_PAGE)
-        late = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
-        if not late:
+        if not self._audit_walking:
+            start = closed - self._audit_window - 1
+            self._audit_after = start if start >= 0 else None
+            self._audit_walking = True
+        after = self._audit_after
+        page = await self._client.timestamp_page(after, MAX_PAGE)
+        behind = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
+        events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in behind]
+        seen = await self._feeds.seen(self.spec.name, [e.event_id for e in events])
+        checked = check_timestamp_page(closed, events, seen)
+        if isinstance(checked, Stop):
+            await self._alarm(checked.kind, checked.event_id, f"audit: {checked.detail}")
+            self._audit_walking = False
             return
-        seen = await self._feeds.seen(self.spec.name, [e.event_id for e in late])
-        unknown = [
-            FeedEvent(e.event_id, _order(e.timestamp), _digest(e))
-            for e in late
-            if e.event_id not in seen
+        alarms = [
+            ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
         ]
-        for event in unknown:
+        await self._outcomes(checked.process, behind, seen, alarms)
+        last = max((e.order for e in events), default=None)
+        if len(page.events) < MAX_PAGE or last is None or last >= closed:
+            self._audit_walking = False  # through the closed timestamp: start again next time
+        elif after is not None and last - 1 <= after:
+            # one timestamp fills the largest page: the audit cannot page through it
             await self._alarm(
-                "late-event", event.event_id, f"timestamp {event.order} <= closed {closed}"
+                "tie-stall", "", f"audit: more than {MAX_PAGE} events at timestamp {last}"
             )
-        states: dict[str, ReceiptState] = {}
-        await self._process_all(unknown, {e.event_id: e for e in late}, seen, states)
+            self._audit_after = last
+        else:
+            self._audit_after = last - 1  # the last timestamp again: it may have been cut
 
     async def _outcomes(
         self,

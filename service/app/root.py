@@ -177,6 +177,7 @@ class Settlement:
             unknown_grace=settings.feed_unknown_grace,
             poll_interval=settings.feed_poll_interval,
             max_backoff=settings.feed_max_backoff,
+            audit_window=settings.feed_audit_window,
         )
 
     @classmethod

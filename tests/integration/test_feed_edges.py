@@ -9,7 +9,7 @@ import uuid
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app.observer import PageResult
+from service.app.observer import AUDIT_EVERY, PageResult
 from service.config import FeedSpec
 from service.domain.feeds import CursorPage, TimestampPage
 from service.store.feeds import FeedStore
@@ -140,3 +140,40 @@ async def test_an_inclusive_after_and_a_tie_group_larger_than_the_page_grow_the_
     assert checkpoint.closed_through_timestamp == 101
     states = await receipt_states(engine, feed_name)
     assert len(states) == 16 and set(states.values()) == {"quarantined"}
+
+
+async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """600 settled events in the audit window (timestamps 1000-1599), then one event arrives
+    late at the closed timestamp while new events keep coming on every page: the audit,
+    paging through its window (pages of 500) a page every AUDIT_EVERY requests, finds it,
+    alarms and gives it a receipt, though the feed is never idle."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp")
+    feed = ScriptedFeed(spec)
+    feed.events = [foreign(f"e{n}", timestamp=1000 + n) for n in range(600)]
+    feed.watermark = 1599
+    watcher = observer(
+        spec, feed, store, feed_store, engine, clock, grace=0.0, page_size=100,
+        audit_window=1000,
+    )  # fmt: skip
+    for _ in range(7):
+        await watcher.run_once()
+    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1599
+    late = foreign("late", timestamp=1599)
+    feed.events.insert(600, late)  # behind the closed timestamp: no main page asks there
+    for n in range(4 * AUDIT_EVERY):
+        stamp = 1600 + n
+        feed.events.append(foreign(f"new{n}", timestamp=stamp))  # busy: never an empty page
+        feed.watermark = stamp
+        page = await watcher.run_once()
+        assert page.events > 0
+    states = await receipt_states(engine, feed_name)
+    assert states.get("late") == "quarantined"  # its operation is not here (grace 0)
+    assert {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"} == {
+        "late"
+    }

@@ -85,6 +85,7 @@ def observer(
     failpoints: Failpoints | None = None,
     grace: float = 60.0,
     page_size: int = 10,
+    audit_window: float = 300.0,
 ) -> FeedObserver:
     return FeedObserver(
         spec,
@@ -100,6 +101,7 @@ def observer(
         unknown_grace=grace,
         poll_interval=1.0,
         max_backoff=8.0,
+        audit_window=audit_window,
     )
 
 
