@@ -54,6 +54,10 @@ class FeedView(msgspec.Struct, omit_defaults=True):
     checkpoint_version: int
     lag: float | None
     """seconds since the observer last found nothing new (None: it never has)"""
+    oldest_unknown: float | None
+    """seconds since the longest-unknown external operation became unknown (None: there is
+    none): what the feeds should settle, so a feed that looks caught up while this grows is
+    stuck"""
     holds: list[HoldView]
     """the open holds, oldest first (at most 100; ``open_holds`` counts them all)"""
     open_holds: int
@@ -83,11 +87,14 @@ class FeedAdmin:
         *,
         clock: Callable[[], float],
         events: FeedEvents | None = None,
+        external_routes: frozenset[str] = frozenset(),
     ) -> None:
         """``events``: decides a held event again on an operator's ``retry`` (without it,
-        a retry answers the hold as it stands)."""
+        a retry answers the hold as it stands). ``external_routes``: the routes whose
+        ``unknown`` operations the feeds settle (their age is the feeds' true lag)."""
         self._store = store
         self._events = events
+        self._external = sorted(external_routes)
         self._specs = {spec.name: spec for spec in specs}
         self._clock = clock
 
@@ -164,6 +171,13 @@ class FeedAdmin:
             if checkpoint.caught_up_at is not None:
                 lag = max(0.0, now - checkpoint.caught_up_at.timestamp())
                 lines.append(f'settlement_feed_lag_seconds{{feed="{checkpoint.name}"}} {lag:g}')
+        lines += [
+            "# HELP settlement_feed_oldest_unknown_seconds Seconds since the longest-unknown "
+            "external operation became unknown (what the feeds should settle; 0: none).",
+            "# TYPE settlement_feed_oldest_unknown_seconds gauge",
+            f"settlement_feed_oldest_unknown_seconds "
+            f"{(await self._store.oldest_unknown(self._external)) or 0.0:g}",
+        ]
         return "\n".join(lines) + "\n"
 
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
@@ -176,6 +190,7 @@ class FeedAdmin:
             configured=spec is not None,
             checkpoint_version=0 if checkpoint is None else checkpoint.version,
             lag=None,
+            oldest_unknown=await self._store.oldest_unknown(self._external),
             holds=[_hold(r) for r in holds],
             open_holds=open_holds,
             alarms=[_alarm(a) for a in await self._store.alarms(name)],

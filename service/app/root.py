@@ -142,6 +142,7 @@ class Settlement:
             self.feeds,
             settings.feed_specs(),
             clock=clock,
+            external_routes=frozenset(r for r, s in self.routes.items() if s.external),
             events=FeedEvents(
                 self.feeds,
                 self.store,

@@ -28,7 +28,7 @@ from service.core import Observation
 from service.core.feed import ReceiptState, Seen
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
-from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
+from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts, operations
 from service.store.unit_of_work import UnitOfWork
 
 __all__ = ["Alarm", "Checkpoint", "FeedStore", "Receipt"]
@@ -375,6 +375,21 @@ class FeedStore:
         return await self._runner.run(
             f"feed {feed} refuse {event_id}", phase, before_commit=before_commit
         )
+
+    async def oldest_unknown(self, routes: Sequence[str]) -> float | None:
+        """Seconds (the database's clock) since the longest-``unknown`` operation of
+        ``routes`` became unknown: what the feeds exist to settle, which a feed's own pages
+        cannot fake. None when there is none."""
+        if not routes:
+            return None
+        o = operations.c
+        async with self._reader.connect() as conn:
+            age = await conn.scalar(
+                select(
+                    func.extract("epoch", func.clock_timestamp() - func.min(o.updated_at))
+                ).where(o.state == "unknown", o.route.in_(list(routes)))
+            )
+        return None if age is None else max(0.0, float(age))
 
     # -- alarms -------------------------------------------------------------------------------
 
