@@ -31,6 +31,7 @@ from tests.e2e.client import (
     scalar,
 )
 from tests.e2e.server import ServerProcess
+from tests.locks import lock_waiters
 
 pytestmark = pytest.mark.e2e
 
@@ -56,23 +57,6 @@ def server(services: Services, app_database: str) -> Iterator[ServerProcess]:
 
 def _plain(url: str) -> str:
     return url.replace("postgresql+asyncpg://", "postgresql://")
-
-
-async def _queued(holder: asyncpg.Connection, waiting: int) -> None:
-    """Wait until ``waiting`` other sessions wait for a lock (behind ``holder``'s row)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + QUEUE_WAIT
-    while True:
-        # the activity view is read once per transaction unless its snapshot is cleared
-        await holder.execute("SELECT pg_stat_clear_snapshot()")
-        found = await holder.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
-        if found >= waiting:
-            return
-        assert loop.time() < deadline, f"{found} of {waiting} transfers queued"
-        await asyncio.sleep(0.01)
 
 
 async def _race(
@@ -108,7 +92,7 @@ async def _race(
                     )
                     for i, destination in enumerate(destinations)
                 ]
-                await _queued(holder, n)
+                await lock_waiters(holder, n, patience=QUEUE_WAIT)
             answers = list(await asyncio.gather(*sent))
     finally:
         await holder.close()

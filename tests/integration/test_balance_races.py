@@ -35,6 +35,7 @@ from tests.integration.test_hot_path import (
     new_transfer,
     two_accounts,
 )
+from tests.locks import lock_waiters
 
 pytestmark = pytest.mark.integration
 
@@ -129,23 +130,6 @@ async def patient_store(
     await pool.close()
 
 
-async def _queued(holder: asyncpg.Connection, waiting: int) -> None:
-    """Wait until ``waiting`` other sessions wait for a lock (behind ``holder``'s row)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + QUEUE_WAIT
-    while True:
-        # the activity view is read once per transaction unless its snapshot is cleared
-        await holder.execute("SELECT pg_stat_clear_snapshot()")
-        found = await holder.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
-        if found >= waiting:
-            return
-        assert loop.time() < deadline, f"{found} of {waiting} transfers queued"
-        await asyncio.sleep(0.01)
-
-
 async def _race(
     store: SettlementStore,
     engine: AsyncEngine,
@@ -171,7 +155,7 @@ async def _race(
             asyncio.ensure_future(way(store, clock, principal, [ids[0], destination], amount))
             for destination in destinations
         ]
-        await _queued(holder, racers)
+        await lock_waiters(holder, racers, patience=QUEUE_WAIT)
     answers = await asyncio.gather(*started)
     return answers, [ids[0], *destinations]
 
