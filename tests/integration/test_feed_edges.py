@@ -4,6 +4,7 @@ PostgreSQL, scripted feeds."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import pytest
@@ -12,12 +13,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app.observer import AUDIT_EVERY, PageResult
 from service.config import FeedSpec
 from service.domain.feeds import CursorPage, TimestampPage
+from service.failpoints import FailpointError
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
 from tests.integration.factories import Clock
 from tests.integration.test_feed_observer import (
+    CountingFailpoints,
     ScriptedFeed,
     event,
+    feed_settlements,
     foreign,
     observer,
     receipt_states,
@@ -177,3 +181,69 @@ async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle
     assert {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"} == {
         "late"
     }
+
+
+FAILPOINTS = [
+    "observer.event.before_commit",
+    "observer.event.after_commit",
+    "observer.quarantine.before",
+    "observer.quarantine.after",
+    "observer.barrier.before",
+    "observer.barrier.after",
+]
+
+
+@pytest.mark.parametrize("failpoint", FAILPOINTS)
+@pytest.mark.parametrize("kind", ["cursor", "timestamp"])
+async def test_a_crash_at_any_failpoint_of_either_feed_kind_resumes_with_one_outcome_each(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+    kind: str,
+    failpoint: str,
+) -> None:
+    """Both feed kinds, every failpoint: the observer dies there (its first hit), a new one
+    takes over the same feed; every event ends with one final receipt, each payout is
+    settled once by the feed, and the checkpoint passes them all."""
+    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}")
+    ops = [await unknown_payout(store, principal_id, clock) for _ in range(3)]
+    order = "position" if kind == "cursor" else "timestamp"
+    served = [
+        event(ops[0], "e0", **{order: 10}),
+        foreign("stranger", **{order: 11}),  # its operation is not here: quarantined
+        event(ops[1], "e1", **{order: 12}),
+        event(ops[2], "e2", **{order: 13}),
+    ]
+    feed = ScriptedFeed(spec)
+    if kind == "cursor":
+        feed.cursor_pages[""] = CursorPage(events=served[:2], next_cursor="P2")
+        feed.cursor_pages["P2"] = CursorPage(events=served[2:], next_cursor="P4")
+    else:
+        feed.events = served
+        feed.watermark = 100
+    crash = CountingFailpoints(failpoint, nth=1)
+    doomed = observer(
+        spec, feed, store, feed_store, engine, clock, grace=0.0, page_size=2, failpoints=crash
+    )
+    for _ in range(4):  # the failpoint strikes on one of these pages; the observer is gone
+        with contextlib.suppress(FailpointError):  # an event's is caught by its page
+            await doomed.run_once()
+        if crash.hits:
+            break
+    else:
+        pytest.fail(f"{failpoint} was never reached")
+    resumed = observer(spec, feed, store, feed_store, engine, clock, grace=0.0, page_size=2)
+    for _ in range(6):
+        await resumed.run_once()
+    states = await receipt_states(engine, feed_name)
+    assert states == {"e0": "applied", "stranger": "quarantined", "e1": "applied", "e2": "applied"}
+    for op in ops:
+        assert await feed_settlements(engine, op.operation_id) == 1
+    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    if kind == "cursor":
+        assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("P4", 13)
+    else:
+        assert checkpoint.closed_through_timestamp == 100
