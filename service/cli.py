@@ -223,6 +223,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                         f"payments=cursor:{provider[0]}/feeds/cursor,"
                         f"payments-ts=timestamp:{provider[0]}/feeds/timestamp"
                     )
+                    # what the simulator's timestamp feed promises (devstack/provider/feeds.py):
+                    # a later timestamp and its watermark both prove completeness, and it
+                    # never caps a page below the limit asked (faults break this on purpose)
+                    os.environ.setdefault(
+                        "SETTLEMENT_FEED_PROMISES",
+                        "payments-ts=later-timestamp+watermark+short-page-end",
+                    )
             if not settings.bootstrap_admin_key:
                 key = local_admin_key(Path(settings.data_dir))
                 os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key

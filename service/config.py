@@ -71,6 +71,11 @@ class Settings:
     feeds: str = _setting(
         "", "provider event feeds the observer consumes: name=cursor|timestamp:url,..."
     )
+    feed_promises: str = _setting(
+        "",
+        "what each timestamp feed's source promises, name=later-timestamp+watermark+"
+        "short-page-end,...; a feed not named: later-timestamp only.",
+    )
     feed_page_size: int = _setting(
         100, "events asked per feed page; a tie group larger than this doubles it, up to 500."
     )
@@ -178,8 +183,9 @@ class Settings:
         return rows
 
     def feed_specs(self) -> list[FeedSpec]:
-        """The feeds of ``SETTLEMENT_FEEDS`` (checked at start by :meth:`validate`)."""
-        return parse_feeds(self.feeds)
+        """The feeds of ``SETTLEMENT_FEEDS`` with what their sources promise
+        (``SETTLEMENT_FEED_PROMISES``), checked at start by :meth:`validate`."""
+        return parse_feeds(self.feeds, self.feed_promises)
 
     def validate(self) -> None:
         positive = (
@@ -225,6 +231,10 @@ class Settings:
             parse_feeds(self.feeds)
         except ValueError as exc:
             raise ConfigError(f"{PREFIX}FEEDS: {exc}") from None
+        try:
+            parse_feeds(self.feeds, self.feed_promises)
+        except ValueError as exc:
+            raise ConfigError(f"{PREFIX}FEED_PROMISES: {exc}") from None
         if self.terminal_policy not in set(TerminalPolicy):
             raise ConfigError(f"{PREFIX}TERMINAL_POLICY must be one of {', '.join(TerminalPolicy)}")
         if self.log_format not in ("json", "text"):
@@ -242,6 +252,15 @@ class Settings:
 # A feed's name: it keys the checkpoint and the receipts, and appears in admin URLs.
 FEED_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?!\n)$")
 FEED_KINDS = ("cursor", "timestamp")
+# What a timestamp feed's source may promise; the observer relies on nothing else:
+# * later-timestamp: an event at a later timestamp proves every earlier one was served
+#   (nothing arrives late behind it);
+# * watermark: no event at or below the page's finality_watermark appears later;
+# * short-page-end: a page shorter than the limit asked is the whole answer (the source never
+#   caps its pages below the limit silently).
+TIMESTAMP_PROMISES = frozenset({"later-timestamp", "watermark", "short-page-end"})
+# A timestamp feed no promise names: the order of its pages is all it is taken to promise.
+DEFAULT_TIMESTAMP_PROMISES = frozenset({"later-timestamp"})
 
 
 def _masked(value: str) -> str:
@@ -262,10 +281,57 @@ class FeedSpec:
     name: str
     kind: str
     url: str
+    promises: frozenset[str] = frozenset()
+    """what the source promises (timestamp feeds: TIMESTAMP_PROMISES)"""
 
 
-def parse_feeds(raw: str) -> list[FeedSpec]:
-    """``name=kind:url,...`` as specs; ValueError naming what is wrong."""
+def parse_feeds(raw: str, promises: str = "") -> list[FeedSpec]:
+    """``name=kind:url,...`` as specs, with the promises ``name=a+b,...`` names for them
+    (a timestamp feed not named gets DEFAULT_TIMESTAMP_PROMISES); ValueError naming what is
+    wrong."""
+    specs = _parse_feed_list(raw)
+    declared = _parse_promises(promises)
+    kinds = {spec.name: spec.kind for spec in specs}
+    for name, named in declared.items():
+        if kinds.get(name) != "timestamp":
+            raise ValueError(f"{name} is not a timestamp feed of SETTLEMENT_FEEDS")
+        if not named & {"later-timestamp", "watermark"}:
+            raise ValueError(
+                f"{name}: a timestamp feed needs a finality proof, later-timestamp or watermark"
+            )
+    return [
+        FeedSpec(
+            spec.name,
+            spec.kind,
+            spec.url,
+            declared.get(spec.name, DEFAULT_TIMESTAMP_PROMISES)
+            if spec.kind == "timestamp"
+            else frozenset(),
+        )
+        for spec in specs
+    ]
+
+
+def _parse_promises(raw: str) -> dict[str, frozenset[str]]:
+    found: dict[str, frozenset[str]] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, listed = item.partition("=")
+        named = frozenset(filter(None, listed.split("+")))
+        if not sep or not named:
+            raise ValueError(f"{item!r} is not name=promise+promise")
+        unknown = named - TIMESTAMP_PROMISES
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown promise {sorted(unknown)[0]!r} "
+                f"(known: {', '.join(sorted(TIMESTAMP_PROMISES))})"
+            )
+        if name in found:
+            raise ValueError(f"{name} is named twice")
+        found[name] = named
+    return found
+
+
+def _parse_feed_list(raw: str) -> list[FeedSpec]:
     specs: list[FeedSpec] = []
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, sep, rest = item.partition("=")

@@ -51,6 +51,9 @@ class FeedView(msgspec.Struct, omit_defaults=True):
     name: str
     kind: str
     configured: bool
+    promises: list[str]
+    """what the source is configured to promise (SETTLEMENT_FEED_PROMISES), all the observer
+    relies on; empty for cursor feeds and feeds not configured here"""
     checkpoint_version: int
     lag: float | None
     """seconds since the observer last found nothing new (None: it never has)"""
@@ -188,6 +191,7 @@ class FeedAdmin:
             name=name,
             kind=kind,
             configured=spec is not None,
+            promises=sorted(spec.promises) if spec is not None else [],
             checkpoint_version=0 if checkpoint is None else checkpoint.version,
             lag=None,
             oldest_unknown=await self._store.oldest_unknown(self._external),

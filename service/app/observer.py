@@ -273,8 +273,19 @@ class FeedObserver:
         if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
         states, processed = outcomes
+        promised = self.spec.promises
+        # a page may be cut when it fills the limit, or when it is short but the source does
+        # not promise that a short page is the whole answer (a silent cap)
         full = len(events) >= limit
-        through = closable_through(closed, events, states, page.finality_watermark, full=full)
+        cut = full or (bool(events) and "short-page-end" not in promised)
+        through = closable_through(
+            closed,
+            events,
+            states,
+            page.finality_watermark if "watermark" in promised else None,
+            full=cut,
+            later="later-timestamp" in promised,
+        )
         if through is None:
             # a source whose ``after`` is inclusive serves the closed timestamp's events
             # again: only the events after it say whether one tie group fills the page
@@ -304,9 +315,10 @@ class FeedObserver:
     async def _audit_page(self, closed: int | None) -> None:
         """One page of the late-event audit: a walk through ``audit_window`` seconds behind
         the closed timestamp, a page of up to ``MAX_PAGE`` events at a time, checked like a
-        main page (order, identity, content); an event there without a receipt arrived late:
-        alarmed and processed, never skipped. The walk starts again behind the then closed
-        timestamp once it has passed the closed one."""
+        main page (order, identity, content); an event there without a receipt arrived late
+        (or was passed on a promise the source broke): alarmed and processed, never skipped.
+        The walk starts again behind the then closed timestamp once it has passed the closed
+        one."""
         if closed is None:
             return
         if not self._audit_walking:
@@ -327,17 +339,22 @@ class FeedObserver:
             ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
         ]
         await self._outcomes(checked.process, behind, seen, alarms)
-        last = max((e.order for e in events), default=None)
-        if len(page.events) < MAX_PAGE or last is None or last >= closed:
+        # The walk trusts no promise of the source (it is how a broken one shows): a short
+        # page may be capped, so only an empty page or one reaching the closed timestamp ends
+        # it; otherwise it goes on from the page's last timestamp, which may have been cut.
+        last = max((_order(e.timestamp) for e in page.events), default=None)
+        if last is None or last >= closed:
             self._audit_walking = False  # through the closed timestamp: start again next time
         elif after is not None and last - 1 <= after:
-            # one timestamp fills the largest page: the audit cannot page through it
-            await self._alarm(
-                "tie-stall", "", f"audit: more than {MAX_PAGE} events at timestamp {last}"
-            )
+            # the page is one timestamp: on past it (a full page of it cannot be paged
+            # through: alarmed)
+            if len(page.events) >= MAX_PAGE:
+                await self._alarm(
+                    "tie-stall", "", f"audit: more than {MAX_PAGE} events at timestamp {last}"
+                )
             self._audit_after = last
         else:
-            self._audit_after = last - 1  # the last timestamp again: it may have been cut
+            self._audit_after = last - 1
 
     async def _outcomes(
         self,

@@ -243,20 +243,29 @@ def closable_through(
     watermark: int | None,
     *,
     full: bool,
+    later: bool = True,
 ) -> int | None:
     """The new closed-through timestamp, or None when it does not move.
 
     ``events`` is the page: the events the feed has strictly after ``closed_through``, in
-    order; when the page is ``full`` it may be cut inside its last timestamp, so the
-    watermark proves nothing at or past that timestamp."""
-    complete = watermark
-    if events:
+    order. The proofs are only those the source promises: ``later`` (an event at a later
+    timestamp proves every earlier one was served) and ``watermark`` (None when not
+    promised: no event at or below it appears later). ``full``: the page may be cut (it
+    filled the limit, or the source does not promise that a short page is the whole
+    answer), so even the watermark proves nothing at or past its last timestamp."""
+    proofs: list[int] = []
+    if not events:
+        if watermark is not None:
+            proofs.append(watermark)  # nothing after the closed timestamp now, none later
+    else:
         last = max(e.order for e in events)
-        # every timestamp before the page's last is complete: a later event exists; a full
-        # page may be cut inside its last timestamp, whatever the watermark says
-        complete = last - 1 if full or complete is None else max(complete, last - 1)
-    if complete is None:
+        if later:
+            proofs.append(last - 1)
+        if watermark is not None:
+            proofs.append(min(watermark, last - 1) if full else watermark)
+    if not proofs:
         return None
+    complete = max(proofs)
     unsettled = [e.order for e in events if not _final(states.get(e.event_id))]
     bound = complete if not unsettled else min(complete, min(unsettled) - 1)
     if bound < 0 or (closed_through is not None and bound <= closed_through):

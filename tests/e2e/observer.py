@@ -45,6 +45,12 @@ class Observer:
             "SETTLEMENT_REDIS_URL": redis_url,
             "SETTLEMENT_PROVIDER_SECRET": SECRET,
             "SETTLEMENT_FEEDS": f"{self.name}={kind}:{provider.base_url}{FEED_PATHS[kind]}",
+            # the simulator's timestamp feed keeps all three promises (faults aside)
+            "SETTLEMENT_FEED_PROMISES": (
+                f"{self.name}=later-timestamp+watermark+short-page-end"
+                if kind == "timestamp"
+                else ""
+            ),
             "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
             "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
             "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",

@@ -212,7 +212,10 @@ def test_the_embedded_observers_settle_a_lost_payout_with_no_retry(tmp_path: Pat
         headers={**key, "Idempotency-Key": "po-1"},
         timeout=30,
     )
-    assert lost.status_code == 504, lost.text
+    # 504: the answer was lost; 201: an observer settled the payment from a feed while the
+    # attempt waited out its provider timeout (a loaded machine), and the attempt answered
+    # what the row says. Either way the feed is what settled it (checked below).
+    assert lost.status_code in (504, 201), lost.text
     url = f"{base}/v1/operations/{lost.headers['operation-id']}"
     deadline = time.monotonic() + 30
     while httpx.get(url, headers=key).json()["state"] != "completed":

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.observer import AUDIT_EVERY, PageResult
-from service.config import FeedSpec
+from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage, TimestampPage
 from service.failpoints import FailpointError
 from service.store.feeds import FeedStore
@@ -24,6 +24,7 @@ from tests.integration.test_feed_observer import (
     feed_settlements,
     foreign,
     observer,
+    promised,
     receipt_states,
     unknown_payout,
 )
@@ -88,7 +89,7 @@ async def test_one_event_id_twice_in_a_page_with_other_content_stops_the_page(
 ) -> None:
     """The same event id at two places of one page, each with its own evidence: a
     conflicting identity, alarmed, and nothing is settled or passed."""
-    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}")
+    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}", promised(kind))
     a, b = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
     if kind == "cursor":
         feed = ScriptedFeed(spec)
@@ -132,7 +133,7 @@ async def test_an_inclusive_after_and_a_tie_group_larger_than_the_page_grow_the_
     inclusive: once 100 is closed, every page is 100's three again plus seven of 101. Only
     the events after the closed timestamp say one tie group fills the page: the page grows
     and 101 closes (it used to answer caught-up forever)."""
-    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp")
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
     feed = InclusiveAfter(spec)
     feed.events = [foreign(f"a{n}", timestamp=100) for n in range(3)]
     feed.events += [foreign(f"b{n}", timestamp=101) for n in range(12)]
@@ -157,7 +158,7 @@ async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle
     late at the closed timestamp while new events keep coming on every page: the audit,
     paging through its window (pages of 500) a page every AUDIT_EVERY requests, finds it,
     alarms and gives it a receipt, though the feed is never idle."""
-    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp")
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
     feed = ScriptedFeed(spec)
     feed.events = [foreign(f"e{n}", timestamp=1000 + n) for n in range(600)]
     feed.watermark = 1599
@@ -208,7 +209,7 @@ async def test_a_crash_at_any_failpoint_of_either_feed_kind_resumes_with_one_out
     """Both feed kinds, every failpoint: the observer dies there (its first hit), a new one
     takes over the same feed; every event ends with one final receipt, each payout is
     settled once by the feed, and the checkpoint passes them all."""
-    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}")
+    spec = FeedSpec(feed_name, kind, f"http://feed.invalid/{kind}", promised(kind))
     ops = [await unknown_payout(store, principal_id, clock) for _ in range(3)]
     order = "position" if kind == "cursor" else "timestamp"
     served = [
@@ -247,3 +248,108 @@ async def test_a_crash_at_any_failpoint_of_either_feed_kind_resumes_with_one_out
         assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("P4", 13)
     else:
         assert checkpoint.closed_through_timestamp == 100
+
+
+class Capped(ScriptedFeed):
+    """A timestamp source that silently serves at most ``cap`` events a page, whatever the
+    limit asked, and may claim a watermark ahead of what it has served."""
+
+    def __init__(self, spec: FeedSpec, cap: int) -> None:
+        super().__init__(spec)
+        self.cap = cap
+
+    async def timestamp_page(self, after: int | None, limit: int) -> TimestampPage:
+        self.asked.append((after, limit))
+        later = [e for e in self.events if after is None or (e.timestamp or 0) > after]
+        return TimestampPage(events=later[: min(limit, self.cap)], finality_watermark=5000)
+
+
+@pytest.mark.parametrize(
+    ("promises", "skips"),
+    [
+        (frozenset({"later-timestamp", "watermark"}), False),  # what this source keeps
+        (TIMESTAMP_PROMISES, True),  # it breaks short-page-end: caught by the audit
+    ],
+    ids=["configured-honestly", "trusting-a-broken-promise"],
+)
+async def test_a_silent_page_cap_skips_nothing_unless_a_broken_promise_is_trusted(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+    promises: frozenset[str],
+    skips: bool,
+) -> None:
+    """The issue's case: a cap of 50 under a limit of 100 and a watermark of 5000, events
+    at 1001-1100. Configured honestly (no short-page-end), a short page proves nothing past
+    its last timestamp: every event gets a receipt. Configured to trust short-page-end, the
+    observer closes through 5000 over events it never saw, and the audit, walking the window
+    behind the closed timestamp, alarms (late-event) and gives them receipts: never a silent
+    skip."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", promises)
+    feed = Capped(spec, cap=50)
+    feed.events = [foreign(f"e{n}", timestamp=n) for n in range(1001, 1101)]
+    watcher = observer(
+        spec, feed, store, feed_store, engine, clock, grace=0.0, page_size=100,
+        audit_window=10_000,
+    )  # fmt: skip
+    for _ in range(5):
+        await watcher.run_once()
+    states = await receipt_states(engine, feed_name)
+    closed = (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp
+    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    if not skips:
+        assert len(states) == 100 and not late
+        # a short page may be capped: its last timestamp stays open until a later event
+        # proves it (the watermark proves only up to the page's last timestamp - 1)
+        assert closed == 1099
+        return
+    assert closed == 5000 and len(states) == 50 and not late  # 1051-1100 passed unseen...
+    for _ in range(4 * AUDIT_EVERY):  # the audit's walk: capped pages of 50, one per ten
+        await watcher.run_once()
+    states = await receipt_states(engine, feed_name)
+    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    assert len(states) == 100  # ...until the audit found them, each alarmed
+    assert late == {f"e{n}" for n in range(1051, 1101)}
+    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "tie-stall"]
+
+
+@pytest.mark.parametrize(
+    ("promises", "early"),
+    [(frozenset({"later-timestamp"}), False), (TIMESTAMP_PROMISES, True)],
+    ids=["configured-honestly", "trusting-a-broken-promise"],
+)
+async def test_a_watermark_that_lies_is_caught_by_the_audit_when_it_is_trusted(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+    promises: frozenset[str],
+    early: bool,
+) -> None:
+    """A source whose watermark runs 100 s ahead of the truth: an event arrives at 1050
+    after a watermark of 1100 was served. Not trusting the watermark, the observer closes
+    only what later events prove, so the event is read on a main page; trusting it, the
+    feed closed through 1100 first, and the audit alarms the late event and settles it."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", promises)
+    feed = ScriptedFeed(spec)
+    feed.events = [foreign(f"e{n}", timestamp=n) for n in (1000, 1010)]
+    feed.watermark = 1100  # a lie: events up to 1100 may still come
+    watcher = observer(
+        spec, feed, store, feed_store, engine, clock, grace=0.0, page_size=10,
+        audit_window=10_000,
+    )  # fmt: skip
+    for _ in range(3):
+        await watcher.run_once()
+    closed = (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp
+    assert closed == (1100 if early else 1009)
+    feed.events.append(foreign("late", timestamp=1050))
+    feed.events.append(foreign("after", timestamp=1200))
+    for _ in range(2 * AUDIT_EVERY):
+        await watcher.run_once()
+    states = await receipt_states(engine, feed_name)
+    assert states.get("late") == "quarantined"  # a receipt either way, never skipped
+    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    assert late == ({"late"} if early else set())

@@ -15,7 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.observer import FeedObserver, PageResult
-from service.config import FeedSpec
+from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.core import Claim, ObservationKind, OperationState, Source
 from service.domain.feeds import CursorPage, FeedClient, RawEvent, TimestampPage
 from service.evidence import (
@@ -37,6 +37,13 @@ from tests.unit.factories import make_observation
 pytestmark = pytest.mark.integration
 
 SECRET = "feed-test-secret"
+
+
+def promised(kind: str) -> frozenset[str]:
+    """A scripted feed keeps every promise its kind may make (a test that breaks one says so)."""
+    return TIMESTAMP_PROMISES if kind == "timestamp" else frozenset()
+
+
 PAYOUTS = "POST /v1/payouts"
 
 
@@ -282,7 +289,7 @@ async def test_a_tie_group_across_pages_closes_only_when_whole_and_durable(
     principal_id: uuid.UUID,
     feed_name: str,
 ) -> None:
-    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/ts")
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/ts", TIMESTAMP_PROMISES)
     ops = {n: await unknown_payout(store, principal_id, clock) for n in "ABCD"}
     await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=1000)
     feed = ScriptedFeed(spec)

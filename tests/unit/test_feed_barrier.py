@@ -178,6 +178,20 @@ def test_a_watermark_closes_an_empty_stretch_and_a_hold_keeps_it_open() -> None:
     assert closable_through(6, [ev("a", 7)], {"a": H}, 9, full=False) is None
 
 
+def test_only_the_promised_proofs_close_a_timestamp() -> None:
+    page = [ev("a", 1001), ev("b", 1050)]
+    done = {"a": A, "b": A}
+    # a later timestamp only: what the page's order proves
+    assert closable_through(1000, page, done, None, full=True) == 1049
+    # a watermark only: all of it when the page is the whole answer...
+    assert closable_through(1000, page, done, 5000, full=False, later=False) == 5000
+    # ...but no further than the page's last timestamp when the page may be cut
+    assert closable_through(1000, page, done, 5000, full=True, later=False) == 1049
+    # neither: nothing closes; an empty page with a watermark closes through it
+    assert closable_through(1000, page, done, None, full=False, later=False) is None
+    assert closable_through(1000, [], {}, 5000, full=False, later=False) == 5000
+
+
 def test_an_event_at_timestamp_zero_never_closes_the_feed_through_minus_one() -> None:
     assert closable_through(None, [ev("a", 0)], {"a": A}, None, full=False) is None
     assert closable_through(None, [ev("a", 0)], {"a": A}, None, full=True) is None
