@@ -73,8 +73,9 @@ class Settings:
     )
     feed_promises: str = _setting(
         "",
-        "what each timestamp feed's source promises, name=later-timestamp+watermark+"
-        "short-page-end,...; a feed not named: later-timestamp only.",
+        "what each feed's source promises, name=promise+promise,... (timestamp: "
+        "later-timestamp, watermark, short-page-end; cursor: no-backfill); unnamed: "
+        "later-timestamp only for a timestamp feed, nothing for a cursor feed.",
     )
     feed_page_size: int = _setting(
         100, "events asked per feed page; a tie group larger than this doubles it, up to 500."
@@ -261,6 +262,11 @@ FEED_KINDS = ("cursor", "timestamp")
 TIMESTAMP_PROMISES = frozenset({"later-timestamp", "watermark", "short-page-end"})
 # A timestamp feed no promise names: the order of its pages is all it is taken to promise.
 DEFAULT_TIMESTAMP_PROMISES = frozenset({"later-timestamp"})
+# What a cursor feed's source may promise:
+# * no-backfill: no event is ever added behind a cursor already served (without it, the
+#   observer re-reads the feed from its start, paced, to find such events).
+CURSOR_PROMISES = frozenset({"no-backfill"})
+PROMISES = {"timestamp": TIMESTAMP_PROMISES, "cursor": CURSOR_PROMISES}
 
 
 def _masked(value: str) -> str:
@@ -282,20 +288,27 @@ class FeedSpec:
     kind: str
     url: str
     promises: frozenset[str] = frozenset()
-    """what the source promises (timestamp feeds: TIMESTAMP_PROMISES)"""
+    """what the source promises (PROMISES of its kind)"""
 
 
 def parse_feeds(raw: str, promises: str = "") -> list[FeedSpec]:
     """``name=kind:url,...`` as specs, with the promises ``name=a+b,...`` names for them
-    (a timestamp feed not named gets DEFAULT_TIMESTAMP_PROMISES); ValueError naming what is
-    wrong."""
+    (a timestamp feed not named gets DEFAULT_TIMESTAMP_PROMISES, a cursor feed none);
+    ValueError naming what is wrong."""
     specs = _parse_feed_list(raw)
     declared = _parse_promises(promises)
     kinds = {spec.name: spec.kind for spec in specs}
     for name, named in declared.items():
-        if kinds.get(name) != "timestamp":
-            raise ValueError(f"{name} is not a timestamp feed of SETTLEMENT_FEEDS")
-        if not named & {"later-timestamp", "watermark"}:
+        kind = kinds.get(name)
+        if kind is None:
+            raise ValueError(f"{name} is not a feed of SETTLEMENT_FEEDS")
+        unknown = named - PROMISES[kind]
+        if unknown:
+            raise ValueError(
+                f"{name}: unknown promise {sorted(unknown)[0]!r} of a {kind} feed "
+                f"(known: {', '.join(sorted(PROMISES[kind]))})"
+            )
+        if kind == "timestamp" and not named & {"later-timestamp", "watermark"}:
             raise ValueError(
                 f"{name}: a timestamp feed needs a finality proof, later-timestamp or watermark"
             )
@@ -304,9 +317,10 @@ def parse_feeds(raw: str, promises: str = "") -> list[FeedSpec]:
             spec.name,
             spec.kind,
             spec.url,
-            declared.get(spec.name, DEFAULT_TIMESTAMP_PROMISES)
-            if spec.kind == "timestamp"
-            else frozenset(),
+            declared.get(
+                spec.name,
+                DEFAULT_TIMESTAMP_PROMISES if spec.kind == "timestamp" else frozenset(),
+            ),
         )
         for spec in specs
     ]
@@ -319,12 +333,6 @@ def _parse_promises(raw: str) -> dict[str, frozenset[str]]:
         named = frozenset(filter(None, listed.split("+")))
         if not sep or not named:
             raise ValueError(f"{item!r} is not name=promise+promise")
-        unknown = named - TIMESTAMP_PROMISES
-        if unknown:
-            raise ValueError(
-                f"{name}: unknown promise {sorted(unknown)[0]!r} "
-                f"(known: {', '.join(sorted(TIMESTAMP_PROMISES))})"
-            )
         if name in found:
             raise ValueError(f"{name} is named twice")
         found[name] = named

@@ -65,8 +65,9 @@ MAX_PAGE = 500
 # Holds decided again per pass (a pass per poll interval at most): a feed with more open
 # holds goes through them over several passes, the least recently decided first.
 HOLD_BATCH = 50
-# One request in this many of a timestamp feed's observer is a page of its late-event audit
-# (busy or idle): the audit walks the window behind the closed timestamp a page at a time.
+# One request in this many of an observer is a page of its late-event audit (timestamp feeds)
+# or of its reconciliation pass (cursor feeds that may backfill), busy or idle: both walk
+# what is behind the checkpoint a page at a time.
 AUDIT_EVERY = 10
 
 
@@ -134,9 +135,10 @@ class FeedObserver:
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
         self._audit_window = int(audit_window)
-        self._pages = 0  # timestamp pages so far: every AUDIT_EVERY-th also reads an audit page
+        self._pages = 0  # pages so far: every AUDIT_EVERY-th also reads an audit page
         self._audit_after: int | None = None  # where the audit's walk reads next
         self._audit_walking = False  # a walk is under way (None above then means the start)
+        self._reconcile_cursor: str | None = None  # where the cursor feed's re-read goes next
 
     async def close(self) -> None:
         await self._client.close()
@@ -202,6 +204,9 @@ class FeedObserver:
 
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
+        self._pages += 1
+        if "no-backfill" not in self.spec.promises and self._pages % AUDIT_EVERY == 0:
+            await self._reconcile_page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
@@ -250,6 +255,37 @@ class FeedObserver:
                     return Page(PageResult.LOST, len(events), processed)
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
+
+    async def _reconcile_page(self, checkpoint: Checkpoint) -> None:
+        """One page of the reconciliation pass of a cursor feed whose source may backfill:
+        the feed is read again from its start, ``MAX_PAGE`` events at a time, one such page
+        every ``AUDIT_EVERY`` requests, up to the applied position; each page gets a main
+        page's checks, and an event behind the applied position without a receipt (a
+        backfill) is alarmed and processed, never skipped. At the applied position (or the
+        feed's end) the pass starts again from the start."""
+        applied = checkpoint.applied_position
+        if applied is None:
+            return
+        cursor = self._reconcile_cursor or ""
+        page = await self._client.cursor_page(cursor, MAX_PAGE)
+        behind = [e for e in page.events if _order(e.position) <= applied]
+        events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in behind]
+        name = self.spec.name
+        seen = await self._feeds.seen(name, [e.event_id for e in events])
+        owners = await self._feeds.owners(name, [e.order for e in events])
+        checked = check_cursor_page(applied, events, seen, owners)
+        if isinstance(checked, Stop):
+            await self._alarm(checked.kind, checked.event_id, f"reconciliation: {checked.detail}")
+            self._reconcile_cursor = None
+            return
+        alarms = [
+            ("backfill", e, f"position {e.order} behind the applied prefix, found on re-reading")
+            for e in checked.backfilled
+        ]
+        await self._outcomes(checked.process, behind, seen, alarms)
+        done = not page.events or len(behind) < len(page.events)
+        done = done or page.next_cursor == cursor
+        self._reconcile_cursor = None if done else page.next_cursor
 
     # -- timestamp feeds ----------------------------------------------------------------------
 

@@ -405,11 +405,14 @@ def test_a_backfilled_event_behind_the_checkpoint_is_found_and_never_skipped(
     assert quarantined >= 1
 
 
-def backfill(base: str, key: str, provider: ProviderProcess, kind: str, feed: str) -> None:
+def backfill(
+    base: str, key: str, provider: ProviderProcess, kind: str, feed: str, *, overlap: bool = True
+) -> None:
     """Arm a backfill behind what the observer has read (an overlap page shows it to a
-    cursor feed), and wait for the observer's alarm about it."""
+    cursor feed, else its reconciliation pass finds it), and wait for the observer's alarm
+    about it."""
     provider.arm_feed("backfill", 1)
-    if kind == "cursor":
+    if kind == "cursor" and overlap:
         provider.arm_feed("overlap", 5)
     lost_payout(base, key, provider)  # a new event: the next page applies the fault
     alarm = "backfill" if kind == "cursor" else "late-event"
@@ -417,6 +420,30 @@ def backfill(base: str, key: str, provider: ProviderProcess, kind: str, feed: st
         lambda: alarm in {a["kind"] for a in feed_view(base, feed)["alarms"]},
         f"a {alarm} alarm",
     )
+
+
+def test_a_backfill_behind_a_cursor_with_no_overlap_page_is_found_by_reading_again(
+    services: Services,
+    app_database: str,
+    server: ServerProcess,
+    provider: ProviderProcess,
+    client_key: str,
+) -> None:
+    """The simulator's backfill with no overlap page: no main page ever shows it again; the
+    reconciliation pass of a feed that does not promise no-backfill finds it, alarms it, and
+    gives it its outcome (its operation is not here: quarantined)."""
+    base = server.base_url
+    observer = Observer(services.redis_url, app_database, provider, "cursor", page_size=50)
+    try:
+        lost_payout(base, client_key, provider)
+        until(lambda: caught_up(base, observer.name), "the observer catches up")
+        backfill(base, client_key, provider, "cursor", observer.name, overlap=False)
+        until(lambda: caught_up(base, observer.name), "the observer catches up again")
+    finally:
+        observer.stop()
+    backfilled = [a for a in feed_view(base, observer.name)["alarms"] if a["kind"] == "backfill"]
+    assert backfilled
+    assert receipt_state(app_database, observer.name, backfilled[0]["event_id"]) == "quarantined"
 
 
 @pytest.mark.parametrize("kind", ["cursor", "timestamp"])

@@ -353,3 +353,52 @@ async def test_a_watermark_that_lies_is_caught_by_the_audit_when_it_is_trusted(
     assert states.get("late") == "quarantined"  # a receipt either way, never skipped
     late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
     assert late == ({"late"} if early else set())
+
+
+@pytest.mark.parametrize(
+    ("promises", "found"),
+    [(frozenset(), True), (frozenset({"no-backfill"}), False)],
+    ids=["may-backfill", "promises-no-backfill"],
+)
+async def test_a_cursor_feed_that_may_backfill_is_read_again_and_a_backfill_is_found(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+    promises: frozenset[str],
+    found: bool,
+) -> None:
+    """An event added behind the cursor after its page was served, with no overlap page to
+    show it: a feed not promising no-backfill is read again from its start, paced (one page
+    in AUDIT_EVERY requests), and the backfill gets an alarm and a receipt; a feed that
+    promises no-backfill is taken at its word and never read again."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", promises)
+    first, second = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
+    feed = ScriptedFeed(spec)
+    feed.cursor_pages[""] = CursorPage(
+        events=[event(first, "e10", position=10), event(second, "e30", position=30)],
+        next_cursor="C30",
+    )
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    assert (await watcher.run_once()).result is PageResult.PROMOTED
+    # backfilled at 20, behind the served cursor: the main pages (from C30) never show it
+    feed.cursor_pages[""] = CursorPage(
+        events=[
+            event(first, "e10", position=10),
+            foreign("b20", position=20),
+            event(second, "e30", position=30),
+        ],
+        next_cursor="C30",
+    )
+    for _ in range(2 * AUDIT_EVERY):
+        await watcher.run_once()
+    states = await receipt_states(engine, feed_name)
+    alarms = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "backfill"}
+    if found:
+        assert states.get("b20") == "quarantined" and alarms == {"b20"}
+    else:
+        assert "b20" not in states and not alarms
+        assert [cursor for cursor, _ in feed.asked].count("") == 1  # never read again
+    assert states["e10"] == states["e30"] == "applied"

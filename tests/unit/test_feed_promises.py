@@ -27,6 +27,7 @@ def test_a_timestamp_feed_no_promise_names_is_taken_to_promise_its_order_only() 
 
 def test_declared_promises_are_the_ones_relied_on() -> None:
     assert specs("ts=watermark+short-page-end")["ts"] == {"watermark", "short-page-end"}
+    assert specs("pay=no-backfill")["pay"] == {"no-backfill"}
     assert specs(" ts=later-timestamp+watermark+short-page-end ")["ts"] == TIMESTAMP_PROMISES
 
 
@@ -35,8 +36,9 @@ def test_declared_promises_are_the_ones_relied_on() -> None:
     [
         ("ts=watermark+honest", "unknown promise 'honest'"),
         ("ts=short-page-end", "needs a finality proof"),
-        ("pay=watermark", "pay is not a timestamp feed"),
-        ("nope=watermark", "nope is not a timestamp feed"),
+        ("pay=watermark", "unknown promise 'watermark' of a cursor feed"),
+        ("ts=no-backfill+watermark", "unknown promise 'no-backfill' of a timestamp feed"),
+        ("nope=watermark", "nope is not a feed"),
         ("ts", "is not name=promise"),
         ("ts=", "is not name=promise"),
         ("ts=watermark,ts=later-timestamp", "named twice"),
