@@ -68,24 +68,27 @@ class FeedEvents:
         known: Seen | None,
         *,
         operator: bool = False,
+        held: Receipt | None = None,
     ) -> ReceiptState:
         """Give ``event`` its outcome (a final receipt or a hold) and say which.
 
-        ``known``: its receipt, if it has one. A hold for an operator (``bad-signature``)
-        stays as it is unless ``operator`` asks again (a ``retry``)."""
+        ``known``: its receipt, if it has one; ``held``: that receipt in full when the
+        caller has it (else it is read here when it is a hold: its reason and its age; an
+        event met for the first time has none, and its age is 0). A hold for an operator
+        (``bad-signature``) stays as it is unless ``operator`` asks again (a ``retry``)."""
         now = self._clock()
         served = (bytes(raw.evidence), raw.signature)
-        if known is not None and known.state is ReceiptState.HELD and not operator:
+        if held is None and known is not None and known.state is ReceiptState.HELD:
             held = await self._feeds.receipt(feed, event.event_id)
-            if held is not None and held.reason == "bad-signature":
-                if event.digest and event.digest != held.digest:
-                    # served again with other content: the hold keeps the latest copy, which
-                    # is what an operator's retry decides
-                    await self._feeds.refuse_event(
-                        feed, event.event_id, event.order, held.operation_id, None,
-                        "held", "bad-signature", at(now), digest=event.digest, served=served,
-                    )  # fmt: skip
-                return ReceiptState.HELD  # for an operator to decide, whatever comes now
+        if held is not None and held.reason == "bad-signature" and not operator:
+            if event.digest and event.digest != held.digest:
+                # served again with other content: the hold keeps the latest copy, which is
+                # what an operator's retry decides
+                await self._feeds.refuse_event(
+                    feed, event.event_id, event.order, held.operation_id, None,
+                    "held", "bad-signature", at(now), digest=event.digest, served=served,
+                )  # fmt: skip
+            return ReceiptState.HELD  # for an operator to decide, whatever comes now
         signed = decode_signed(raw)
         verified = signed is not None and self._secret is not None and verify(signed, self._secret)
         if signed is None or not verified:
@@ -112,8 +115,7 @@ class FeedEvents:
                 return await self._quarantine(
                     feed, event, operation_id, observation, "operation-expired"
                 )
-            first = await self._feeds.receipt(feed, event.event_id)
-            if (0.0 if first is None else first.age) >= self._grace:
+            if (0.0 if held is None else held.age) >= self._grace:
                 return await self._quarantine(
                     feed, event, operation_id, observation, "unknown-operation"
                 )
@@ -147,7 +149,26 @@ class FeedEvents:
             return ReceiptState(held.state)
         event = FeedEvent(held.event_id, held.event_order, held.digest)
         known = Seen(order=held.event_order, state=ReceiptState(held.state), digest=held.digest)
-        return await self.decide(feed, event, raw, known, operator=operator)
+        return await self.decide(feed, event, raw, known, operator=operator, held=held)
+
+    async def redrive(self, feed: str, batch: int) -> int:
+        """Decide up to ``batch`` of the feed's holds again on their own (those waiting for
+        an operation, the least recently decided first); how many became final. A database
+        error ends the pass: the next one retries."""
+        finals = 0
+        for held in await self._feeds.due_holds(feed, batch):
+            try:
+                state = await self.redecide(feed, held)
+            except Exception as exc:
+                log.warning(
+                    "held feed event not decided again; the next pass retries it",
+                    extra={"feed": feed, "event_id": held.event_id, "error": repr(exc)},
+                )
+                break
+            finals += state.final
+        if finals:
+            log.info("feed holds decided", extra={"feed": feed, "final": finals})
+        return finals
 
     async def _quarantine(
         self,

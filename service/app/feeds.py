@@ -12,7 +12,6 @@ import msgspec
 from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
-from service.core.feed import ReceiptState
 from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
 from service.store.principals import Principal
 
@@ -89,12 +88,12 @@ class FeedAdmin:
         specs: list[FeedSpec],
         *,
         clock: Callable[[], float],
-        events: FeedEvents | None = None,
-        external_routes: frozenset[str] = frozenset(),
+        events: FeedEvents,
+        external_routes: frozenset[str],
     ) -> None:
-        """``events``: decides a held event again on an operator's ``retry`` (without it,
-        a retry answers the hold as it stands). ``external_routes``: the routes whose
-        ``unknown`` operations the feeds settle (their age is the feeds' true lag)."""
+        """``events``: decides a held event again on an operator's ``retry``.
+        ``external_routes``: the routes whose ``unknown`` operations the feeds settle (their
+        age is the feeds' true lag)."""
         self._store = store
         self._events = events
         self._external = sorted(external_routes)
@@ -133,9 +132,7 @@ class FeedAdmin:
         if held is None or held.state != "held":
             return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
         if body.action == "retry":
-            state = ReceiptState.HELD
-            if self._events is not None:
-                state = await self._events.redecide(name, held, operator=True)
+            state = await self._events.redecide(name, held, operator=True)
             return HoldDecided(feed=name, event_id=event_id, action="retry", state=state.value)
         decided = await self._store.refuse_event(
             name,

@@ -109,7 +109,7 @@ class FeedObserver:
         unknown_grace: float,
         poll_interval: float,
         max_backoff: float,
-        audit_window: float = 300.0,
+        audit_window: float,
     ) -> None:
         """``audit_window``: how far behind its closed timestamp a timestamp feed is read
         again, page after page, for events that arrived there late."""
@@ -136,8 +136,8 @@ class FeedObserver:
         self._idle = 0  # pages in a row without progress: the backoff's exponent
         self._audit_window = int(audit_window)
         self._pages = 0  # pages so far: every AUDIT_EVERY-th also reads an audit page
-        self._audit_after: int | None = None  # where the audit's walk reads next
-        self._audit_walking = False  # a walk is under way (None above then means the start)
+        # where the audit's walk reads next (-1: the feed's start; None: no walk under way)
+        self._audit_after: int | None = None
         self._reconcile_cursor: str | None = None  # where the cursor feed's re-read goes next
 
     async def close(self) -> None:
@@ -178,27 +178,14 @@ class FeedObserver:
             log.warning("feed unavailable", extra={"feed": self.spec.name, "error": str(exc)})
             return Page(PageResult.UNAVAILABLE)
 
-    async def redrive_holds(self, *, force: bool = False) -> int:
+    async def redrive_holds(self) -> int:
         """Decide the feed's holds again from the events they keep, at most once per
-        ``poll_interval`` (``force``: now); how many became final."""
+        ``poll_interval``; how many became final."""
         now = self._clock()
-        if not force and self._next_redrive is not None and now < self._next_redrive:
+        if self._next_redrive is not None and now < self._next_redrive:
             return 0
         self._next_redrive = now + self._poll
-        finals = 0
-        for held in await self._feeds.due_holds(self.spec.name, HOLD_BATCH):
-            try:
-                state = await self._events.redecide(self.spec.name, held)
-            except Exception as exc:
-                log.warning(
-                    "held feed event not decided again; the next pass retries it",
-                    extra={"feed": self.spec.name, "event_id": held.event_id, "error": repr(exc)},
-                )
-                return finals
-            finals += state.final
-        if finals:
-            log.info("feed holds decided", extra={"feed": self.spec.name, "final": finals})
-        return finals
+        return await self._events.redrive(self.spec.name, HOLD_BATCH)
 
     # -- cursor feeds -------------------------------------------------------------------------
 
@@ -357,19 +344,17 @@ class FeedObserver:
         one."""
         if closed is None:
             return
-        if not self._audit_walking:
-            start = closed - self._audit_window - 1
-            self._audit_after = start if start >= 0 else None
-            self._audit_walking = True
+        if self._audit_after is None:
+            self._audit_after = max(-1, closed - self._audit_window - 1)
         after = self._audit_after
-        page = await self._client.timestamp_page(after, MAX_PAGE)
+        page = await self._client.timestamp_page(after if after >= 0 else None, MAX_PAGE)
         behind = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
         events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in behind]
         seen = await self._feeds.seen(self.spec.name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
             await self._alarm(checked.kind, checked.event_id, f"audit: {checked.detail}")
-            self._audit_walking = False
+            self._audit_after = None
             return
         alarms = [
             ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
@@ -380,8 +365,8 @@ class FeedObserver:
         # it; otherwise it goes on from the page's last timestamp, which may have been cut.
         last = max((_order(e.timestamp) for e in page.events), default=None)
         if last is None or last >= closed:
-            self._audit_walking = False  # through the closed timestamp: start again next time
-        elif after is not None and last - 1 <= after:
+            self._audit_after = None  # through the closed timestamp: start again next time
+        elif last - 1 <= after:
             # the page is one timestamp: on past it (a full page of it cannot be paged
             # through: alarmed)
             if len(page.events) >= MAX_PAGE:

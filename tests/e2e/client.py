@@ -3,6 +3,7 @@ direct reads of the tables (to assert what was, and was not, written)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -17,6 +18,8 @@ from tests.conftest import run
 T = TypeVar("T")
 
 ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
+# Longest wait for a state another process reaches (a settlement, an observer's page).
+PATIENCE = 30.0
 
 
 def auth(key: str) -> dict[str, str]:
@@ -111,3 +114,16 @@ def count_rows(database_url: str) -> dict[str, int]:
         }
 
     return run(_on_database(database_url, query))
+
+
+def until(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
+    """Poll ``check`` (observable state) until it answers something true, and return that;
+    fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never: {what}")
+        time.sleep(0.1)

@@ -9,7 +9,6 @@ import shutil
 import socket
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,16 +35,13 @@ from devstack import EmbeddedRedis
 from service.app.effects import BUSINESS_FAILURES
 from service.http.problems import SLUGS
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, new_account, new_principal, scalar
+from tests.e2e.client import ADMIN_KEY, PATIENCE, auth, new_account, new_principal, scalar, until
 from tests.e2e.observer import Observer
 from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-# Longest wait for state the test is waiting on (an operation in progress, a key expiring,
-# a feed settling a payout): generous, the tests poll and leave as soon as it holds.
-PATIENCE = 30.0
 # The failpoint holds a transfer's transaction open this long, so a second request with
 # the same key finds it in progress.
 HOLD = 2
@@ -136,14 +132,6 @@ def client_key(server: ServerProcess) -> str:
     return str(new_principal(server.base_url)["api_key"])
 
 
-def _deadline_poll(check: object, what: str) -> None:
-    deadline = time.monotonic() + PATIENCE
-    while not check():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.05)
-
-
 def test_a_transfer_whose_response_is_lost_completes_exactly_once(
     server: ServerProcess, app_database: str, client_key: str
 ) -> None:
@@ -198,7 +186,7 @@ def test_an_operation_in_progress_is_awaited_with_prefer_wait(
                     return client.find_operation(key).value.state == "in_progress"
                 return False
 
-            _deadline_poll(running, "the first request holds the operation")
+            until(running, "the first request holds the operation")
             answer = client.create_transfer(source, destination, 40, "EUR", key=key)
         holder.join(PATIENCE)
     assert first[0].status_code == 201
@@ -258,7 +246,7 @@ def test_an_expired_key_is_raised_at_once(services: Services, app_database: str)
                     return True
                 return False
 
-            _deadline_poll(expired, "the key expires")
+            until(expired, "the key expires")
             with pytest.raises(KeyExpired) as gone:
                 client.create_transfer(source, destination, 10, "EUR", key="short-lived")
     assert (gone.value.status, gone.value.attempts) == (410, 1)

@@ -13,22 +13,20 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal, scalar
+from tests.e2e.client import ADMIN_KEY, PATIENCE, auth, execute, new_principal, scalar, until
 from tests.e2e.observer import Observer
 from tests.e2e.provider import SECRET, ProviderProcess, make_payment
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-# Longest wait for the observers to settle what a test made.
-PATIENCE = 30.0
 FAILPOINTS = [
     "observer.event.before_commit",
     "observer.event.after_commit",
@@ -76,17 +74,6 @@ def no_faults_leak(provider: ProviderProcess) -> Iterator[None]:
     yield
     provider.clear_faults()
     provider.clear_feed_faults()
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never: {what}")
-        time.sleep(0.1)
 
 
 def lost_payout(base: str, key: str, provider: ProviderProcess) -> str:

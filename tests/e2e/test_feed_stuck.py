@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth
+from tests.e2e.client import ADMIN_KEY, auth, until
 from tests.e2e.observer import Observer
 from tests.e2e.provider import ProviderProcess
 from tests.e2e.server import ServerProcess
@@ -21,7 +21,6 @@ from tests.e2e.test_feed_observer import (
     feed_view,
     lost_payout,
     server_env,
-    until,
 )
 
 pytestmark = pytest.mark.e2e

@@ -58,7 +58,9 @@ def admin_of(
         clock=clock,
         unknown_grace=GRACE,
     )
-    return FeedAdmin(feed_store, [spec], clock=clock, events=events)
+    return FeedAdmin(
+        feed_store, [spec], clock=clock, events=events, external_routes=frozenset({PAYOUTS})
+    )
 
 
 async def held_behind_the_checkpoint(
