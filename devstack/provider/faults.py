@@ -114,6 +114,8 @@ class FeedFaultMode(enum.StrEnum):
     LATE_TIE = "late_tie"
     CONFLICTING_IDENTITY = "conflicting_identity"
     BAD_SIGNATURE = "bad_signature"
+    PAGE_CAP = "page_cap"
+    LYING_WATERMARK = "lying_watermark"
 
 
 class FeedFaultRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

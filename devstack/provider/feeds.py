@@ -75,6 +75,14 @@ may hold more than ``limit`` events. The modes:
   when both events exist.
 - ``bad_signature`` (both feeds): the first event of the page has its signature's last bit
   flipped (still 64 lower-case hex digits). Applies when the page is not empty.
+- ``page_cap`` (timestamp feed): the page is silently cut to its first ``PAGE_CAP_EVENTS``
+  (2) events, below the limit asked, with ``W`` as without the fault: breaks the promise
+  that a short page is the whole answer (``short-page-end``). Applies when the page would
+  hold more events than that.
+- ``lying_watermark`` (timestamp feed): ``W`` is ``WATERMARK_LIE`` (5) seconds more than
+  the truth, and commits go on getting the clock's second, so the next ones land at or
+  below the ``W`` served: breaks the ``watermark`` promise. The lie is not remembered as
+  served (``late_tie`` and the floor ignore it). Applies when there is a watermark.
 
 The cursor-feed backfill and the commit modes are the only faults that write; a payment or
 synthetic event committed under one is a real row, served on both feeds from then on.
@@ -105,6 +113,8 @@ __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
     "OVERLAP_EVENTS",
+    "PAGE_CAP_EVENTS",
+    "WATERMARK_LIE",
     "CursorEvent",
     "CursorPage",
     "FeedError",
@@ -122,6 +132,10 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 # Already served events the overlap fault repeats.
 OVERLAP_EVENTS = 3
+# Events a page_cap page is cut to: fewer than any limit an observer asks but the smallest.
+PAGE_CAP_EVENTS = 2
+# Seconds a lying_watermark page's W claims beyond the truth.
+WATERMARK_LIE = 5
 # A token is 19 characters; a longer parameter is refused before anything decodes it.
 MAX_CURSOR_LENGTH = 64
 
@@ -138,7 +152,10 @@ CURSOR_FAULTS = frozenset(
         FeedFaultMode.BAD_SIGNATURE,
     }
 )
-TIMESTAMP_FAULTS = CURSOR_FAULTS - {FeedFaultMode.EMPTY_ADVANCE}
+TIMESTAMP_FAULTS = (CURSOR_FAULTS - {FeedFaultMode.EMPTY_ADVANCE}) | {
+    FeedFaultMode.PAGE_CAP,
+    FeedFaultMode.LYING_WATERMARK,
+}
 COMMIT_FAULTS = frozenset({FeedFaultMode.BIG_TIE, FeedFaultMode.LATE_TIE})
 
 # The payout a backfill fault commits, declined, for a fresh operation each time.
@@ -385,10 +402,12 @@ class Feeds:
                     lambda mode: self._timestamp_fault(mode, tx, after, mark, fresh),
                 )
             page = TimestampPage([_timestamp_event(e) for e in fresh], mark)
+            lied = False
             if fault is not None:
                 self._faults.consume(fault[0])
                 page = fault[2]
-            if page.finality_watermark is not None:
+                lied = fault[1] is FeedFaultMode.LYING_WATERMARK
+            if page.finality_watermark is not None and not lied:
                 served = page.finality_watermark
                 self._served = served if self._served is None else max(self._served, served)
                 self._raise_floor(served + 1)
@@ -447,6 +466,14 @@ class Feeds:
                 if not fresh:
                     return None
                 return TimestampPage([_timestamp_event(_corrupted(fresh[0])), *events[1:]], mark)
+            case FeedFaultMode.PAGE_CAP:
+                if len(events) <= PAGE_CAP_EVENTS:
+                    return None
+                return TimestampPage(events[:PAGE_CAP_EVENTS], mark)
+            case FeedFaultMode.LYING_WATERMARK:
+                if mark is None:
+                    return None
+                return TimestampPage(events, mark + WATERMARK_LIE)
         return None
 
     # -- helpers ---------------------------------------------------------------------------

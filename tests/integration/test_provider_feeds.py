@@ -19,7 +19,7 @@ import pytest
 
 from devstack.provider.cursors import CursorCodec
 from devstack.provider.faults import MAX_FAULT_COUNT
-from devstack.provider.feeds import MAX_LIMIT
+from devstack.provider.feeds import MAX_LIMIT, PAGE_CAP_EVENTS, WATERMARK_LIE
 from service.evidence import SignedEvidence, verify
 from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess
 
@@ -560,6 +560,48 @@ def test_bad_signature_corrupts_one_event_of_the_page(provider: ProviderProcess,
     assert bad["signature"] != good["signature"] and HEX64.fullmatch(bad["signature"])
     assert not verify(signed_of(bad), SECRET)
     assert verify(signed_of(good), SECRET)
+
+
+def test_page_cap_cuts_the_page_silently_below_the_limit(provider: ProviderProcess) -> None:
+    before = watermark(provider)
+    paid = [pay(provider) for _ in range(PAGE_CAP_EVENTS + 1)]
+    provider.arm_feed("page_cap")
+
+    capped = timestamp_page(provider, before)
+    plain = timestamp_page(provider, before)
+
+    assert len(ours(plain["events"], paid)) == len(paid)
+    assert capped["events"] == plain["events"][:PAGE_CAP_EVENTS]
+    assert isinstance(capped["finality_watermark"], int)  # as if the page were whole
+    assert capped["finality_watermark"] >= max(e["timestamp"] for e in plain["events"]) - 1
+    assert armed(provider) == []
+
+
+def test_page_cap_on_a_short_page_does_not_apply_and_stays_armed(provider: ProviderProcess) -> None:
+    before = watermark(provider)
+    [pay(provider) for _ in range(PAGE_CAP_EVENTS + 1)]
+    provider.arm_feed("page_cap")
+
+    served = timestamp_page(provider, before, PAGE_CAP_EVENTS)
+
+    assert len(served["events"]) == PAGE_CAP_EVENTS
+    assert armed(provider) == [("page_cap", 1)]
+
+
+def test_lying_watermark_is_ahead_and_the_next_payment_lands_below_it(
+    provider: ProviderProcess,
+) -> None:
+    true = watermark(provider)
+    provider.arm_feed("lying_watermark")
+
+    lie = watermark(provider)
+    late = pay(provider)
+    honest = watermark(provider)
+
+    assert lie >= true + WATERMARK_LIE
+    assert timestamp_of(provider, late, true - 1) <= lie  # the promise broken
+    assert honest < lie  # the lie is not remembered as served
+    assert armed(provider) == []
 
 
 def test_late_tie_commits_an_event_at_a_served_watermark(provider: ProviderProcess) -> None:
