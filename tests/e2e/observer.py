@@ -34,8 +34,14 @@ class Observer:
         failpoint: str | None = None,
         page_size: int = 20,
         unknown_grace: str | None = "0",
+        promises: str | None = None,
     ) -> None:
-        """``unknown_grace``: SETTLEMENT_FEED_UNKNOWN_GRACE (None: the setting's default)."""
+        """``unknown_grace``: SETTLEMENT_FEED_UNKNOWN_GRACE (None: the setting's default);
+        ``promises``: what the source is declared to promise, ``a+b`` (None: all three the
+        simulator's timestamp feed keeps when no fault is armed, nothing for a cursor feed)."""
+        if promises is None:
+            # the simulator's timestamp feed keeps all three promises (faults aside)
+            promises = "later-timestamp+watermark+short-page-end" if kind == "timestamp" else ""
         self.name = name or f"{kind[:2]}-{uuid.uuid4().hex[:10]}"
         self.kind = kind
         self._log = tempfile.NamedTemporaryFile(prefix="settlement-observer-", suffix=".log")  # noqa: SIM115 - closed in stop
@@ -45,12 +51,7 @@ class Observer:
             "SETTLEMENT_REDIS_URL": redis_url,
             "SETTLEMENT_PROVIDER_SECRET": SECRET,
             "SETTLEMENT_FEEDS": f"{self.name}={kind}:{provider.base_url}{FEED_PATHS[kind]}",
-            # the simulator's timestamp feed keeps all three promises (faults aside)
-            "SETTLEMENT_FEED_PROMISES": (
-                f"{self.name}=later-timestamp+watermark+short-page-end"
-                if kind == "timestamp"
-                else ""
-            ),
+            "SETTLEMENT_FEED_PROMISES": f"{self.name}={promises}" if promises else "",
             "SETTLEMENT_FEED_PAGE_SIZE": str(page_size),
             "SETTLEMENT_FEED_POLL_INTERVAL": "0.05",
             "SETTLEMENT_FEED_MAX_BACKOFF": "0.3",
