@@ -74,7 +74,7 @@ class Settings:
     feed_promises: str = _setting(
         "",
         "what each feed's source promises, name=promise+promise,... (timestamp: "
-        "later-timestamp, watermark, short-page-end; cursor: no-backfill); unnamed: "
+        "later-timestamp, watermark, short-page-end; cursor: no-backfill, empty-advance); unnamed: "
         "later-timestamp only for a timestamp feed, nothing for a cursor feed.",
     )
     feed_page_size: int = _setting(
@@ -264,8 +264,10 @@ TIMESTAMP_PROMISES = frozenset({"later-timestamp", "watermark", "short-page-end"
 DEFAULT_TIMESTAMP_PROMISES = frozenset({"later-timestamp"})
 # What a cursor feed's source may promise:
 # * no-backfill: no event is ever added behind a cursor already served (without it, the
-#   observer re-reads the feed from its start, paced, to find such events).
-CURSOR_PROMISES = frozenset({"no-backfill"})
+#   observer re-reads the feed from its start, paced, to find such events);
+# * empty-advance: an empty page may carry a new cursor to resume from (without it, such a
+#   cursor is not adopted: the request's cursor is asked again).
+CURSOR_PROMISES = frozenset({"no-backfill", "empty-advance"})
 PROMISES = {"timestamp": TIMESTAMP_PROMISES, "cursor": CURSOR_PROMISES}
 
 

@@ -215,6 +215,7 @@ class FeedObserver:
             checkpoint.applied_position,
             events,
             states,
+            advance="empty-advance" in self.spec.promises,
         )
         match verdict:
             case Blocked(event_ids=held):
@@ -224,6 +225,12 @@ class FeedObserver:
                 if events:
                     await self._alarm("stuck-token", "", "the feed returned the request's cursor")
                     return Page(PageResult.STUCK, len(events), processed)
+                if page.next_cursor != checkpoint.resume_cursor:
+                    log.info(
+                        "feed empty page with a new cursor not adopted (empty-advance is not "
+                        "promised)",
+                        extra={"feed": name},
+                    )
                 await self._feeds.caught_up(name, at(self._clock()))
                 return Page(PageResult.CAUGHT_UP)
             case Advance(cursor=cursor):

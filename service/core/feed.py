@@ -13,11 +13,12 @@ Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
 3. The returned cursor is promoted only when every event of the page has a final receipt.
-   A cursor equal to the request's is not progress: back off. An empty page with a new
-   cursor passes the barrier but is not progress either, whatever its token says: the new
-   cursor is adopted without moving the checkpoint's version, and the observer backs off
-   as on a caught-up feed (a source that hands out a fresh token on every empty page would
-   otherwise be asked in a loop).
+   A cursor equal to the request's is not progress: back off. Nor is an empty page with a
+   new cursor, whatever its token says (a source that hands out a fresh token on every
+   empty page would otherwise be asked in a loop): when the source documents such tokens
+   (``advance``), the new cursor is adopted without moving the checkpoint's version;
+   otherwise it is not trusted (it might resume past events not yet visible) and the
+   request's cursor is kept. Either way the observer backs off as on a caught-up feed.
 
 Timestamp feeds (:func:`check_timestamp_page`, :func:`closable_through`): the checkpoint is
 the timestamp through which every event is known and final; the next query asks strictly
@@ -177,15 +178,18 @@ def cursor_barrier(
     applied_position: int | None,
     events: Sequence[FeedEvent],
     states: Mapping[str, ReceiptState],
+    *,
+    advance: bool,
 ) -> Promote | Advance | Blocked | Backoff:
-    """``states``: the receipts of the page's events after processing."""
+    """``states``: the receipts of the page's events after processing; ``advance``: the
+    source documents a new cursor on an empty page (else such a cursor is not adopted)."""
     open_ = [e.event_id for e in events if not _final(states.get(e.event_id))]
     if open_:
         return Blocked(open_)
     if next_cursor == request_cursor:
         return Backoff()
     if not events:
-        return Advance(next_cursor)
+        return Advance(next_cursor) if advance else Backoff()
     highest = max((e.order for e in events), default=None)
     if applied_position is not None and (highest is None or highest < applied_position):
         highest = applied_position

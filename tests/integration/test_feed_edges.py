@@ -40,14 +40,19 @@ class FreshTokens(ScriptedFeed):
         return CursorPage(events=[], next_cursor=f"T{len(self.asked)}")
 
 
+@pytest.mark.parametrize("documented", [True, False])
 async def test_empty_pages_with_a_fresh_token_each_back_off_and_never_climb_the_version(
     engine: AsyncEngine,
     store: SettlementStore,
     feed_store: FeedStore,
     clock: Clock,
     feed_name: str,
+    documented: bool,
 ) -> None:
-    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    """Documented (``empty-advance``), the newest token is kept; otherwise none is adopted
+    and the request's cursor is asked again. Either way: a backoff, and no new version."""
+    promises = frozenset({"no-backfill"} | ({"empty-advance"} if documented else set()))
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", promises)
     feed = FreshTokens(spec)
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     before = await feed_store.checkpoint(feed_name, "cursor")
@@ -60,9 +65,11 @@ async def test_empty_pages_with_a_fresh_token_each_back_off_and_never_climb_the_
     assert waits[:5] == [1.0, 2.0, 4.0, 8.0, 8.0] and min(waits) > 0
     after = await feed_store.checkpoint(feed_name, "cursor")
     assert after.version == before.version  # nothing was passed: no new version
-    assert after.resume_cursor == "T200"  # the newest token is the one kept
+    assert after.resume_cursor == ("T200" if documented else "")
     assert after.caught_up_at is not None
     assert len(feed.asked) == 200
+    asked = {cursor for cursor, _ in feed.asked}
+    assert asked == ({""} | {f"T{n}" for n in range(1, 200)} if documented else {""})
 
 
 class Served(ScriptedFeed):

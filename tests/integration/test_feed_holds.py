@@ -74,7 +74,8 @@ async def held_behind_the_checkpoint(
     """The issue's scenario: checkpoint C at 50; an overlap page serves x@40 about an
     operation not known yet (held); the overlap stops; the next fetch of C no longer has x,
     and the checkpoint moves to D. x is held behind the checkpoint."""
-    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    # a source whose empty pages may carry a new cursor (so the empty page below moves on)
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", frozenset({"empty-advance"}))
     await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C", applied_position=50)
     feed = ScriptedFeed(spec)
     feed.cursor_pages["C"] = CursorPage(

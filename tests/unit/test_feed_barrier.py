@@ -115,28 +115,39 @@ def test_one_event_id_twice_in_a_page_is_a_conflict_unless_it_is_the_same_event(
 def test_the_cursor_is_promoted_only_when_every_event_is_final() -> None:
     page = [ev("a", 104), ev("b", 106), ev("c", 107)]
     half = {"a": A, "b": IGN}
-    assert cursor_barrier("C7", "C8", 105, page, half) == Blocked(["c"])
+    assert cursor_barrier("C7", "C8", 105, page, half, advance=True) == Blocked(["c"])
     held = {**half, "c": H}
-    assert cursor_barrier("C7", "C8", 105, page, held) == Blocked(["c"])
+    assert cursor_barrier("C7", "C8", 105, page, held, advance=True) == Blocked(["c"])
     done = {**half, "c": Q}
-    assert cursor_barrier("C7", "C8", 105, page, done) == Promote("C8", 107)
+    assert cursor_barrier("C7", "C8", 105, page, done, advance=True) == Promote("C8", 107)
 
 
 def test_the_applied_position_never_moves_back() -> None:
-    assert cursor_barrier("C7", "C8", 105, [ev("a", 104)], {"a": A}) == Promote("C8", 105)
-    assert cursor_barrier("C7", "C8", 105, [ev("a", 103), ev("b", 105)], {"a": A, "b": A}) == (
-        Promote("C8", 105)
+    assert cursor_barrier("C7", "C8", 105, [ev("a", 104)], {"a": A}, advance=True) == Promote(
+        "C8", 105
     )
+    assert cursor_barrier(
+        "C7", "C8", 105, [ev("a", 103), ev("b", 105)], {"a": A, "b": A}, advance=True
+    ) == (Promote("C8", 105))
 
 
 def test_an_empty_page_with_a_new_cursor_is_adopted_but_is_not_progress() -> None:
-    assert cursor_barrier("C7", "C8", 105, [], {}) == Advance("C8")
-    assert cursor_barrier("", "C1", None, [], {}) == Advance("C1")
+    assert cursor_barrier("C7", "C8", 105, [], {}, advance=True) == Advance("C8")
+    assert cursor_barrier("", "C1", None, [], {}, advance=True) == Advance("C1")
+
+
+def test_a_new_cursor_on_an_empty_page_is_not_adopted_unless_the_source_documents_it() -> None:
+    assert cursor_barrier("C7", "C8", 105, [], {}, advance=False) == Backoff()
+    assert cursor_barrier("", "C1", None, [], {}, advance=False) == Backoff()
+    # a page with events is promoted whatever the source says of empty pages
+    assert cursor_barrier("C7", "C8", 105, [ev("a", 106)], {"a": A}, advance=False) == (
+        Promote("C8", 106)
+    )
 
 
 def test_the_request_cursor_coming_back_is_a_backoff() -> None:
-    assert cursor_barrier("C7", "C7", 105, [], {}) == Backoff()
-    assert cursor_barrier("C7", "C7", 105, [ev("a", 106)], {"a": A}) == Backoff()
+    assert cursor_barrier("C7", "C7", 105, [], {}, advance=True) == Backoff()
+    assert cursor_barrier("C7", "C7", 105, [ev("a", 106)], {"a": A}, advance=True) == Backoff()
 
 
 # -- timestamp feeds ---------------------------------------------------------------------------
@@ -249,7 +260,9 @@ class CursorFeedMachine(RuleBasedStateMachine):
             else:
                 self.receipts[event.event_id] = A
                 self.writes[event.event_id] = self.writes.get(event.event_id, 0) + 1
-        verdict = cursor_barrier(request, next_token, self.applied, page, dict(self.receipts))
+        verdict = cursor_barrier(
+            request, next_token, self.applied, page, dict(self.receipts), advance=True
+        )
         if isinstance(verdict, Promote):
             self.cursor = next_index
             self.applied = verdict.applied_position

@@ -28,6 +28,7 @@ def test_a_timestamp_feed_no_promise_names_is_taken_to_promise_its_order_only() 
 def test_declared_promises_are_the_ones_relied_on() -> None:
     assert specs("ts=watermark+short-page-end")["ts"] == {"watermark", "short-page-end"}
     assert specs("pay=no-backfill")["pay"] == {"no-backfill"}
+    assert specs("pay=empty-advance+no-backfill")["pay"] == {"no-backfill", "empty-advance"}
     assert specs(" ts=later-timestamp+watermark+short-page-end ")["ts"] == TIMESTAMP_PROMISES
 
 
@@ -38,6 +39,7 @@ def test_declared_promises_are_the_ones_relied_on() -> None:
         ("ts=short-page-end", "needs a finality proof"),
         ("pay=watermark", "unknown promise 'watermark' of a cursor feed"),
         ("ts=no-backfill+watermark", "unknown promise 'no-backfill' of a timestamp feed"),
+        ("ts=empty-advance+watermark", "unknown promise 'empty-advance' of a timestamp feed"),
         ("nope=watermark", "nope is not a feed"),
         ("ts", "is not name=promise"),
         ("ts=", "is not name=promise"),
