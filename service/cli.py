@@ -347,7 +347,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import time
 
-    from service.app.purger import Purged, Purger
+    from service.app.purger import Purged, Purger, feed_reach
     from service.app.sweeper import Sweeper
     from service.leases import LeaseManager, make_redis
     from service.store.db import make_engine
@@ -369,7 +369,10 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
             while sweeper.more:
                 total += await sweeper.run_once()
             retention = Retention(
-                default=settings.retention, tombstone=settings.tombstone_retention
+                default=settings.retention,
+                tombstone=settings.tombstone_retention,
+                feed_rows=settings.feed_retention,
+                feed_reach=feed_reach(settings.feed_specs(), settings.feed_audit_window),
             )
             purger = Purger(
                 RetentionStore(engine, retention),
@@ -382,6 +385,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
                 more = await purger.run_once()
                 purged.operations += more.operations
                 purged.tombstones += more.tombstones
+                purged.feed_rows += more.feed_rows
                 purged.more = more.more
             return total, purged
         finally:
@@ -394,6 +398,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     print(f"demoted {demoted} operation(s)")
     print(
         f"purged {purged.operations} expired operation(s), forgot {purged.tombstones} tombstone(s)"
+        f" and {purged.feed_rows} feed receipt(s) and alarm(s)"
     )
     return 0
 

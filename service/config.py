@@ -98,6 +98,11 @@ class Settings:
     tombstone_retention: float = _setting(
         2_592_000.0, "how long an expired key is remembered (410) before it is new again."
     )
+    feed_retention: float = _setting(
+        2_592_000.0,
+        "how long a final feed receipt no page can serve again, and a feed alarm not raised "
+        "again, are kept.",
+    )
     db_connect_timeout: float = _setting(
         5.0, "a database that does not accept a connection by then is reported down."
     )
@@ -211,6 +216,7 @@ class Settings:
             "late_response_window",
             "retention",
             "tombstone_retention",
+            "feed_retention",
             "feed_unknown_grace",
             "feed_audit_window",
         ):
@@ -410,6 +416,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "late_response_window": _seconds,
     "retention": _seconds,
     "tombstone_retention": _seconds,
+    "feed_retention": _seconds,
     "db_connect_timeout": _seconds,
     "db_statement_timeout": _seconds,
     "db_lock_timeout": _seconds,

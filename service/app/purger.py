@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from service.config import FeedSpec
 from service.store.retention import RetentionStore
 from service.store.rows import at
 from service.telemetry import Metrics
 
-__all__ = ["PURGE_BATCH", "Purged", "Purger"]
+__all__ = ["PURGE_BATCH", "Purged", "Purger", "feed_reach"]
 
 log = logging.getLogger("settlement.purger")
 
@@ -28,12 +29,27 @@ PURGE_BATCH = 500
 MAX_BATCHES_PER_PASS = 200
 
 
+def feed_reach(specs: Sequence[FeedSpec], audit_window: float) -> dict[str, int]:
+    """The feeds whose final receipts may be purged, each with how far behind its checkpoint
+    its pages still reach: a timestamp feed's audit window; 0 for a cursor feed whose source
+    promises no-backfill. A cursor feed that may backfill is read again from its start, so
+    none of its receipts is ever out of reach (it is not listed)."""
+    reach: dict[str, int] = {}
+    for spec in specs:
+        if spec.kind == "timestamp":
+            reach[spec.name] = int(audit_window)
+        elif "no-backfill" in spec.promises:
+            reach[spec.name] = 0
+    return reach
+
+
 class Purged:
     """What one pass did."""
 
     def __init__(self) -> None:
         self.operations = 0
         self.tombstones = 0
+        self.feed_rows = 0
         self.more = False
 
 
@@ -71,17 +87,30 @@ class Purger:
                 break
         else:
             done.more = True
+        for _ in range(max_batches):
+            page = await self._store.forget_feed_rows(self._batch, at(self._clock()))
+            done.feed_rows += page.purged
+            if not page.full:
+                break
+        else:
+            done.more = True
         if done.operations:
             self._metrics.inc("settlement_purged_operations_total", done.operations)
         if done.tombstones:
             self._metrics.inc("settlement_forgotten_tombstones_total", done.tombstones)
+        if done.feed_rows:
+            self._metrics.inc("settlement_forgotten_feed_rows_total", done.feed_rows)
         oldest = await self._store.oldest_open()
         age = 0.0 if oldest is None else max(0.0, self._clock() - oldest.timestamp())
         self._metrics.set("settlement_oldest_open_operation_age_seconds", age)
-        if done.operations or done.tombstones:
+        if done.operations or done.tombstones or done.feed_rows:
             log.info(
                 "retention purge",
-                extra={"purged_operations": done.operations, "forgot_tombstones": done.tombstones},
+                extra={
+                    "purged_operations": done.operations,
+                    "forgot_tombstones": done.tombstones,
+                    "forgot_feed_rows": done.feed_rows,
+                },
             )
         return done
 

@@ -24,7 +24,7 @@ from service.app.feed_events import FeedEvents
 from service.app.feeds import FeedAdmin
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
-from service.app.purger import Purger
+from service.app.purger import Purger, feed_reach
 from service.app.requests import IdempotentRequests
 from service.app.routes import ACCOUNTS, TRANSFERS, payouts
 from service.app.status import StatusQueries
@@ -84,6 +84,8 @@ class Settlement:
             default=settings.retention,
             tombstone=settings.tombstone_retention,
             routes={r: s.retention for r, s in self.routes.items() if s.retention is not None},
+            feed_rows=settings.feed_retention,
+            feed_reach=feed_reach(settings.feed_specs(), settings.feed_audit_window),
         )
         self.store = SettlementStore(
             engine,

@@ -9,7 +9,20 @@
   ``FOR UPDATE SKIP LOCKED``: a row another transaction holds (a settlement, a supersede) is
   left for a later pass, and any number of processes can purge at once.
 * :meth:`RetentionStore.forget`: one bounded batch of tombstones past their retention is
-  deleted; the key is new again.
+  deleted, with the observations written about their operation after its purge (a feed
+  event or an observer's evidence arriving for an expired operation, each quarantined
+  ``operation-expired``); the key is new again.
+* :meth:`RetentionStore.forget_feed_rows`: one bounded batch of a feed's final receipts that
+  no page can serve again, and of alarms not raised again, past ``Retention.feed_rows``.
+  A receipt is kept while its event may still be served to its observer: a timestamp feed's
+  main pages ask strictly after the closed timestamp and its audit reads back the audit
+  window, so a receipt whose timestamp is more than the window behind the closed timestamp
+  is out of every page's reach; a cursor feed whose source promises ``no-backfill`` asks
+  only after its checkpoint, so a receipt at or below the applied position is out of reach;
+  a cursor feed that may backfill is read again from its start, so its receipts are kept.
+  Only an overlap page repeats an event behind that reach; one whose receipt is gone is
+  decided again like any late event (alarmed; its operation's settled or expired outcome
+  makes it a replay or a quarantine), never a second effect. Holds are never purged.
 
 ``in_progress``, ``unknown`` and ``conflict`` operations are never purged: the statement
 selects only ``completed`` and ``failed`` rows.
@@ -34,11 +47,16 @@ __all__ = ["PurgePage", "Retention", "RetentionStore", "Tombstone"]
 
 class Retention(msgspec.Struct, frozen=True):
     """Seconds a terminal result is kept (``default``, or its route's own), and seconds a
-    tombstone is kept after that."""
+    tombstone is kept after that; seconds a feed's final receipt out of every page's reach
+    (and an alarm not raised again) is kept, and per feed whose receipts may go, how far
+    behind its checkpoint its pages still reach (timestamp feeds: the audit window in
+    seconds; cursor feeds that promise no-backfill: 0)."""
 
     default: float
     tombstone: float
     routes: Mapping[str, float] = msgspec.field(default_factory=dict)
+    feed_rows: float = 2_592_000.0
+    feed_reach: Mapping[str, int] = msgspec.field(default_factory=dict)
 
     def of(self, route: str) -> float:
         return self.routes.get(route, self.default)
@@ -110,6 +128,50 @@ WITH doomed AS (
     DELETE FROM tombstones t USING doomed d
      WHERE (t.tenant, t.principal_id, t.route, t.idempotency_key)
          = (d.tenant, d.principal_id, d.route, d.idempotency_key)
+    RETURNING t.operation_id
+), unobserved AS (
+    DELETE FROM observations o USING gone
+     WHERE o.operation_id = gone.operation_id
+       AND NOT EXISTS (SELECT 1 FROM operations WHERE id = gone.operation_id)
+)
+SELECT count(*) FROM gone
+"""
+)
+
+_FORGET_RECEIPTS = text(
+    """
+WITH reach AS (
+    SELECT * FROM unnest(CAST(:names AS text[]), CAST(:reach AS bigint[])) AS f(name, reach)
+), floors AS (
+    SELECT c.name,
+           CASE c.kind WHEN 'timestamp' THEN c.closed_through_timestamp - reach.reach
+                       ELSE c.applied_position + 1 END AS floor
+      FROM feed_checkpoints c JOIN reach ON reach.name = c.name
+), doomed AS (
+    SELECT r.feed, r.event_id
+      FROM feed_receipts r JOIN floors ON floors.name = r.feed
+     WHERE r.event_order < floors.floor AND r.state <> 'held' AND r.decided_at <= :cutoff
+     LIMIT :batch
+     FOR UPDATE OF r SKIP LOCKED
+), gone AS (
+    DELETE FROM feed_receipts r USING doomed d
+     WHERE (r.feed, r.event_id) = (d.feed, d.event_id)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+)
+
+_FORGET_ALARMS = text(
+    """
+WITH doomed AS (
+    SELECT feed, kind, event_id FROM feed_alarms
+     WHERE last_at <= :cutoff
+     LIMIT :batch
+     FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM feed_alarms a USING doomed d
+     WHERE (a.feed, a.kind, a.event_id) = (d.feed, d.kind, d.event_id)
     RETURNING 1
 )
 SELECT count(*) FROM gone
@@ -151,6 +213,26 @@ class RetentionStore:
         async with self._engine.begin() as conn:
             forgotten = (await conn.execute(_FORGET, {"now": now, "batch": batch})).scalar_one()
         return PurgePage(purged=int(forgotten), full=forgotten >= batch)
+
+    async def forget_feed_rows(self, batch: int, now: datetime) -> PurgePage:
+        """Delete up to ``batch`` final feed receipts out of every page's reach and up to
+        ``batch`` alarms, each past ``feed_rows``, in one transaction."""
+        cutoff = now - timedelta(seconds=self.retention.feed_rows)
+        names = sorted(self.retention.feed_reach)
+        reach = [self.retention.feed_reach[name] for name in names]
+        async with self._engine.begin() as conn:
+            receipts = (
+                await conn.execute(
+                    _FORGET_RECEIPTS,
+                    {"names": names, "reach": reach, "cutoff": cutoff, "batch": batch},
+                )
+            ).scalar_one()
+            alarms = (
+                await conn.execute(_FORGET_ALARMS, {"cutoff": cutoff, "batch": batch})
+            ).scalar_one()
+        return PurgePage(
+            purged=int(receipts) + int(alarms), full=receipts >= batch or alarms >= batch
+        )
 
     async def oldest_open(self) -> datetime | None:
         """When the oldest operation that is not settled for good (in_progress, unknown,

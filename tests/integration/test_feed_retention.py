@@ -1,0 +1,205 @@
+"""Retention of the feeds' own rows against real PostgreSQL (service/store/retention.py,
+service/app/purger.py): final receipts out of every page's reach and alarms not raised
+again go after ``feed_rows``; holds, receipts a page may still serve, and every receipt of
+a cursor feed that may backfill stay; observations written about an expired operation go
+with its tombstone."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.app.purger import Purger, feed_reach
+from service.config import FeedSpec
+from service.store.retention import Retention, RetentionStore
+from service.store.rows import at
+from service.store.tables import feed_alarms, feed_receipts, observations, tombstones
+from service.telemetry import Metrics
+from tests.integration.factories import Clock
+from tests.integration.test_feed_observer import set_checkpoint
+
+pytestmark = pytest.mark.integration
+
+DAY = 86_400.0
+KEEP = 30 * DAY  # feed_rows
+WINDOW = 300  # the timestamp feed's audit window
+
+
+def retention(**reach: int) -> Retention:
+    return Retention(default=60.0, tombstone=600.0, feed_rows=KEEP, feed_reach=reach)
+
+
+def purger(engine: AsyncEngine, clock: Clock, policy: Retention, batch: int = 500) -> Purger:
+    store = RetentionStore(engine, policy)
+    return Purger(store, Metrics(), interval=1.0, clock=clock, batch=batch)
+
+
+async def receipt(
+    engine: AsyncEngine, feed: str, event_id: str, order: int, state: str, age: float, clock: Clock
+) -> None:
+    """A receipt decided ``age`` seconds before the clock's now."""
+    decided = at(clock() - age)
+    async with engine.begin() as conn:
+        await conn.execute(
+            feed_receipts.insert().values(
+                feed=feed,
+                event_id=event_id,
+                event_order=order,
+                state=state,
+                reason="test",
+                first_seen_at=decided,
+                decided_at=decided,
+            )
+        )
+
+
+async def kept(engine: AsyncEngine, feed: str) -> set[str]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(feed_receipts.c.event_id).where(feed_receipts.c.feed == feed)
+        )
+        return {row.event_id for row in found}
+
+
+async def test_a_timestamp_feeds_receipts_go_once_behind_its_audit_window_and_old(
+    engine: AsyncEngine, clock: Clock, feed_name: str
+) -> None:
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=10_000)
+    old = KEEP + 1
+    await receipt(engine, feed_name, "gone", 10_000 - WINDOW - 1, "applied", old, clock)
+    await receipt(engine, feed_name, "quarantined", 5, "quarantined", old, clock)
+    await receipt(engine, feed_name, "audited", 10_000 - WINDOW, "applied", old, clock)
+    await receipt(engine, feed_name, "recent", 10, "ignored", KEEP - 60, clock)
+    await receipt(engine, feed_name, "held", 1, "held", old, clock)
+
+    done = await purger(engine, clock, retention(**{feed_name: WINDOW})).run_once()
+
+    assert done.feed_rows == 2
+    # the audit still reads "audited"; "recent" is young; a hold is never purged
+    assert await kept(engine, feed_name) == {"audited", "recent", "held"}
+
+
+@pytest.mark.parametrize("no_backfill", [True, False])
+async def test_a_cursor_feeds_receipts_go_behind_its_checkpoint_only_if_it_never_backfills(
+    engine: AsyncEngine, clock: Clock, feed_name: str, no_backfill: bool
+) -> None:
+    await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C", applied_position=50)
+    old = KEEP + 1
+    await receipt(engine, feed_name, "behind", 40, "applied", old, clock)
+    await receipt(engine, feed_name, "at", 50, "quarantined", old, clock)
+    await receipt(engine, feed_name, "ahead", 60, "applied", old, clock)  # a page may hold it
+    spec = FeedSpec(
+        feed_name, "cursor", "http://f.invalid/c", frozenset({"no-backfill"} if no_backfill else ())
+    )
+    reach = feed_reach([spec], WINDOW)
+
+    await purger(engine, clock, retention(**reach)).run_once()
+
+    # a feed that may backfill is read again from its start: every receipt is in reach
+    expected = {"ahead"} if no_backfill else {"behind", "at", "ahead"}
+    assert await kept(engine, feed_name) == expected
+
+
+async def test_receipts_of_a_feed_this_process_does_not_observe_stay(
+    engine: AsyncEngine, clock: Clock, feed_name: str
+) -> None:
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=10_000)
+    await receipt(engine, feed_name, "old", 1, "applied", KEEP + 1, clock)
+
+    await purger(engine, clock, retention(other=WINDOW)).run_once()
+
+    assert await kept(engine, feed_name) == {"old"}
+
+
+async def test_feed_purges_run_in_bounded_batches(
+    engine: AsyncEngine, clock: Clock, feed_name: str
+) -> None:
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=10_000)
+    for n in range(7):
+        await receipt(engine, feed_name, f"e{n}", n, "applied", KEEP + 1, clock)
+    store = RetentionStore(engine, retention(**{feed_name: WINDOW}))
+
+    first = await store.forget_feed_rows(3, at(clock()))
+
+    assert (first.purged, first.full) == (3, True)
+    assert len(await kept(engine, feed_name)) == 4
+    done = await purger(engine, clock, retention(**{feed_name: WINDOW}), batch=3).run_once()
+    assert done.feed_rows == 4 and not await kept(engine, feed_name)
+
+
+async def test_alarms_go_once_they_have_not_been_raised_again_for_the_retention(
+    engine: AsyncEngine, clock: Clock, feed_name: str
+) -> None:
+    async with engine.begin() as conn:
+        for event_id, age in (("stale", KEEP + 1), ("raised-lately", KEEP - 60)):
+            when = at(clock() - age)
+            await conn.execute(
+                feed_alarms.insert().values(
+                    feed=feed_name,
+                    kind="late-event",
+                    event_id=event_id,
+                    detail="test",
+                    first_at=at(clock() - 2 * KEEP),
+                    last_at=when,
+                )
+            )
+
+    await purger(engine, clock, retention()).run_once()
+
+    async with engine.connect() as conn:
+        left = await conn.execute(
+            select(feed_alarms.c.event_id).where(feed_alarms.c.feed == feed_name)
+        )
+        assert {row.event_id for row in left} == {"raised-lately"}
+
+
+async def test_observations_of_an_expired_operation_go_with_its_tombstone(
+    engine: AsyncEngine, clock: Clock, principal_id: uuid.UUID
+) -> None:
+    """A feed event for an operation already purged is quarantined operation-expired and
+    recorded as an observation; when the tombstone is forgotten, so is it. Another
+    operation's observations stay."""
+    expired, other = uuid.uuid4(), uuid.uuid4()
+    async with engine.begin() as conn:
+        await conn.execute(
+            tombstones.insert().values(
+                tenant="acme",
+                principal_id=principal_id,
+                route="POST /v1/payouts",
+                idempotency_key=uuid.uuid4().hex,
+                operation_id=expired,
+                request_fingerprint="0" * 64,
+                final_state="completed",
+                expired_at=at(clock() - 700),
+                forget_at=at(clock() - 1),
+            )
+        )
+        for operation_id in (expired, expired, other):
+            await conn.execute(observations.insert().values(**_quarantined(operation_id)))
+
+    done = await purger(engine, clock, retention()).run_once()
+
+    assert done.tombstones >= 1
+    async with engine.connect() as conn:
+        left = await conn.execute(
+            select(observations.c.operation_id).where(
+                observations.c.operation_id.in_([expired, other])
+            )
+        )
+        assert [row.operation_id for row in left] == [other]
+
+
+def _quarantined(operation_id: uuid.UUID) -> dict[str, Any]:
+    return {
+        "operation_id": operation_id,
+        "source": "feed",
+        "kind": "completed",
+        "verified": True,
+        "stage": "A",
+        "disposition": "quarantined",
+        "reason": "operation-expired",
+    }
