@@ -13,9 +13,10 @@ from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
 from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
+from service.store.keyset import BadCursor
 from service.store.principals import Principal
 
-__all__ = ["FeedAdmin", "FeedView", "HoldAction", "HoldDecided"]
+__all__ = ["FeedAdmin", "FeedView", "HoldAction", "HoldDecided", "HoldPage"]
 
 
 class HoldAction(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -73,6 +74,15 @@ class FeedList(msgspec.Struct):
     items: list[FeedView]
 
 
+class HoldPage(msgspec.Struct):
+    """Every open hold of a feed, a page at a time, oldest first."""
+
+    items: list[HoldView]
+    open_holds: int
+    next: str | None
+    """the ``after`` of the next page (None: this is the last)"""
+
+
 class HoldDecided(msgspec.Struct):
     feed: str
     event_id: str
@@ -112,10 +122,28 @@ class FeedAdmin:
             return _forbidden()
         if not FEED_NAME.match(name):
             return Problem("not-found", f"no feed {name[:64]!r}")
-        found = {c.name: c for c in await self._store.checkpoints()}.get(name)
+        found = await self._checkpoint(name)
         if found is None and name not in self._specs:
             return Problem("not-found", f"no feed {name!r}")
         return await self._view(name, found)
+
+    async def holds(
+        self, admin: Principal, name: str, limit: int, after: str | None
+    ) -> HoldPage | Problem:
+        if not admin.all_tenants:
+            return _forbidden()
+        if not FEED_NAME.match(name):
+            return Problem("not-found", f"no feed {name[:64]!r}")
+        if name not in self._specs and await self._checkpoint(name) is None:
+            return Problem("not-found", f"no feed {name!r}")
+        try:
+            held, open_holds, following = await self._store.holds(name, limit, after)
+        except BadCursor as exc:
+            return Problem("validation-error", f"after: {exc}")
+        return HoldPage([_hold(r) for r in held], open_holds, following)
+
+    async def _checkpoint(self, name: str) -> Checkpoint | None:
+        return {c.name: c for c in await self._store.checkpoints()}.get(name)
 
     async def decide(
         self, admin: Principal, name: str, event_id: str, body: HoldAction
@@ -183,7 +211,7 @@ class FeedAdmin:
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
         spec = self._specs.get(name)
         kind = checkpoint.kind if checkpoint is not None else spec.kind if spec else "cursor"
-        holds, open_holds = await self._store.holds(name)
+        holds, open_holds, _ = await self._store.holds(name)
         view = FeedView(
             name=name,
             kind=kind,

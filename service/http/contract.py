@@ -26,7 +26,7 @@ from service.app.admin import (
 from service.app.answers import ProblemDocument
 from service.app.effects import BUSINESS_FAILURES, PROBLEM_CONTENT_TYPE
 from service.app.evidence import Accepted
-from service.app.feeds import FeedList, FeedView, HoldAction, HoldDecided
+from service.app.feeds import FeedList, FeedView, HoldAction, HoldDecided, HoldPage
 from service.domain.currencies import ISO_4217
 from service.domain.ledger import Account, AccountRequest, Transfer, TransferRequest
 from service.domain.payouts import PayoutRequest
@@ -139,6 +139,7 @@ OPERATIONS: dict[str, RouteDoc] = {
     "listWork": RouteDoc(200, WorkPage, (*_AUTH, "validation-error", *_ALWAYS)),
     "listFeeds": RouteDoc(200, FeedList, (*_AUTH, *_ALWAYS)),
     "getFeed": RouteDoc(200, FeedView, (*_AUTH, "validation-error", "not-found", *_ALWAYS)),
+    "listFeedHolds": RouteDoc(200, HoldPage, (*_AUTH, "validation-error", "not-found", *_ALWAYS)),
     "decideFeedHold": RouteDoc(
         200, HoldDecided, (*_AUTH, *_BODY, "not-found", *_ALWAYS), HoldAction
     ),

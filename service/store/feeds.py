@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core import Observation
 from service.core.feed import ReceiptState, Seen
+from service.store import keyset
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
 from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts, operations
@@ -247,21 +248,26 @@ class FeedStore:
             )
         return None if row is None else _receipt(row)
 
-    async def holds(self, feed: str, limit: int = HOLDS_SHOWN) -> tuple[list[Receipt], int]:
-        """The feed's open holds, oldest first (at most ``limit``), and how many there are."""
+    async def holds(
+        self, feed: str, limit: int = HOLDS_SHOWN, after: str | None = None
+    ) -> tuple[list[Receipt], int, str | None]:
+        """The feed's open holds, oldest first (at most ``limit``, strictly after the keyset
+        cursor ``after``: BadCursor when it is not one), how many there are in all, and the
+        cursor of the next page (None: this is the last)."""
         r = feed_receipts.c
+        stmt = select(*_WITH_AGE).where(r.feed == feed, r.state == "held")
+        if after is not None:
+            seen, event_id = keyset.decode(after)
+            stmt = stmt.where(keyset.after(r.first_seen_at, r.event_id, seen, event_id))
         async with self._reader.connect() as conn:
             rows = (
-                await conn.execute(
-                    select(*_WITH_AGE)
-                    .where(r.feed == feed, r.state == "held")
-                    .order_by(r.first_seen_at, r.event_id)
-                    .limit(limit)
-                )
+                await conn.execute(stmt.order_by(r.first_seen_at, r.event_id).limit(limit + 1))
             ).mappings()
             shown = [_receipt(row) for row in rows]
             total = await conn.scalar(select(func.count()).where(r.feed == feed, r.state == "held"))
-        return shown, int(total or 0)
+        last = shown[limit - 1] if len(shown) > limit else None
+        following = None if last is None else keyset.encode(last.first_seen_at, last.event_id)
+        return shown[:limit], int(total or 0), following
 
     async def due_holds(self, feed: str, limit: int) -> list[Receipt]:
         """Holds to decide again on their own: those waiting for an operation (not those

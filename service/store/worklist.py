@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import base64
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 
 import msgspec
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.store import keyset
+from service.store.keyset import BadCursor
 from service.store.tables import operations
 
 __all__ = ["BadCursor", "WorkItem", "WorkPage", "list_operations"]
-
-
-class BadCursor(ValueError):
-    status_hint = 400
 
 
 class WorkItem(msgspec.Struct):
@@ -32,31 +29,16 @@ class WorkItem(msgspec.Struct):
     updated_at: datetime
 
 
-# A cursor's timestamp is a row's created_at: anything outside these is not one of ours.
-CURSOR_EARLIEST = datetime(2000, 1, 1, tzinfo=UTC)
-CURSOR_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
-
-
 class WorkPage(msgspec.Struct):
     items: list[WorkItem]
     next: str | None
 
 
-def _cursor(item: WorkItem) -> str:
-    raw = f"{item.created_at.isoformat()}|{item.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode()
-
-
 def _parse(cursor: str) -> tuple[datetime, uuid.UUID]:
-    """A cursor this module made: an aware timestamp PostgreSQL can hold, and an id."""
+    created, ident = keyset.decode(cursor)
     try:
-        created, ident = base64.urlsafe_b64decode(cursor.encode()).decode().split("|")
-        moment = datetime.fromisoformat(created)
-        if moment.tzinfo is None or not CURSOR_EARLIEST <= moment <= CURSOR_LATEST:
-            raise ValueError("timestamp out of range")
-        # PostgreSQL compares in UTC; an odd offset (+23:59) must not reach the driver
-        return moment.astimezone(UTC), uuid.UUID(ident)
-    except (ValueError, UnicodeDecodeError, OverflowError) as exc:
+        return created, uuid.UUID(ident)
+    except ValueError as exc:
         raise BadCursor("malformed cursor") from exc
 
 
@@ -69,12 +51,7 @@ async def list_operations(
         stmt = stmt.where(operations.c.tenant == tenant)
     if after is not None:
         created, ident = _parse(after)
-        stmt = stmt.where(
-            or_(
-                operations.c.created_at > created,
-                and_(operations.c.created_at == created, operations.c.id > ident),
-            )
-        )
+        stmt = stmt.where(keyset.after(operations.c.created_at, operations.c.id, created, ident))
     stmt = stmt.order_by(operations.c.created_at, operations.c.id).limit(limit + 1)
     async with engine.connect() as conn:
         rows = (await conn.execute(stmt)).all()
@@ -93,4 +70,7 @@ async def list_operations(
         )
         for r in rows[:limit]
     ]
-    return WorkPage(items=items, next=_cursor(items[-1]) if len(rows) > limit else None)
+    last = items[-1] if len(rows) > limit else None
+    return WorkPage(
+        items=items, next=None if last is None else keyset.encode(last.created_at, str(last.id))
+    )

@@ -97,6 +97,51 @@ def test_an_operator_quarantines_a_held_event_once_and_a_retry_never_deletes_one
     assert refused.status_code == 403
 
 
+def test_every_open_hold_can_be_paged_through_oldest_first(
+    server: ServerProcess, app_database: str
+) -> None:
+    """More holds than a page: each comes once, oldest first (ties by event id, whatever
+    characters it has); a cursor that is not one of ours is a 400 problem."""
+    base = server.base_url
+    feed = "paged-" + uuid.uuid4().hex[:8]
+    execute(
+        app_database, "INSERT INTO feed_checkpoints (name, kind) VALUES (:n, 'timestamp')", n=feed
+    )
+    expected = [f"e{n}|x" for n in range(7)]
+    for n, event_id in enumerate(expected):
+        execute(
+            app_database,
+            "INSERT INTO feed_receipts (feed, event_id, event_order, state, reason, "
+            "first_seen_at, decided_at) VALUES (:f, :e, 1, 'held', 'unknown-operation', "
+            "timestamp '2026-01-01 00:00:00+00' + make_interval(secs => :s), now())",
+            f=feed,
+            e=event_id,
+            s=n // 2,  # two holds per moment: the event id breaks the tie
+        )
+    url = f"{base}/admin/v1/feeds/{feed}/holds"
+    seen: list[str] = []
+    after: str | None = None
+    for _ in range(5):
+        params = {"limit": "3"} | ({"after": after} if after else {})
+        page = httpx.get(url, params=params, headers=auth(ADMIN_KEY))
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert body["open_holds"] == 7
+        seen += [h["event_id"] for h in body["items"]]
+        after = body["next"]
+        if after is None:
+            break
+    assert seen == expected
+    for bad in ({"after": "bm90IG91cnM="}, {"after": "%%%"}, {"limit": "0"}, {"limit": "501"}):
+        refused = httpx.get(url, params=bad, headers=auth(ADMIN_KEY))
+        assert refused.status_code == 400, (bad, refused.text)
+        assert refused.headers["content-type"] == "application/problem+json"
+    missing = httpx.get(f"{base}/admin/v1/feeds/nope-{feed}/holds", headers=auth(ADMIN_KEY))
+    assert missing.status_code == 404
+    tenant_admin = new_principal(base, role="admin")["api_key"]
+    assert httpx.get(url, headers=auth(tenant_admin)).status_code == 403
+
+
 def test_metrics_show_the_feeds_figures(server: ServerProcess, app_database: str) -> None:
     hold(app_database, "held-m")
     text = httpx.get(f"{server.base_url}/metrics").text

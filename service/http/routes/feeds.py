@@ -15,10 +15,12 @@ from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
 from service.store.principals import Role
 
-__all__ = ["decide_hold", "get_feed", "list_feeds"]
+__all__ = ["decide_hold", "get_feed", "list_feeds", "list_holds"]
 
 FeedName = Annotated[str, Parameter(max_length=64)]
 EventId = Annotated[str, Parameter(max_length=255)]
+# Largest page of a feed's holds.
+MAX_HOLDS_PAGE = 500
 
 
 @get(
@@ -39,6 +41,24 @@ async def get_feed(
     admin = await authenticate(request, settlement.principals)
     require_role(admin, Role.ADMIN)
     return render_json_or_problem(await settlement.feed_admin.show(admin, name))
+
+
+@get(
+    "/admin/v1/feeds/{name:str}/holds",
+    operation_id="listFeedHolds",
+    summary="Every open hold of a feed, oldest first, a page at a time (admin)",
+)
+async def list_holds(
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    name: FeedName,
+    limit: Annotated[int, Parameter(ge=1, le=MAX_HOLDS_PAGE)] = 100,
+    after: Annotated[str | None, Parameter(max_length=512)] = None,
+) -> Response[bytes]:
+    """``limit`` and ``after`` are checked (400) by their declared types."""
+    admin = await authenticate(request, settlement.principals)
+    require_role(admin, Role.ADMIN)
+    return render_json_or_problem(await settlement.feed_admin.holds(admin, name, limit, after))
 
 
 @post(
