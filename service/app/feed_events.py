@@ -197,12 +197,15 @@ class FeedEvents:
         )
         return ReceiptState(receipt.state)
 
-    async def alarm(self, feed: str, kind: str, event_id: str, detail: str) -> None:
+    async def alarm(
+        self, feed: str, kind: str, event_id: str, detail: str, order: int | None = None
+    ) -> None:
+        """``order``: where the page served the event (kept for an operator's review)."""
         log.error(
             "feed alarm",
             extra={"feed": feed, "alarm": kind, "event_id": event_id, "detail": detail},
         )
-        await self._feeds.alarm(feed, kind, event_id, detail, at(self._clock()))
+        await self._feeds.alarm(feed, kind, event_id, detail, at(self._clock()), order)
 
 
 def served_again(held: Receipt) -> RawEvent | None:

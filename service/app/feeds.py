@@ -3,6 +3,7 @@ on held events. Feeds span tenants, so only an all-tenant admin may read or act 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
@@ -16,7 +17,17 @@ from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
 from service.store.keyset import BadCursor
 from service.store.principals import Principal
 
-__all__ = ["FeedAdmin", "FeedView", "HoldAction", "HoldDecided", "HoldPage"]
+__all__ = [
+    "ConflictAccepted",
+    "ConflictAction",
+    "FeedAdmin",
+    "FeedView",
+    "HoldAction",
+    "HoldDecided",
+    "HoldPage",
+]
+
+log = logging.getLogger("settlement.feeds")
 
 
 class HoldAction(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -81,6 +92,18 @@ class HoldPage(msgspec.Struct):
     open_holds: int
     next: str | None
     """the ``after`` of the next page (None: this is the last)"""
+
+
+class ConflictAction(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    action: Literal["accept"]
+
+
+class ConflictAccepted(msgspec.Struct):
+    feed: str
+    event_id: str
+    unpinned: list[str]
+    """the events whose receipts no longer hold their place and content against the feed
+    (their outcomes stay)"""
 
 
 class HoldDecided(msgspec.Struct):
@@ -173,6 +196,33 @@ class FeedAdmin:
             datetime.fromtimestamp(self._clock(), UTC),
         )
         return HoldDecided(feed=name, event_id=event_id, action="quarantine", state=decided.state)
+
+    async def accept_conflict(
+        self, admin: Principal, name: str, event_id: str, body: ConflictAction
+    ) -> ConflictAccepted | Problem:
+        """After review, take the feed's account of an event whose identity conflicted with
+        the receipts: the receipts involved are unpinned (outcomes stay), so the page that
+        stopped the feed passes; the alarm stays as ``conflict-accepted``."""
+        if not admin.all_tenants:
+            return _forbidden()
+        if not FEED_NAME.match(name) or "\x00" in event_id:
+            return Problem("not-found", f"no conflicting identity on feed {name[:64]!r}")
+        accepted = await self._store.accept_conflict(
+            name, event_id, datetime.fromtimestamp(self._clock(), UTC)
+        )
+        if accepted is None:
+            return Problem("not-found", f"no conflicting identity {event_id!r} on feed {name!r}")
+        log.warning(
+            "feed conflicting identity accepted by an operator",
+            extra={
+                "feed": name,
+                "event_id": event_id,
+                "admin": str(admin.id),
+                "unpinned": accepted.unpinned,
+                "action": body.action,
+            },
+        )
+        return ConflictAccepted(feed=name, event_id=event_id, unpinned=accepted.unpinned)
 
     async def metrics(self) -> str:
         """The feeds' figures in the Prometheus text format, read from the database: the same

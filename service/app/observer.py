@@ -269,7 +269,9 @@ class FeedObserver:
         owners = await self._feeds.owners(name, [e.order for e in events])
         checked = check_cursor_page(applied, events, seen, owners)
         if isinstance(checked, Stop):
-            await self._alarm(checked.kind, checked.event_id, f"reconciliation: {checked.detail}")
+            await self._alarm(
+                checked.kind, checked.event_id, f"reconciliation: {checked.detail}", checked.order
+            )
             self._reconcile_cursor = None
             return
         alarms = [
@@ -360,7 +362,9 @@ class FeedObserver:
         seen = await self._feeds.seen(self.spec.name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
-            await self._alarm(checked.kind, checked.event_id, f"audit: {checked.detail}")
+            await self._alarm(
+                checked.kind, checked.event_id, f"audit: {checked.detail}", checked.order
+            )
             self._audit_after = None
             return
         alarms = [
@@ -429,11 +433,11 @@ class FeedObserver:
     # -- alarms -------------------------------------------------------------------------------
 
     async def _stopped(self, stop: Stop, events: int) -> Page:
-        await self._alarm(stop.kind, stop.event_id, stop.detail)
+        await self._alarm(stop.kind, stop.event_id, stop.detail, stop.order)
         return Page(PageResult.STOPPED, events)
 
-    async def _alarm(self, kind: str, event_id: str, detail: str) -> None:
-        await self._events.alarm(self.spec.name, kind, event_id, detail)
+    async def _alarm(self, kind: str, event_id: str, detail: str, order: int | None = None) -> None:
+        await self._events.alarm(self.spec.name, kind, event_id, detail, order)
 
 
 def _digest(event: RawEvent) -> str:

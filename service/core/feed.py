@@ -9,7 +9,9 @@ Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
 
 1. A page's positions must strictly increase, and an event identity keeps its position and
    its content, across pages and within one: a page that breaks either (a regression, a
-   conflicting identity) stops the attempt; the checkpoint stays.
+   conflicting identity) stops the attempt; the checkpoint stays. An operator who reviewed a
+   conflicting identity may accept it: the receipts involved are unpinned (their outcome
+   stays; their place and content are no longer held against the feed) and the page passes.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
 3. The returned cursor is promoted only when every event of the page has a final receipt.
@@ -76,19 +78,25 @@ class FeedEvent(msgspec.Struct, frozen=True):
 
 class Seen(msgspec.Struct, frozen=True):
     """What the receipts say of an event already met: where it was, its state, and the
-    digest of its content when it was settled."""
+    digest of its content when it was settled. ``pinned`` False: an operator accepted a
+    conflicting identity of the event after review, so neither its place nor its content
+    is held against what the feed serves now (its outcome stays)."""
 
     order: int
     state: ReceiptState
     digest: str = ""
+    pinned: bool = True
 
 
 class Stop(msgspec.Struct, frozen=True):
-    """The page breaks the feed's contract: nothing is promoted; alarm ``kind``."""
+    """The page breaks the feed's contract: nothing is promoted; alarm ``kind``. ``order``:
+    where the page served the event (an operator accepting a conflicting identity unpins
+    the receipt that holds that place too)."""
 
     kind: str
     event_id: str
     detail: str
+    order: int | None = None
 
 
 class CursorCheck(msgspec.Struct, frozen=True):
@@ -125,17 +133,19 @@ def check_cursor_page(
         previous = event.order
         known = seen.get(event.event_id)
         owner = position_owners.get(event.order)
-        if known is not None and known.order != event.order:
+        if known is not None and known.pinned and known.order != event.order:
             return Stop(
                 "conflicting-identity",
                 event.event_id,
                 f"event seen at position {known.order}, now at {event.order}",
+                event.order,
             )
         if owner is not None and owner != event.event_id:
             return Stop(
                 "conflicting-identity",
                 event.event_id,
                 f"position {event.order} already holds event {owner}",
+                event.order,
             )
         if known is not None and known.state.final:
             changed = _changed(known, event)
@@ -223,11 +233,12 @@ def check_timestamp_page(
             )
         previous = event.order
         known = seen.get(event.event_id)
-        if known is not None and known.order != event.order:
+        if known is not None and known.pinned and known.order != event.order:
             return Stop(
                 "conflicting-identity",
                 event.event_id,
                 f"event seen at timestamp {known.order}, now at {event.order}",
+                event.order,
             )
         if known is not None and known.state.final:
             changed = _changed(known, event)
@@ -291,17 +302,25 @@ def _twice_in_page(in_page: dict[str, FeedEvent], event: FeedEvent) -> Stop | bo
             event.event_id,
             f"served twice in one page: at {first.order} and at {event.order}, "
             + ("with other content" if first.digest != event.digest else "with the same content"),
+            event.order,
         )
     return True
 
 
 def _changed(known: Seen, event: FeedEvent) -> Stop | None:
     """A final receipt's event served again with other content: a conflicting identity."""
-    if known.state.final and known.digest and event.digest and known.digest != event.digest:
+    if (
+        known.state.final
+        and known.pinned
+        and known.digest
+        and event.digest
+        and known.digest != event.digest
+    ):
         return Stop(
             "conflicting-identity",
             event.event_id,
             "event served again with other content than the one settled",
+            event.order,
         )
     return None
 

@@ -27,7 +27,13 @@ from service.http.routes.admin import (
     rotate_principal,
     supersede_operation,
 )
-from service.http.routes.feeds import decide_hold, get_feed, list_feeds, list_holds
+from service.http.routes.feeds import (
+    accept_conflict,
+    decide_hold,
+    get_feed,
+    list_feeds,
+    list_holds,
+)
 from service.http.routes.ledger import get_account, post_account, post_transfer
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
@@ -95,6 +101,7 @@ def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
             get_feed,
             list_holds,
             decide_hold,
+            accept_conflict,
         ],
         dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],

@@ -26,7 +26,15 @@ from service.app.admin import (
 from service.app.answers import ProblemDocument
 from service.app.effects import BUSINESS_FAILURES, PROBLEM_CONTENT_TYPE
 from service.app.evidence import Accepted
-from service.app.feeds import FeedList, FeedView, HoldAction, HoldDecided, HoldPage
+from service.app.feeds import (
+    ConflictAccepted,
+    ConflictAction,
+    FeedList,
+    FeedView,
+    HoldAction,
+    HoldDecided,
+    HoldPage,
+)
 from service.domain.currencies import ISO_4217
 from service.domain.ledger import Account, AccountRequest, Transfer, TransferRequest
 from service.domain.payouts import PayoutRequest
@@ -142,6 +150,9 @@ OPERATIONS: dict[str, RouteDoc] = {
     "listFeedHolds": RouteDoc(200, HoldPage, (*_AUTH, "validation-error", "not-found", *_ALWAYS)),
     "decideFeedHold": RouteDoc(
         200, HoldDecided, (*_AUTH, *_BODY, "not-found", *_ALWAYS), HoldAction
+    ),
+    "acceptFeedConflict": RouteDoc(
+        200, ConflictAccepted, (*_AUTH, *_BODY, "not-found", *_ALWAYS), ConflictAction
     ),
     "postObservation": RouteDoc(
         202, Accepted, (*_AUTH, *_BODY, "invalid-evidence", "not-found", *_ALWAYS), SignedEvidence

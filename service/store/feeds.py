@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -60,6 +60,8 @@ class Receipt(msgspec.Struct, frozen=True):
     evidence: bytes | None = None
     """the event's evidence as served, kept while the receipt is held"""
     signature: str | None = None
+    pinned: bool = True
+    """False once an operator accepted a conflicting identity of its event"""
     age: float = 0.0
     """seconds since the event was first seen, on the database's clock"""
 
@@ -72,6 +74,14 @@ class Alarm(msgspec.Struct, frozen=True):
     count: int
     first_at: datetime
     last_at: datetime
+    event_order: int | None = None
+    """where the page served the event (conflicting identities)"""
+
+
+class Accepted(msgspec.Struct, frozen=True):
+    """What accepting a conflicting identity did: the receipts it unpinned."""
+
+    unpinned: list[str]
 
 
 # (operation, observation, detail) -> the phase that settles it under the row lock; the phase
@@ -210,26 +220,30 @@ class FeedStore:
         r = feed_receipts.c
         async with self._reader.connect() as conn:
             rows = await conn.execute(
-                select(r.event_id, r.event_order, r.state, r.digest).where(
+                select(r.event_id, r.event_order, r.state, r.digest, r.pinned).where(
                     r.feed == feed, r.event_id.in_(list(event_ids))
                 )
             )
             return {
                 row.event_id: Seen(
-                    order=row.event_order, state=ReceiptState(row.state), digest=row.digest
+                    order=row.event_order,
+                    state=ReceiptState(row.state),
+                    digest=row.digest,
+                    pinned=row.pinned,
                 )
                 for row in rows
             }
 
     async def owners(self, feed: str, orders: Sequence[int]) -> dict[int, str]:
-        """The event id holding a receipt at each of ``orders`` (cursor positions)."""
+        """The event id holding a receipt at each of ``orders`` (cursor positions); an
+        unpinned receipt holds no place."""
         if not orders:
             return {}
         r = feed_receipts.c
         async with self._reader.connect() as conn:
             rows = await conn.execute(
                 select(r.event_order, r.event_id).where(
-                    r.feed == feed, r.event_order.in_(list(orders))
+                    r.feed == feed, r.event_order.in_(list(orders)), r.pinned
                 )
             )
             return {row.event_order: row.event_id for row in rows}
@@ -399,23 +413,58 @@ class FeedStore:
 
     # -- alarms -------------------------------------------------------------------------------
 
-    async def alarm(self, feed: str, kind: str, event_id: str, detail: str, now: datetime) -> None:
-        """Raise (or repeat) an alarm: one row per (feed, kind, event), counted."""
-        a = feed_alarms.c
-        statement = pg_insert(feed_alarms).values(
-            feed=feed, kind=kind, event_id=event_id, detail=detail[:1000], first_at=now, last_at=now
-        )
+    async def alarm(
+        self,
+        feed: str,
+        kind: str,
+        event_id: str,
+        detail: str,
+        now: datetime,
+        order: int | None = None,
+    ) -> None:
+        """Raise (or repeat) an alarm: one row per (feed, kind, event), counted; ``order``:
+        where the page served the event."""
         async with self._engine.begin() as conn:
-            await conn.execute(
-                statement.on_conflict_do_update(
-                    index_elements=[a.feed, a.kind, a.event_id],
-                    set_={
-                        "count": a.count + 1,
-                        "last_at": now,
-                        "detail": statement.excluded.detail,
-                    },
+            await conn.execute(_raise(feed, kind, event_id, detail, now, order))
+
+    async def accept_conflict(self, feed: str, event_id: str, now: datetime) -> Accepted | None:
+        """An operator accepts the conflicting identity alarmed for ``event_id`` after review,
+        in one transaction: the event's receipt is unpinned, and on a cursor feed so is the
+        receipt holding the place the page served it at; the alarm becomes a
+        ``conflict-accepted`` alarm (the trail). None: no such alarm."""
+        a, r = feed_alarms.c, feed_receipts.c
+        async with self._engine.begin() as conn:
+            alarm = (
+                await conn.execute(
+                    delete(feed_alarms)
+                    .where(a.feed == feed, a.kind == "conflicting-identity", a.event_id == event_id)
+                    .returning(a.detail, a.event_order)
                 )
+            ).first()
+            if alarm is None:
+                return None
+            kind = (
+                await conn.execute(
+                    select(feed_checkpoints.c.kind).where(feed_checkpoints.c.name == feed)
+                )
+            ).scalar_one_or_none()
+            involved = r.event_id == event_id
+            if kind == "cursor" and alarm.event_order is not None:
+                involved = or_(involved, r.event_order == alarm.event_order)
+            unpinned = (
+                await conn.execute(
+                    update(feed_receipts)
+                    .where(r.feed == feed, involved, r.pinned)
+                    .values(pinned=False)
+                    .returning(r.event_id)
+                )
+            ).scalars()
+            accepted = Accepted(sorted(unpinned))
+            detail = f"accepted by an operator; unpinned {accepted.unpinned}: {alarm.detail}"
+            await conn.execute(
+                _raise(feed, "conflict-accepted", event_id, detail, now, alarm.event_order)
             )
+        return accepted
 
     async def alarms(self, feed: str | None = None) -> list[Alarm]:
         a = feed_alarms.c
@@ -517,3 +566,27 @@ async def _write_receipt(
         .one()
     )
     return _receipt(row)
+
+
+def _raise(
+    feed: str, kind: str, event_id: str, detail: str, now: datetime, order: int | None
+) -> Any:
+    a = feed_alarms.c
+    statement = pg_insert(feed_alarms).values(
+        feed=feed,
+        kind=kind,
+        event_id=event_id,
+        detail=detail[:1000],
+        first_at=now,
+        last_at=now,
+        event_order=order,
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[a.feed, a.kind, a.event_id],
+        set_={
+            "count": a.count + 1,
+            "last_at": now,
+            "detail": statement.excluded.detail,
+            "event_order": statement.excluded.event_order,
+        },
+    )

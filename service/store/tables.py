@@ -355,6 +355,9 @@ feed_receipts = Table(
     # hold can be decided again whether or not the feed serves it again; cleared when final
     Column("evidence", LargeBinary),
     Column("signature", String(256)),
+    # false once an operator accepted a conflicting identity of the event: its outcome
+    # stays, its place and content are no longer held against what the feed serves
+    Column("pinned", Boolean, nullable=False, server_default=text("true")),
     CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
 )
 Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)
@@ -372,6 +375,9 @@ feed_alarms = Table(
     # the event it is about ('' for the feed as a whole): one row per (feed, kind, event)
     Column("event_id", String(255), primary_key=True),
     Column("detail", Text, nullable=False),
+    # where the page served the event, for a conflicting identity (its acceptance unpins
+    # the receipt holding that place too)
+    Column("event_order", BigInteger),
     Column("count", BigInteger, nullable=False, server_default=text("1")),
     Column("first_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("last_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),

@@ -142,6 +142,47 @@ def test_every_open_hold_can_be_paged_through_oldest_first(
     assert httpx.get(url, headers=auth(tenant_admin)).status_code == 403
 
 
+def test_an_operator_accepts_a_conflicting_identity_once(
+    server: ServerProcess, app_database: str
+) -> None:
+    """The receipt of the event and the one holding the place it was served at are
+    unpinned; the alarm stays as conflict-accepted; a second accept finds nothing."""
+    base = server.base_url
+    feed = "conflicted-" + uuid.uuid4().hex[:8]
+    execute(app_database, "INSERT INTO feed_checkpoints (name, kind) VALUES (:n, 'cursor')", n=feed)
+    for event_id, position in (("moved", 3), ("owner", 8)):
+        execute(
+            app_database,
+            "INSERT INTO feed_receipts (feed, event_id, event_order, state, reason, "
+            "first_seen_at, decided_at) VALUES (:f, :e, :p, 'applied', 'applied', now(), now())",
+            f=feed,
+            e=event_id,
+            p=position,
+        )
+    execute(
+        app_database,
+        "INSERT INTO feed_alarms (feed, kind, event_id, detail, event_order) VALUES "
+        "(:f, 'conflicting-identity', 'moved', 'event seen at position 3, now at 8', 8)",
+        f=feed,
+    )
+    url = f"{base}/admin/v1/feeds/{feed}/conflicts/moved"
+    tenant_admin = new_principal(base, role="admin")["api_key"]
+    assert httpx.post(url, json={"action": "accept"}, headers=auth(tenant_admin)).status_code == 403
+    for bad in ({"action": "forget"}, {}, {"action": "accept", "also": 1}):
+        refused = httpx.post(url, json=bad, headers=auth(ADMIN_KEY))
+        assert refused.status_code == 400, (bad, refused.text)
+
+    accepted = httpx.post(url, json={"action": "accept"}, headers=auth(ADMIN_KEY))
+
+    assert accepted.status_code == 200, accepted.text
+    assert accepted.json()["unpinned"] == ["moved", "owner"]
+    again = httpx.post(url, json={"action": "accept"}, headers=auth(ADMIN_KEY))
+    assert again.status_code == 404
+    assert again.headers["content-type"] == "application/problem+json"
+    view = httpx.get(f"{base}/admin/v1/feeds/{feed}", headers=auth(ADMIN_KEY)).json()
+    assert [(a["kind"], a["event_id"]) for a in view["alarms"]] == [("conflict-accepted", "moved")]
+
+
 def test_metrics_show_the_feeds_figures(server: ServerProcess, app_database: str) -> None:
     hold(app_database, "held-m")
     text = httpx.get(f"{server.base_url}/metrics").text

@@ -347,7 +347,7 @@ async def test_a_bad_signature_holds_the_barrier_until_an_operator_decides(
         assert (await watcher.run_once()).result is PageResult.BLOCKED
     assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == ""
     assert (await store.get(uuid.UUID(bad.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
-    [hold], open_holds = await feed_store.holds(feed_name)
+    [hold], open_holds, _ = await feed_store.holds(feed_name)
     assert open_holds == 1
     assert (hold.event_id, hold.reason) == ("b", "bad-signature")
     assert {a.kind for a in await feed_store.alarms(feed_name)} == {"bad-signature"}

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from litestar import Request, Response, get, post
 from litestar.params import Parameter
 
-from service.app.feeds import HoldAction
+from service.app.feeds import ConflictAction, HoldAction
 from service.http.auth import authenticate, require_role
 from service.http.bodies import decode_json
 from service.http.deps import Services
@@ -15,7 +15,7 @@ from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
 from service.store.principals import Role
 
-__all__ = ["decide_hold", "get_feed", "list_feeds", "list_holds"]
+__all__ = ["accept_conflict", "decide_hold", "get_feed", "list_feeds", "list_holds"]
 
 FeedName = Annotated[str, Parameter(max_length=64)]
 EventId = Annotated[str, Parameter(max_length=255)]
@@ -77,3 +77,24 @@ async def decide_hold(
     except ProblemError as exc:
         return problem_response(exc.slug, exc.detail)
     return render_json_or_problem(await settlement.feed_admin.decide(admin, name, event_id, body))
+
+
+@post(
+    "/admin/v1/feeds/{name:str}/conflicts/{event_id:str}",
+    status_code=200,
+    operation_id="acceptFeedConflict",
+    summary="Accept a feed's conflicting identity after review (admin)",
+)
+async def accept_conflict(
+    request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
+) -> Response[bytes]:
+    admin = await authenticate(request, settlement.principals)
+    require_role(admin, Role.ADMIN)
+    try:
+        body = decode_json(
+            await request.body(), ConflictAction, request.headers.get("content-type")
+        )
+    except ProblemError as exc:
+        return problem_response(exc.slug, exc.detail)
+    accepted = await settlement.feed_admin.accept_conflict(admin, name, event_id, body)
+    return render_json_or_problem(accepted)
