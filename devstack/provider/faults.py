@@ -109,6 +109,7 @@ class FeedFaultMode(enum.StrEnum):
     OVERLAP = "overlap"
     BACKFILL = "backfill"
     EMPTY_ADVANCE = "empty_advance"
+    SKIP_ADVANCE = "skip_advance"
     STUCK_TOKEN = "stuck_token"
     BIG_TIE = "big_tie"
     LATE_TIE = "late_tie"

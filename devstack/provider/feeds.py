@@ -58,6 +58,10 @@ may hold more than ``limit`` events. The modes:
 - ``empty_advance`` (cursor feed): an empty page whose ``next_cursor`` is the other token
   variant of the request cursor's position (the start's is the ``advance`` token of 0): a
   new string that resumes at the same position. Always applies.
+- ``skip_advance`` (cursor feed): an empty page although events wait after the cursor, whose
+  ``next_cursor`` is the token of the highest position: a new token that skips them, breaking
+  the ``empty-advance`` promise (a new token on an empty page resumes where nothing was
+  missed). Applies only when the page would not be empty.
 - ``stuck_token`` (both feeds): an empty page although events are pending; cursor feed:
   ``next_cursor`` is the request cursor; timestamp feed: ``W`` is ``min(after, W)``, or null
   without ``after``. Applies only when the page would not be empty.
@@ -147,12 +151,13 @@ CURSOR_FAULTS = frozenset(
         FeedFaultMode.OVERLAP,
         FeedFaultMode.BACKFILL,
         FeedFaultMode.EMPTY_ADVANCE,
+        FeedFaultMode.SKIP_ADVANCE,
         FeedFaultMode.STUCK_TOKEN,
         FeedFaultMode.CONFLICTING_IDENTITY,
         FeedFaultMode.BAD_SIGNATURE,
     }
 )
-TIMESTAMP_FAULTS = (CURSOR_FAULTS - {FeedFaultMode.EMPTY_ADVANCE}) | {
+TIMESTAMP_FAULTS = (CURSOR_FAULTS - {FeedFaultMode.EMPTY_ADVANCE, FeedFaultMode.SKIP_ADVANCE}) | {
     FeedFaultMode.PAGE_CAP,
     FeedFaultMode.LYING_WATERMARK,
 }
@@ -370,6 +375,10 @@ class Feeds:
                 return CursorPage(events=[], next_cursor=renamed)
             case FeedFaultMode.STUCK_TOKEN:
                 return CursorPage(events=[], next_cursor=cursor) if fresh else None
+            case FeedFaultMode.SKIP_ADVANCE:
+                if not fresh:
+                    return None
+                return CursorPage(events=[], next_cursor=self._codec.encode(tx.last_position()))
             case FeedFaultMode.CONFLICTING_IDENTITY:
                 if not position or tx.at_position(position) is None:
                     return None

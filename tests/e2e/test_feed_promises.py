@@ -1,9 +1,11 @@
-"""Each promise a timestamp feed's source may break, end to end: the simulator breaks it (a
-silent page cap breaks ``short-page-end``, a lying watermark breaks ``watermark``) under a
-real observer process configured both ways. Declared honestly, the observer skips nothing
-and raises no alarm; declared to trust the broken promise, its checkpoint runs ahead of the
-events, and the late-event audit (which trusts no promise) finds every one of them: a
-``late-event`` alarm and one final receipt each, never a silent skip.
+"""Each promise a feed's source may break, end to end: the simulator breaks it (a silent
+page cap breaks ``short-page-end``, a lying watermark breaks ``watermark``, an empty page
+whose new token skips waiting events breaks ``empty-advance``) under a real observer
+process configured both ways. Declared honestly, the observer skips nothing and raises no
+alarm; declared to trust the broken promise, its checkpoint runs ahead of the events, and
+the late-event audit (timestamp feeds) or the reconciliation pass (cursor feeds that may
+backfill), which trust no such promise, find every one of them: an alarm and one final
+receipt each, never a silent skip.
 
 A provider of its own per test, so the feed holds only the test's events."""
 
@@ -67,12 +69,13 @@ def receipts(database_url: str, feed: str, events: list[str]) -> dict[str, str]:
     return found
 
 
-def late_alarms(database_url: str, feed: str) -> int:
+def late_alarms(database_url: str, feed: str, kind: str = "late-event") -> int:
     return int(
         scalar(
             database_url,
-            "SELECT count(*) FROM feed_alarms WHERE feed = :n AND kind = 'late-event'",
+            "SELECT count(*) FROM feed_alarms WHERE feed = :n AND kind = :k",
             n=feed,
+            k=kind,
         )
     )
 
@@ -135,3 +138,34 @@ def test_a_lying_watermark(
 def _used(provider: ProviderProcess) -> bool:
     armed = provider.feed_faults()
     return bool(armed) and armed[0]["count"] < 1000
+
+
+@pytest.mark.parametrize("trusted", [False, True], ids=["honest", "trusting"])
+def test_an_empty_page_whose_new_token_skips_waiting_events(
+    services: Services, app_database: str, provider: ProviderProcess, trusted: bool
+) -> None:
+    """Three events wait; the first page is empty with a token past them. Trusted, the
+    token is adopted and the main pages never serve them; the reconciliation pass (this
+    feed does not promise no-backfill) finds them once a later event moves the applied
+    position past them."""
+    skipped = paid(provider, 3)
+    provider.arm_feed("skip_advance")
+    observer = Observer(
+        services.redis_url,
+        app_database,
+        provider,
+        "cursor",
+        page_size=50,
+        promises="empty-advance" if trusted else None,
+    )
+    try:
+        until(lambda: not provider.feed_faults(), "the skipping page is served")
+        later = paid(provider, 1)
+        states = until(
+            lambda: settled(app_database, observer.name, skipped + later), "every receipt"
+        )
+        alarms = late_alarms(app_database, observer.name, "backfill")
+    finally:
+        observer.stop()
+    assert set(states.values()) == {"quarantined"}
+    assert alarms == (3 if trusted else 0)

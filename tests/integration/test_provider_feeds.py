@@ -472,6 +472,23 @@ def test_empty_advance_from_the_start_skips_nothing(provider: ProviderProcess) -
     assert cursor_page(provider, faulted["next_cursor"], 1) == cursor_page(provider, "", 1)
 
 
+def test_skip_advance_answers_empty_with_a_token_past_the_waiting_events(
+    provider: ProviderProcess,
+) -> None:
+    start = tail(provider)
+    for _ in range(2):
+        pay(provider)
+    provider.arm_feed("skip_advance")
+
+    skipped = cursor_page(provider, start)
+
+    assert skipped["events"] == [] and skipped["next_cursor"] != start
+    assert skipped["next_cursor"] == tail(provider)  # past both payments
+    assert cursor_page(provider, skipped["next_cursor"])["events"] == []
+    assert len(cursor_page(provider, start)["events"]) == 2
+    assert armed(provider) == []
+
+
 def test_stuck_token_answers_empty_with_the_same_cursor_while_events_wait(
     provider: ProviderProcess,
 ) -> None:
