@@ -92,7 +92,9 @@ class Settings:
     feed_timeout: float = _setting(5.0, "each feed page request; past it, retry later.")
     feed_audit_window: float = _setting(
         300.0,
-        "how far behind its closed timestamp a timestamp feed is read again for late events.",
+        "how far back a feed is read again for events that arrived behind its checkpoint "
+        "(timestamp feeds: behind the closed timestamp; no-backfill cursor feeds: from the "
+        "checkpoint of this long ago).",
     )
     retention: float = _setting(86_400.0, "how long terminal results are kept for replay.")
     tombstone_retention: float = _setting(
@@ -234,6 +236,11 @@ class Settings:
                 raise ConfigError(f"{PREFIX}{name.upper()} must be >= 1")
         if not 1 <= self.feed_page_size <= 500:
             raise ConfigError(f"{PREFIX}FEED_PAGE_SIZE must be 1-500")
+        if self.feed_retention <= self.feed_audit_window:
+            # a receipt the audit may still read again must never be purged
+            raise ConfigError(
+                f"{PREFIX}FEED_RETENTION must be more than {PREFIX}FEED_AUDIT_WINDOW"
+            )
         try:
             parse_feeds(self.feeds)
         except ValueError as exc:

@@ -29,6 +29,7 @@ import asyncio
 import enum
 import hashlib
 import logging
+from collections import deque
 from collections.abc import Callable
 
 import msgspec
@@ -139,6 +140,9 @@ class FeedObserver:
         # where the audit's walk reads next (-1: the feed's start; None: no walk under way)
         self._audit_after: int | None = None
         self._reconcile_cursor: str | None = None  # where the cursor feed's re-read goes next
+        # (clock, cursor): the checkpoints this observer has seen or made, oldest first, kept
+        # for one audit window: a no-backfill cursor feed is read again from one a window old
+        self._marks: deque[tuple[float, str]] = deque()
 
     async def close(self) -> None:
         await self._client.close()
@@ -192,7 +196,8 @@ class FeedObserver:
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
         self._pages += 1
-        if "no-backfill" not in self.spec.promises and self._pages % AUDIT_EVERY == 0:
+        self._mark(checkpoint.resume_cursor)
+        if self._pages % AUDIT_EVERY == 0:
             await self._reconcile_page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
@@ -247,20 +252,39 @@ class FeedObserver:
                 if not moved:
                     log.info("feed checkpoint moved by another observer", extra={"feed": name})
                     return Page(PageResult.LOST, len(events), processed)
+                self._mark(cursor)
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
 
+    def _mark(self, cursor: str) -> None:
+        """Remember the checkpoint's cursor as of now (once per cursor), forgetting those
+        more than one audit window older than the newest a window old."""
+        now = self._clock()
+        if not self._marks or self._marks[-1][1] != cursor:
+            self._marks.append((now, cursor))
+        while len(self._marks) > 1 and self._marks[1][0] <= now - self._audit_window:
+            self._marks.popleft()
+
+    def _reconcile_start(self) -> str:
+        """Where a pass of the reconciliation reads from: a feed whose source may backfill
+        anywhere, its start; a feed promising no-backfill, the checkpoint this observer saw
+        one audit window ago (its oldest, if it has run for less): what the promise covers
+        is checked, not trusted."""
+        if "no-backfill" not in self.spec.promises:
+            return ""
+        return self._marks[0][1]
+
     async def _reconcile_page(self, checkpoint: Checkpoint) -> None:
-        """One page of the reconciliation pass of a cursor feed whose source may backfill:
-        the feed is read again from its start, ``MAX_PAGE`` events at a time, one such page
-        every ``AUDIT_EVERY`` requests, up to the applied position; each page gets a main
-        page's checks, and an event behind the applied position without a receipt (a
-        backfill) is alarmed and processed, never skipped. At the applied position (or the
-        feed's end) the pass starts again from the start."""
+        """One page of the reconciliation pass of a cursor feed: the feed is read again from
+        :meth:`_reconcile_start`, ``MAX_PAGE`` events at a time, one such page every
+        ``AUDIT_EVERY`` requests, up to the applied position; each page gets a main page's
+        checks, and an event behind the applied position without a receipt (a backfill) is
+        alarmed and processed, never skipped. At the applied position (or the feed's end)
+        the pass starts again."""
         applied = checkpoint.applied_position
         if applied is None:
             return
-        cursor = self._reconcile_cursor or ""
+        cursor = self._reconcile_cursor or self._reconcile_start()
         page = await self._client.cursor_page(cursor, MAX_PAGE)
         behind = [e for e in page.events if _order(e.position) <= applied]
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in behind]

@@ -363,11 +363,11 @@ async def test_a_watermark_that_lies_is_caught_by_the_audit_when_it_is_trusted(
 
 
 @pytest.mark.parametrize(
-    ("promises", "found"),
-    [(frozenset(), True), (frozenset({"no-backfill"}), False)],
+    "promises",
+    [frozenset(), frozenset({"no-backfill"})],
     ids=["may-backfill", "promises-no-backfill"],
 )
-async def test_a_cursor_feed_that_may_backfill_is_read_again_and_a_backfill_is_found(
+async def test_a_cursor_feed_is_read_again_and_a_backfill_is_found(
     engine: AsyncEngine,
     store: SettlementStore,
     feed_store: FeedStore,
@@ -375,12 +375,11 @@ async def test_a_cursor_feed_that_may_backfill_is_read_again_and_a_backfill_is_f
     principal_id: uuid.UUID,
     feed_name: str,
     promises: frozenset[str],
-    found: bool,
 ) -> None:
     """An event added behind the cursor after its page was served, with no overlap page to
-    show it: a feed not promising no-backfill is read again from its start, paced (one page
-    in AUDIT_EVERY requests), and the backfill gets an alarm and a receipt; a feed that
-    promises no-backfill is taken at its word and never read again."""
+    show it: the feed is read again, paced (one page in AUDIT_EVERY requests), and the
+    backfill gets an alarm and a receipt. A feed that promises no-backfill is checked too
+    (here from its start: the observer has run for less than one audit window)."""
     spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", promises)
     first, second = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
     feed = ScriptedFeed(spec)
@@ -403,9 +402,45 @@ async def test_a_cursor_feed_that_may_backfill_is_read_again_and_a_backfill_is_f
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
     alarms = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "backfill"}
-    if found:
-        assert states.get("b20") == "quarantined" and alarms == {"b20"}
-    else:
-        assert "b20" not in states and not alarms
-        assert [cursor for cursor, _ in feed.asked].count("") == 1  # never read again
+    assert states.get("b20") == "quarantined" and alarms == {"b20"}
     assert states["e10"] == states["e30"] == "applied"
+
+
+async def test_a_no_backfill_feed_is_read_again_only_back_one_audit_window(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+) -> None:
+    """The promise is checked from the checkpoint of one audit window ago: a backfill
+    behind that checkpoint is out of the pass's reach (as a late event is out of a
+    timestamp audit's), one after it is found."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", frozenset({"no-backfill"}))
+    first, second = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
+    feed = ScriptedFeed(spec)
+    feed.cursor_pages[""] = CursorPage(events=[event(first, "e10", position=10)], next_cursor="C10")
+    feed.cursor_pages["C10"] = CursorPage(events=[], next_cursor="C10")
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0, audit_window=300)
+    assert (await watcher.run_once()).result is PageResult.PROMOTED
+    clock.advance(400)
+    feed.cursor_pages["C10"] = CursorPage(
+        events=[event(second, "e30", position=30)], next_cursor="C30"
+    )
+    assert (await watcher.run_once()).result is PageResult.PROMOTED
+    # two backfills: at 5 (behind C10, the checkpoint of a window ago) and at 20
+    feed.cursor_pages[""] = CursorPage(
+        events=[foreign("b5", position=5), event(first, "e10", position=10)], next_cursor="C10"
+    )
+    feed.cursor_pages["C10"] = CursorPage(
+        events=[foreign("b20", position=20), event(second, "e30", position=30)],
+        next_cursor="C30",
+    )
+    for _ in range(2 * AUDIT_EVERY):
+        await watcher.run_once()
+    states = await receipt_states(engine, feed_name)
+    alarms = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "backfill"}
+    assert states.get("b20") == "quarantined" and alarms == {"b20"}
+    assert "b5" not in states
+    assert [cursor for cursor, _ in feed.asked].count("") == 1  # the start is not read again

@@ -16,3 +16,14 @@ def test_the_defaults_are_valid() -> None:
 def test_the_hot_lock_timeout_must_be_positive(value: str) -> None:
     with pytest.raises(ConfigError, match="SETTLEMENT_DB_HOT_LOCK_TIMEOUT must be > 0"):
         Settings.from_env({"SETTLEMENT_DB_HOT_LOCK_TIMEOUT": value})
+
+
+@pytest.mark.parametrize(("retention", "window"), [("300", "300"), ("100", "300")])
+def test_feed_receipts_are_kept_longer_than_the_audit_reads_back(
+    retention: str, window: str
+) -> None:
+    """A receipt the audit may still read again must never be purged."""
+    with pytest.raises(ConfigError, match="SETTLEMENT_FEED_RETENTION must be more than"):
+        Settings.from_env(
+            {"SETTLEMENT_FEED_RETENTION": retention, "SETTLEMENT_FEED_AUDIT_WINDOW": window}
+        )
