@@ -238,9 +238,7 @@ class Settings:
             raise ConfigError(f"{PREFIX}FEED_PAGE_SIZE must be 1-500")
         if self.feed_retention <= self.feed_audit_window:
             # a receipt the audit may still read again must never be purged
-            raise ConfigError(
-                f"{PREFIX}FEED_RETENTION must be more than {PREFIX}FEED_AUDIT_WINDOW"
-            )
+            raise ConfigError(f"{PREFIX}FEED_RETENTION must be more than {PREFIX}FEED_AUDIT_WINDOW")
         try:
             parse_feeds(self.feeds)
         except ValueError as exc:
