@@ -19,6 +19,7 @@ ENV = {
     "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
     # configured but never observed here (no observer process runs in this module)
     "SETTLEMENT_FEEDS": "payments=cursor:http://127.0.0.1:9/feeds/cursor",
+    "SETTLEMENT_FEED_PROMISES": "payments=no-backfill+empty-advance",
 }
 
 
@@ -57,6 +58,7 @@ def test_only_an_all_tenant_admin_sees_the_feeds(server: ServerProcess) -> None:
     assert "payments" in names
     one = httpx.get(f"{base}/admin/v1/feeds/payments", headers=auth(ADMIN_KEY))
     assert one.status_code == 200 and one.json()["kind"] == "cursor"
+    assert one.json()["promises"] == ["empty-advance", "no-backfill"]
     for missing in ("nope", "BAD%00NAME", "x" * 70):
         answer = httpx.get(f"{base}/admin/v1/feeds/{missing}", headers=auth(ADMIN_KEY))
         assert answer.status_code in (400, 404), answer.text

@@ -225,3 +225,10 @@ def test_the_embedded_observers_settle_a_lost_payout_with_no_retry(tmp_path: Pat
     assert "feed" in sources
     feeds = httpx.get(f"{base}/admin/v1/feeds", headers=admin).json()["items"]
     assert {f["name"] for f in feeds} == {"payments", "payments-ts"}
+    # what the bundled simulator's feeds are declared to promise (the cursor feed may
+    # backfill under a fault, so it promises nothing and is read again from its start)
+    promises = {f["name"]: f["promises"] for f in feeds}
+    assert promises == {
+        "payments": [],
+        "payments-ts": ["later-timestamp", "short-page-end", "watermark"],
+    }
