@@ -53,7 +53,9 @@ may hold more than ``limit`` events. The modes:
   below the cursor's that have room (0 counting as the lowest), timestamped as a commit
   then would be; applies when the cursor is not the start and such a gap exists among the
   last 64 positions. Timestamp feed: with the next position and the timestamp
-  ``min(after, W)``; applies when ``after`` is given. The page itself is served normally,
+  ``min(after, W)``; applies when ``after`` is given and at most ``BACKFILL_REACH`` (60) s
+  behind ``W`` (a backfill lands shortly behind what was served, not behind a page that
+  reads far back, such as an observer's audit). The page itself is served normally,
   and the new event is served to whoever reads from the start.
 - ``empty_advance`` (cursor feed): an empty page whose ``next_cursor`` is the other token
   variant of the request cursor's position (the start's is the ``advance`` token of 0): a
@@ -114,6 +116,7 @@ from devstack.provider.payments import (
 from devstack.provider.store import POSITION_STEP, Entry, PaymentStore, Stamp, Transaction
 
 __all__ = [
+    "BACKFILL_REACH",
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
     "OVERLAP_EVENTS",
@@ -136,6 +139,9 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 500
 # Already served events the overlap fault repeats.
 OVERLAP_EVENTS = 3
+# Seconds behind the watermark a timestamp-feed request's ``after`` may be for a backfill
+# fault to apply to it.
+BACKFILL_REACH = 60
 # Events a page_cap page is cut to: fewer than any limit an observer asks but the smallest.
 PAGE_CAP_EVENTS = 2
 # Seconds a lying_watermark page's W claims beyond the truth.
@@ -446,7 +452,7 @@ class Feeds:
                     return None
                 return TimestampPage([_timestamp_event(e) for e in served] + events, mark)
             case FeedFaultMode.BACKFILL:
-                if after is None:
+                if after is None or (mark is not None and after < mark - BACKFILL_REACH):
                     return None
                 timestamp = after if mark is None else min(after, mark)
                 stamp = Stamp(position=tx.last_position() + POSITION_STEP, timestamp=timestamp)

@@ -72,8 +72,13 @@ class Observer:
             cwd=Path(__file__).resolve().parents[2],
         )
 
+    @property
+    def log_path(self) -> Path:
+        """The file the process writes its output to (gone once stopped)."""
+        return Path(self._log.name)
+
     def output(self) -> str:
-        return Path(self._log.name).read_text(errors="replace")[-4000:]
+        return self.log_path.read_text(errors="replace")[-4000:]
 
     def stop(self) -> int:
         if self.proc.poll() is None:

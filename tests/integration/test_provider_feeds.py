@@ -19,7 +19,7 @@ import pytest
 
 from devstack.provider.cursors import CursorCodec
 from devstack.provider.faults import MAX_FAULT_COUNT
-from devstack.provider.feeds import MAX_LIMIT, PAGE_CAP_EVENTS, WATERMARK_LIE
+from devstack.provider.feeds import BACKFILL_REACH, MAX_LIMIT, PAGE_CAP_EVENTS, WATERMARK_LIE
 from service.evidence import SignedEvidence, verify
 from tests.e2e.provider import CALL_TIMEOUT, SECRET, ProviderProcess
 
@@ -443,6 +443,21 @@ def test_backfill_on_the_timestamp_feed_lands_at_or_before_after(
     signed = signed_of(new[0])
     assert verify(signed, SECRET) and signed.evidence.outcome == "failed"
     assert new[0] not in faulted["events"] + plain["events"]
+    assert armed(provider) == []
+
+
+def test_backfill_on_the_timestamp_feed_waits_for_a_page_near_the_watermark(
+    provider: ProviderProcess,
+) -> None:
+    """A page that reads far back (as an observer's audit does) does not take the fault: a
+    backfill lands shortly behind what was served."""
+    far_back = watermark(provider) - BACKFILL_REACH - 1
+    provider.arm_feed("backfill")
+
+    timestamp_page(provider, far_back)
+
+    assert armed(provider) == [("backfill", 1)]
+    timestamp_page(provider, watermark(provider))
     assert armed(provider) == []
 
 

@@ -1,8 +1,9 @@
 """The reliability harness: a cluster, concurrent clients, a nemesis, a history and a checker.
 
 * **Cluster**: PostgreSQL and Redis of its own (restartable), each behind a :class:`Relay`
-  so their address never changes; two server processes; the provider simulator; a feed
-  observer process on the simulator's cursor feed.
+  so their address never changes; two server processes; the provider simulator; two feed
+  observer processes, one on the simulator's cursor feed and one on its timestamp feed, each
+  declaring only the promises its source keeps under the nemesis' feed faults.
 * **Clients** (threads): each performs intended actions (a transfer between two of the
   run's accounts, or a payout; a share of the transfers drain or fund accounts opened with
   low balances, so transfers race for the last of a balance all through the run), each
@@ -15,8 +16,9 @@
   seed of: SIGKILL of a server then a restart; a server restarted with a crash failpoint at a
   commit boundary, then restarted clean; a Redis outage (connections cut, every key lost,
   then back); a Redis ``FLUSHALL`` (every lease lost); a PostgreSQL fast restart; provider
-  faults (dropped answers, 5xx, delays past the timeout); SIGKILL of the observer; an admin
-  supersede of an ``unknown`` operation.
+  faults (dropped answers, 5xx, delays past the timeout); feed faults (backfill, overlap,
+  stuck token, page cap, lying watermark); SIGKILL of one of the observers, then a restart
+  that resumes its checkpoint; an admin supersede of an ``unknown`` operation.
 * **Checker** over the history and the final database: one effect per intended action
   (at most one transfer per operation and epoch; money conserved; every balance equal to
   its opening plus its transfers; exactly one provider payment per sink key of a completed
@@ -24,6 +26,9 @@
   every 5xx one of the documented ones, no effect refused by a database constraint, and
   every 402 ``insufficient-funds`` judged on a balance its source account really had while
   the client waited for the answer (PostgreSQL's commit timestamps order the transfers).
+  The feeds (:mod:`tests.reliability.feed_rules`, sampled during the run too): every provider
+  payment has exactly one final receipt per feed, no receipt stays held past its limit, no
+  checkpoint passes an event without a final receipt.
 
 ``run(seed, duration, ...)`` returns a :class:`Summary`; ``violations`` must be empty. The
 seed fixes the actions' kinds, amounts and the fault schedule; thread timing is the OS's.
@@ -68,6 +73,7 @@ from tests.e2e.client import scalar
 from tests.e2e.observer import Observer
 from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.server import ServerProcess
+from tests.reliability import feed_rules, feeds
 from tests.reliability.relay import Relay
 
 __all__ = ["Summary", "run"]
@@ -102,16 +108,49 @@ DOCUMENTED_5XX = {
     (503, "lease-unavailable"),
     (504, "operation-outcome-unknown"),
 }
-FAULTS = [
-    "kill-server",
-    "failpoint-crash",
-    "redis-outage",
-    "redis-flushall",
-    "postgres-restart",
-    "provider-fault",
-    "kill-observer",
-    "supersede-unknown",
+# The faults the schedule draws from, with their weights: a feed fault arms only 1-3 pages'
+# worth of misbehaviour, so it is drawn twice as often as the others to reach both feeds in a
+# short run too.
+FAULTS = {
+    "kill-server": 1,
+    "failpoint-crash": 1,
+    "redis-outage": 1,
+    "redis-flushall": 1,
+    "postgres-restart": 1,
+    "provider-fault": 1,
+    "feed-fault": 2,
+    "kill-observer": 1,
+    "supersede-unknown": 1,
+}
+# The simulator's feed faults the nemesis arms (README, "Feed faults"), 1-3 units at a time.
+FEED_FAULTS = [
+    "backfill",
+    "overlap",
+    "stuck_token",
+    "page_cap",
+    "lying_watermark",
+    "empty_advance",
+    "skip_advance",
 ]
+FEED_FAULT_UNITS = (1, 3)
+# The observed feeds: name -> kind. Each has one observer process.
+FEEDS = {"payments": "cursor", "payments-ts": "timestamp"}
+# What each feed's source is declared to promise (SETTLEMENT_FEED_PROMISES), honestly for a
+# simulator the nemesis arms with faults that break promises: page_cap breaks short-page-end,
+# lying_watermark breaks watermark, and a timestamp backfill even later-timestamp (only the
+# late-event audit finds those: a late-event alarm). The cursor feed promises neither
+# no-backfill (its reconciliation pass reads it again from its start) nor empty-advance
+# (empty_advance and skip_advance tokens are not adopted).
+PROMISES = {"payments": "", "payments-ts": "later-timestamp"}
+# SETTLEMENT_FEED_UNKNOWN_GRACE of the observers: short, so that backfills (about operations
+# the server never had) are really held, decided again and quarantined within the run.
+UNKNOWN_GRACE = 3.0
+# SETTLEMENT_FEED_POLL_INTERVAL as tests/e2e/observer.py sets it: how often holds are redriven.
+OBSERVER_POLL = 0.05
+# Beyond the grace and a poll: an observer killed and restarting (its downtime and start), or
+# waiting out a PostgreSQL restart, decides its holds that much later.
+HOLD_SLACK = 10.0
+HOLD_LIMIT = UNKNOWN_GRACE + OBSERVER_POLL + HOLD_SLACK
 CRASH_POINTS = ["claim.after", "effect.before_commit", "effect.after_commit", "settle.after"]
 
 
@@ -141,6 +180,8 @@ class Summary:
     retries_per_call: Counter[int] = field(default_factory=Counter)
     gave_up: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
+    feed_faults: Counter[str] = field(default_factory=Counter)  # units armed per mode
+    observer_kills: Counter[str] = field(default_factory=Counter)  # per feed
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -155,6 +196,10 @@ class Summary:
             + "; calls given up: "
             + (", ".join(f"{k} x{v}" for k, v in sorted(self.gave_up.items())) or "none"),
             "faults: " + ", ".join(f"{k} x{v}" for k, v in sorted(self.faults.items())),
+            "feed faults armed (units): "
+            + (", ".join(f"{k} x{v}" for k, v in sorted(self.feed_faults.items())) or "none")
+            + "; observers killed: "
+            + (", ".join(f"{k} x{v}" for k, v in sorted(self.observer_kills.items())) or "none"),
             *self.notes,
             f"violations: {len(self.violations)}",
             *(f"  - {v}" for v in self.violations),
@@ -164,6 +209,11 @@ class Summary:
 
 class Cluster:
     def __init__(self, data_dir: Path) -> None:
+        self.observer_logs = data_dir / "observer-logs"
+        self.observer_logs.mkdir()
+        self._retired = 0
+        self.unused_feed_faults: Counter[str] = Counter()
+        self.observer_exits: list[str] = []  # observers found exited on their own at heal
         self.pg = EmbeddedPostgres(data_dir, durable=False)
         self.redis = EmbeddedRedis(data_dir)
         pg_url, redis_url = self.pg.start(), self.redis.start()
@@ -190,7 +240,7 @@ class Cluster:
         self._lock = threading.Lock()
         self.started: list[ServerProcess] = []
         self.servers: list[ServerProcess | None] = [self._server() for _ in range(2)]
-        self.observer: Observer | None = self._observer()
+        self.observers: dict[str, Observer] = {name: self._observer(name) for name in FEEDS}
 
     def _track_commit_timestamps(self) -> None:
         """PostgreSQL records when each transaction committed (the 402 check orders the
@@ -236,8 +286,45 @@ class Cluster:
                     found.append(said)
         return found[:limit]
 
-    def _observer(self) -> Observer:
-        return Observer(self.redis_url, self.database_url, self.provider, "cursor", name="payments")
+    def _observer(self, name: str) -> Observer:
+        """The observer of feed ``name`` (its checkpoint, so a restart resumes it)."""
+        return Observer(
+            self.redis_url,
+            self.database_url,
+            self.provider,
+            FEEDS[name],
+            name=name,
+            unknown_grace=str(UNKNOWN_GRACE),
+            promises=PROMISES[name],
+        )
+
+    def kill_observer(self, name: str, downtime: float) -> None:
+        """SIGKILL the observer of ``name``; after ``downtime`` seconds, start it again."""
+        self.observers[name].proc.send_signal(signal.SIGKILL)
+        self._retire(self.observers[name])
+        time.sleep(downtime)
+        self.observers[name] = self._observer(name)
+
+    def _retire(self, observer: Observer) -> None:
+        """Stop ``observer``, keeping its log (its own file goes when it stops)."""
+        self._keep_observer_log(observer, f"{self._retired:03d}")
+        self._retired += 1
+        observer.stop()
+
+    def _keep_observer_log(self, observer: Observer, tag: str) -> None:
+        source = observer.log_path
+        with contextlib.suppress(OSError):
+            (self.observer_logs / f"{observer.name}-{tag}.log").write_bytes(source.read_bytes())
+
+    def keep_logs(self, dest: Path) -> None:
+        """Every server's log, every observer's (each start of each), the simulator's."""
+        for n, server in enumerate(self.started):
+            (dest / f"server-{n}.log").write_text(server.output())
+        for observer in self.observers.values():
+            self._keep_observer_log(observer, "last")
+        for log in sorted(self.observer_logs.iterdir()):
+            (dest / log.name).write_bytes(log.read_bytes())
+        (dest / "provider.log").write_text(self.provider.output())
 
     def urls(self) -> list[str]:
         with self._lock:
@@ -256,18 +343,24 @@ class Cluster:
         self.pg_relay.restore()
         self.redis_relay.restore()
         self.provider.clear_faults()
+        for armed in self.provider.feed_faults():  # what no page applied
+            self.unused_feed_faults[armed["mode"]] += int(armed["count"])
+        self.provider.clear_feed_faults()
         for i, server in enumerate(self.servers):
             if server is None or server.proc is None or server.proc.poll() is not None:
                 self.replace_server(i, self._server())
-        if self.observer is None or self.observer.proc.poll() is not None:
-            self.observer = self._observer()
+        for name, observer in self.observers.items():
+            if observer.proc.poll() is not None:  # the nemesis restarts those it kills
+                self.observer_exits.append(f"{name} (exit status {observer.proc.returncode})")
+                self._retire(observer)
+                self.observers[name] = self._observer(name)
 
     def close(self) -> None:
         for server in self.servers:
             if server is not None:
                 server.stop()
-        if self.observer is not None:
-            self.observer.stop()
+        for observer in self.observers.values():
+            observer.stop()
         self.provider.stop()
         self.pg_relay.stop()
         self.redis_relay.stop()
@@ -457,8 +550,9 @@ class Nemesis:
     def schedule(self, duration: float) -> list[tuple[float, str]]:
         """(offset seconds, fault), drawn from the seed: a fault every 2-6 s."""
         at, plan = 3.0, []
+        kinds, weights = list(FAULTS), list(FAULTS.values())
         while at < duration - 3:
-            plan.append((at, self.rng.choice(FAULTS)))
+            plan.append((at, self.rng.choices(kinds, weights)[0]))
             at += self.rng.uniform(2.0, 6.0)
         return plan
 
@@ -527,13 +621,16 @@ class Nemesis:
         count = self.rng.randint(1, 3)
         self.cluster.provider.arm(mode, count, delay_ms=1500 if mode == "delay" else None)
 
+    def _feed_fault(self) -> None:
+        mode = self.rng.choice(FEED_FAULTS)
+        count = self.rng.randint(*FEED_FAULT_UNITS)
+        self.cluster.provider.arm_feed(mode, count)
+        self.summary.feed_faults[mode] += count
+
     def _kill_observer(self) -> None:
-        observer = self.cluster.observer
-        if observer is not None:
-            observer.proc.send_signal(signal.SIGKILL)
-            observer.stop()
-        time.sleep(self.rng.uniform(0.2, 1.0))
-        self.cluster.observer = self.cluster._observer()
+        name = self.rng.choice(sorted(FEEDS))
+        self.cluster.kill_observer(name, self.rng.uniform(0.2, 1.0))
+        self.summary.observer_kills[name] += 1
 
     def _supersede_unknown(self) -> None:
         urls = self.cluster.urls()
@@ -611,6 +708,25 @@ def check(cluster: Cluster, clients: Clients, summary: Summary) -> None:
     superseded = scalar(db, "SELECT count(*) FROM operation_epochs")
     summary.notes.append(
         f"superseded epochs {superseded}; completed payouts in a later epoch {paid_epochs}"
+    )
+
+
+def check_feeds(cluster: Cluster, watch: feeds.FeedWatch, summary: Summary) -> None:
+    """The feeds' rules (:mod:`tests.reliability.feed_rules`): what the watch saw during the run,
+    then, once the observers caught up (bounded), every rule on the final reading."""
+    final = feeds.final_check(cluster.database_url, cluster.provider.db_path, FEEDS, HOLD_LIMIT)
+    during = list(watch.violations.values())
+    summary.violations.extend(f"during the run: {line}" for line in feed_rules.capped(during))
+    summary.violations.extend(f"at the end: {line}" for line in feed_rules.capped(final.violations))
+    unused = ", ".join(f"{k} x{v}" for k, v in sorted(cluster.unused_feed_faults.items()))
+    summary.notes.extend(
+        [
+            *feed_rules.render(final.snapshot, FEEDS),
+            watch.render(),
+            final.render(),
+            f"feed fault units no page applied (cleared at heal): {unused or 'none'}; "
+            f"observers exited on their own: {', '.join(cluster.observer_exits) or 'none'}",
+        ]
     )
 
 
@@ -751,26 +867,30 @@ def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
     summary = Summary(seed=seed, duration=duration)
     data_dir = Path(tempfile.mkdtemp(prefix="settlement-chaos-"))
     cluster = Cluster(data_dir)
+    watch = feeds.FeedWatch(cluster.database_url, cluster.provider.db_path, FEEDS, HOLD_LIMIT)
     try:
         load = Clients(cluster, seed, clients, summary)
+        watch.start()
         load.start()
         Nemesis(cluster, seed, summary).run(duration, load)
         load.join(ACTION_PATIENCE + REQUEST_TIMEOUT)
         cluster.heal()
         settle(cluster, load, seed)
         time.sleep(LEASE_TTL + 1.5)  # the sweeper demotes what a killed worker left
+        watch.stop()
         summary.actions = len(load.actions)
         summary.finished = sum(1 for a in load.actions if a.answers)
         summary.requests = sum(a.requests for a in load.actions)
         summary.retries = summary.requests - 2 * summary.finished
         check(cluster, load, summary)
+        check_feeds(cluster, watch, summary)
         if summary.violations:
             summary.notes.extend(f"server log: {line}" for line in cluster.errors())
             kept = Path(tempfile.mkdtemp(prefix=f"settlement-chaos-{seed}-logs-"))
-            for n, server in enumerate(cluster.started):
-                (kept / f"server-{n}.log").write_text(server.output())
-            summary.notes.append(f"server logs kept in {kept}")
+            cluster.keep_logs(kept)
+            summary.notes.append(f"server, observer and simulator logs kept in {kept}")
     finally:
+        watch.stop()
         cluster.close()
         with contextlib.suppress(OSError):
             import shutil

@@ -1,6 +1,7 @@
 """The short reliability run inside ``make test``: two server processes, one PostgreSQL, one
-Redis, the provider simulator and a feed observer under concurrent clients and random faults;
-the checker must find nothing. ``make chaos`` runs the long one (tests/reliability/chaos.py).
+Redis, the provider simulator and two feed observers (its cursor and timestamp feeds) under
+concurrent clients and random faults, feed faults among them; the checker must find nothing.
+``make chaos`` runs the long one (tests/reliability/chaos.py).
 
 The seed is printed; ``SETTLEMENT_CHAOS_SEED=<n>`` replays the same schedule of actions and
 faults (as closely as thread timing allows)."""
