@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 
 from service.config import FeedSpec
-from service.store.retention import RetentionStore
+from service.store.retention import PurgePage, RetentionStore
 from service.store.rows import at
 from service.telemetry import Metrics
 
@@ -73,27 +74,9 @@ class Purger:
         """Purge expired operations, then forget old tombstones, batch by batch (at most
         ``max_batches`` of each), and refresh the oldest-open-operation gauge."""
         done = Purged()
-        for _ in range(max_batches):
-            page = await self._store.purge(self._batch, at(self._clock()))
-            done.operations += page.purged
-            if not page.full:
-                break
-        else:
-            done.more = True
-        for _ in range(max_batches):
-            page = await self._store.forget(self._batch, at(self._clock()))
-            done.tombstones += page.purged
-            if not page.full:
-                break
-        else:
-            done.more = True
-        for _ in range(max_batches):
-            page = await self._store.forget_feed_rows(self._batch, at(self._clock()))
-            done.feed_rows += page.purged
-            if not page.full:
-                break
-        else:
-            done.more = True
+        done.operations = await self._drain(self._store.purge, max_batches, done)
+        done.tombstones = await self._drain(self._store.forget, max_batches, done)
+        done.feed_rows = await self._drain(self._store.forget_feed_rows, max_batches, done)
         if done.operations:
             self._metrics.inc("settlement_purged_operations_total", done.operations)
         if done.tombstones:
@@ -113,6 +96,23 @@ class Purger:
                 },
             )
         return done
+
+    async def _drain(
+        self,
+        step: Callable[[int, datetime], Awaitable[PurgePage]],
+        max_batches: int,
+        done: Purged,
+    ) -> int:
+        """``step`` batch after batch until one is not full (at most ``max_batches``; when
+        that is not enough, ``done.more``); how many rows it purged in all."""
+        purged = 0
+        for _ in range(max_batches):
+            page = await step(self._batch, at(self._clock()))
+            purged += page.purged
+            if not page.full:
+                return purged
+        done.more = True
+        return purged
 
     async def run(self) -> None:
         """Purge every ``interval`` seconds until cancelled; errors are logged, not fatal."""

@@ -41,6 +41,13 @@ def unknown_key() -> AuthError:
     return AuthError("unauthenticated", "unknown or revoked API key")
 
 
+async def authenticate_admin(request: Call, principals: PrincipalStore) -> Principal:
+    """The caller, who must be an admin (401, 403 otherwise)."""
+    admin = await authenticate(request, principals)
+    require_role(admin, Role.ADMIN)
+    return admin
+
+
 def require_role(principal: Principal, *roles: Role) -> None:
     if principal.role not in roles:
         allowed = ", ".join(r.value for r in roles)

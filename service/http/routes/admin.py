@@ -9,12 +9,12 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, QueryParameter
 
 from service.app.admin import PrincipalRequest, SupersedeBody
-from service.http.auth import authenticate, require_role
+from service.http.auth import authenticate_admin
 from service.http.bodies import decode_json
 from service.http.deps import Services
 from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
-from service.store.principals import Principal, Role
+from service.store.principals import Principal
 
 __all__ = [
     "create_principal",
@@ -32,9 +32,7 @@ MAX_PAGE = 100
 
 
 async def _admin(request: Request[Any, Any, Any], settlement: Services) -> Principal:
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
-    return admin
+    return await authenticate_admin(request, settlement.principals)
 
 
 @post(

@@ -1,4 +1,6 @@
-"""Admin routes of the feed observers: checkpoints, holds, alarms, and hold decisions."""
+"""Admin routes of the feed observers: checkpoints, holds, alarms, and hold decisions. A
+refusal raised here (authentication, a body that is not the action's) is a ProblemError,
+answered as problem+json by the app's exception handlers."""
 
 from __future__ import annotations
 
@@ -8,12 +10,10 @@ from litestar import Request, Response, get, post
 from litestar.params import Parameter
 
 from service.app.feeds import ConflictAction, HoldAction
-from service.http.auth import authenticate, require_role
+from service.http.auth import authenticate_admin
 from service.http.bodies import decode_json
 from service.http.deps import Services
-from service.http.problems import ProblemError, problem_response
 from service.http.render import render_json_or_problem
-from service.store.principals import Role
 
 __all__ = ["accept_conflict", "decide_hold", "get_feed", "list_feeds", "list_holds"]
 
@@ -29,8 +29,7 @@ MAX_HOLDS_PAGE = 500
     summary="Feed observers: checkpoints, holds, alarms (admin)",
 )
 async def list_feeds(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
+    admin = await authenticate_admin(request, settlement.principals)
     return render_json_or_problem(await settlement.feed_admin.list(admin))
 
 
@@ -38,8 +37,7 @@ async def list_feeds(request: Request[Any, Any, Any], settlement: Services) -> R
 async def get_feed(
     request: Request[Any, Any, Any], settlement: Services, name: FeedName
 ) -> Response[bytes]:
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
+    admin = await authenticate_admin(request, settlement.principals)
     return render_json_or_problem(await settlement.feed_admin.show(admin, name))
 
 
@@ -56,8 +54,7 @@ async def list_holds(
     after: Annotated[str | None, Parameter(max_length=512)] = None,
 ) -> Response[bytes]:
     """``limit`` and ``after`` are checked (400) by their declared types."""
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
+    admin = await authenticate_admin(request, settlement.principals)
     return render_json_or_problem(await settlement.feed_admin.holds(admin, name, limit, after))
 
 
@@ -70,12 +67,8 @@ async def list_holds(
 async def decide_hold(
     request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
 ) -> Response[bytes]:
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
-    try:
-        body = decode_json(await request.body(), HoldAction, request.headers.get("content-type"))
-    except ProblemError as exc:
-        return problem_response(exc.slug, exc.detail)
+    admin = await authenticate_admin(request, settlement.principals)
+    body = decode_json(await request.body(), HoldAction, request.headers.get("content-type"))
     return render_json_or_problem(await settlement.feed_admin.decide(admin, name, event_id, body))
 
 
@@ -88,13 +81,7 @@ async def decide_hold(
 async def accept_conflict(
     request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
 ) -> Response[bytes]:
-    admin = await authenticate(request, settlement.principals)
-    require_role(admin, Role.ADMIN)
-    try:
-        body = decode_json(
-            await request.body(), ConflictAction, request.headers.get("content-type")
-        )
-    except ProblemError as exc:
-        return problem_response(exc.slug, exc.detail)
+    admin = await authenticate_admin(request, settlement.principals)
+    body = decode_json(await request.body(), ConflictAction, request.headers.get("content-type"))
     accepted = await settlement.feed_admin.accept_conflict(admin, name, event_id, body)
     return render_json_or_problem(accepted)
