@@ -334,18 +334,25 @@ class FeedObserver:
         # not promise that a short page is the whole answer (a silent cap)
         full = len(events) >= limit
         cut = full or (bool(events) and "short-page-end" not in promised)
-        through = closable_through(
-            closed,
-            events,
-            states,
-            page.finality_watermark if "watermark" in promised else None,
-            full=cut,
-            later="later-timestamp" in promised,
+        # only the events after the closed timestamp decide what closes next (a source whose
+        # ``after`` is inclusive serves the closed timestamp's events again; a hold behind the
+        # checkpoint is decided again on its own and blocks nothing ahead of it); a page that
+        # may be cut and holds none of them proves nothing
+        ahead = [e for e in events if closed is None or e.order > closed]
+        through = (
+            None
+            if cut and not ahead
+            else closable_through(
+                closed,
+                ahead,
+                states,
+                page.finality_watermark if "watermark" in promised else None,
+                full=cut,
+                later="later-timestamp" in promised,
+            )
         )
         if through is None:
-            # a source whose ``after`` is inclusive serves the closed timestamp's events
-            # again: only the events after it say whether one tie group fills the page
-            fresh = {e.order for e in events if closed is None or e.order > closed}
+            fresh = {e.order for e in ahead}
             if full and len(fresh) <= 1:
                 # one tie group fills the page: it cannot close until a page holds it whole
                 if limit < MAX_PAGE:
@@ -355,7 +362,7 @@ class FeedObserver:
                     "tie-stall", "", f"more than {MAX_PAGE} events at timestamp {events[0].order}"
                 )
                 return Page(PageResult.STUCK, len(events), processed)
-            if any(not _final(states.get(e.event_id)) for e in events):
+            if any(not _final(states.get(e.event_id)) for e in ahead):
                 return Page(PageResult.BLOCKED, len(events), processed)
             if not events:
                 await self._feeds.caught_up(name, at(self._clock()))

@@ -14,6 +14,7 @@ Evidence is decoded (not trusted): its signature is the observer's to check.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any, TypeVar
 
 import httpx
@@ -82,7 +83,9 @@ def decode_signed(event: RawEvent) -> SignedEvidence | None:
 
 class FeedClient:
     def __init__(self, spec: FeedSpec, *, timeout: float) -> None:
+        """``timeout``: the longest one page request may take, end to end."""
         self.spec = spec
+        self._timeout = timeout
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(timeout))
 
     async def close(self) -> None:
@@ -105,6 +108,17 @@ class FeedClient:
 
     async def _get(self, params: dict[str, Any], shape: type[T]) -> T:
         try:
+            async with asyncio.timeout(self._timeout):  # the whole request, not each read
+                body = await self._read(params)
+        except TimeoutError:
+            raise FeedUnavailable(f"feed {self.spec.name}: no whole page in time") from None
+        try:
+            return msgspec.json.decode(bytes(body), type=shape)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+            raise FeedUnavailable(f"feed {self.spec.name}: not a feed page ({exc})") from None
+
+    async def _read(self, params: dict[str, Any]) -> bytearray:
+        try:
             async with self._client.stream("GET", self.spec.url, params=params) as answer:
                 if answer.status_code != 200:
                     raise FeedUnavailable(f"feed {self.spec.name}: HTTP {answer.status_code}")
@@ -115,7 +129,4 @@ class FeedClient:
                         raise FeedUnavailable(f"feed {self.spec.name}: page too large")
         except httpx.HTTPError as exc:
             raise FeedUnavailable(f"feed {self.spec.name}: {type(exc).__name__}") from None
-        try:
-            return msgspec.json.decode(bytes(body), type=shape)
-        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
-            raise FeedUnavailable(f"feed {self.spec.name}: not a feed page ({exc})") from None
+        return body

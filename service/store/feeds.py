@@ -291,7 +291,12 @@ class FeedStore:
             rows = (
                 await conn.execute(
                     select(*_WITH_AGE)
-                    .where(r.feed == feed, r.state == "held", r.reason != "bad-signature")
+                    .where(
+                        r.feed == feed,
+                        r.state == "held",
+                        r.reason != "bad-signature",
+                        r.evidence.is_not(None),  # one that kept no event waits for its feed
+                    )
                     .order_by(r.decided_at, r.event_id)
                     .limit(limit)
                 )
@@ -484,9 +489,11 @@ class FeedStore:
 
 
 # a core disposition -> the receipt it gives (conflict and strengthened are applied outcomes)
+# the core's disposition of a feed event -> its receipt's state: an event that only confirms
+# what the row already says (strengthened: same outcome, same digest) is a replay, ignored
 _RECEIPT_OF = {
     "applied": "applied",
-    "strengthened": "applied",
+    "strengthened": "ignored",
     "conflict": "applied",
     "ignored": "ignored",
     "quarantined": "quarantined",

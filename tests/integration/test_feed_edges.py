@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 
+import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -26,6 +27,7 @@ from tests.integration.test_feed_observer import (
     observer,
     promised,
     receipt_states,
+    set_checkpoint,
     unknown_payout,
 )
 
@@ -152,6 +154,34 @@ async def test_an_inclusive_after_and_a_tie_group_larger_than_the_page_grow_the_
     assert checkpoint.closed_through_timestamp == 101
     states = await receipt_states(engine, feed_name)
     assert len(states) == 16 and set(states.values()) == {"quarantined"}
+
+
+async def test_a_hold_behind_the_checkpoint_served_again_blocks_nothing_ahead_of_it(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """An inclusive ``after`` serves, at the closed timestamp, an event held for an operator
+    (its signature does not verify): the hold stays, listed and decided on its own, and the
+    events after the closed timestamp close as usual."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=100)
+    feed = InclusiveAfter(spec)
+    forged = foreign("x", timestamp=100)
+    feed.events = [
+        msgspec.structs.replace(forged, signature="0" * 64),
+        foreign("y", timestamp=101),
+        foreign("z", timestamp=102),
+    ]
+    feed.watermark = 105
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    for _ in range(3):
+        await watcher.run_once()
+    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 105
+    states = await receipt_states(engine, feed_name)
+    assert states == {"x": "held", "y": "quarantined", "z": "quarantined"}
 
 
 async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle(
