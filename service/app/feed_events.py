@@ -134,6 +134,7 @@ class FeedEvents:
             observation,
             at(now),
             digest=event.digest,
+            served=served,
             before_commit=lambda: self._failpoints.hit("observer.event.before_commit"),
         )
         await self._failpoints.hit("observer.event.after_commit")

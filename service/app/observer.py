@@ -112,8 +112,9 @@ class FeedObserver:
         max_backoff: float,
         audit_window: float,
     ) -> None:
-        """``audit_window``: how far behind its closed timestamp a timestamp feed is read
-        again, page after page, for events that arrived there late."""
+        """``audit_window``: how far back a feed is read again, page after page, for events
+        that arrived behind its checkpoint (a timestamp feed: behind its closed timestamp; a
+        cursor feed promising no-backfill: from its checkpoint of that long ago)."""
         self.spec = spec
         self._client = client
         self._feeds = feeds
@@ -140,8 +141,10 @@ class FeedObserver:
         # where the audit's walk reads next (-1: the feed's start; None: no walk under way)
         self._audit_after: int | None = None
         self._reconcile_cursor: str | None = None  # where the cursor feed's re-read goes next
-        # (clock, cursor): the checkpoints this observer has seen or made, oldest first, kept
-        # for one audit window: a no-backfill cursor feed is read again from one a window old
+        # (clock, cursor): the checkpoint this observer started at and those it promoted to,
+        # oldest first, kept for one audit window: a no-backfill cursor feed is read again
+        # from one a window old. A token adopted from an empty page is never one (it could
+        # skip events), nor one another observer made (reading back further is only safer)
         self._marks: deque[tuple[float, str]] = deque()
 
     async def close(self) -> None:
@@ -196,7 +199,8 @@ class FeedObserver:
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
         self._pages += 1
-        self._mark(checkpoint.resume_cursor)
+        if not self._marks:  # where this observer starts: the base of its first passes
+            self._mark(checkpoint.resume_cursor)
         if self._pages % AUDIT_EVERY == 0:
             await self._reconcile_page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
@@ -257,8 +261,8 @@ class FeedObserver:
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
 
     def _mark(self, cursor: str) -> None:
-        """Remember the checkpoint's cursor as of now (once per cursor), forgetting those
-        more than one audit window older than the newest a window old."""
+        """Remember a cursor as of now (once per cursor), forgetting those more than one
+        audit window older than the newest a window old."""
         now = self._clock()
         if not self._marks or self._marks[-1][1] != cursor:
             self._marks.append((now, cursor))
@@ -267,9 +271,9 @@ class FeedObserver:
 
     def _reconcile_start(self) -> str:
         """Where a pass of the reconciliation reads from: a feed whose source may backfill
-        anywhere, its start; a feed promising no-backfill, the checkpoint this observer saw
-        one audit window ago (its oldest, if it has run for less): what the promise covers
-        is checked, not trusted."""
+        anywhere, its start; a feed promising no-backfill, the checkpoint this observer
+        promoted to one audit window ago (or started at, if it has run for less): what the
+        promise covers is checked, not trusted."""
         if "no-backfill" not in self.spec.promises:
             return ""
         return self._marks[0][1]

@@ -14,7 +14,9 @@ Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
    stays; their place and content are no longer held against the feed) and the page passes.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
-3. The returned cursor is promoted only when every event of the page has a final receipt.
+3. The returned cursor is promoted only when every event of the page ahead of the applied
+   position has a final receipt (a held one behind it is already passed: its hold is
+   decided again on its own, never forgotten).
    A cursor equal to the request's is not progress: back off. Nor is an empty page with a
    new cursor, whatever its token says (a source that hands out a fresh token on every
    empty page would otherwise be asked in a loop): when the source documents such tokens
@@ -192,8 +194,15 @@ def cursor_barrier(
     advance: bool,
 ) -> Promote | Advance | Blocked | Backoff:
     """``states``: the receipts of the page's events after processing; ``advance``: the
-    source documents a new cursor on an empty page (else such a cursor is not adopted)."""
-    open_ = [e.event_id for e in events if not _final(states.get(e.event_id))]
+    source documents a new cursor on an empty page (else such a cursor is not adopted).
+    Only events ahead of the applied position hold the barrier: a held event behind it (an
+    overlap or a backfill) is already passed, and is decided again on its own."""
+    open_ = [
+        e.event_id
+        for e in events
+        if not _final(states.get(e.event_id))
+        and (applied_position is None or e.order > applied_position)
+    ]
     if open_:
         return Blocked(open_)
     if next_cursor == request_cursor:

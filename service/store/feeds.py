@@ -322,12 +322,14 @@ class FeedStore:
         now: datetime,
         *,
         digest: str = "",
+        served: tuple[bytes, str] | None = None,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Receipt, tuple[Any, Settled] | None]:
         """Settle the event's observation and write its final receipt, in one transaction;
         returns the receipt and what the settle phase returned (the row before, the
         settlement), None when nothing was settled. An event that already has a final receipt
-        is left alone (returned as it is)."""
+        is left alone (returned as it is). ``served``: the event as served, which the receipt
+        keeps should it be a hold (the operation's row went meanwhile)."""
 
         async def phase(uow: UnitOfWork) -> tuple[Receipt, tuple[Any, Settled] | None]:
             existing = await _claim_receipt(uow.connection, feed, event_id, order, now)
@@ -335,8 +337,9 @@ class FeedStore:
                 return existing, None
             detail = {"feed": feed, "event_id": event_id}
             found = await self._settle(operation_id, observation, detail)(uow)
+            kept = None
             if found is None:  # the row went between the caller's read and this transaction
-                state, reason, observation_id = "held", "unknown-operation", None
+                state, reason, observation_id, kept = "held", "unknown-operation", None, served
             else:
                 settled = found[1]
                 disposition = settled.decision.disposition.value
@@ -344,7 +347,7 @@ class FeedStore:
                 reason, observation_id = settled.decision.reason.value, settled.observation_id
             receipt = await _write_receipt(
                 uow.connection, feed, event_id, operation_id, state, reason, observation_id, now,
-                digest,
+                digest, served=kept,
             )  # fmt: skip
             return receipt, found
 
@@ -488,7 +491,6 @@ class FeedStore:
             return {(row[0], row[1]): int(row[2]) for row in rows}
 
 
-# a core disposition -> the receipt it gives (conflict and strengthened are applied outcomes)
 # the core's disposition of a feed event -> its receipt's state: an event that only confirms
 # what the row already says (strengthened: same outcome, same digest) is a replay, ignored
 _RECEIPT_OF = {

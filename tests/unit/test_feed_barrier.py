@@ -132,6 +132,9 @@ def test_the_cursor_is_promoted_only_when_every_event_is_final() -> None:
     assert cursor_barrier("C7", "C8", 105, page, held, advance=True) == Blocked(["c"])
     done = {**half, "c": Q}
     assert cursor_barrier("C7", "C8", 105, page, done, advance=True) == Promote("C8", 107)
+    # a held event behind the applied position (an overlap, a backfill) is already passed
+    behind = {"a": H, "b": IGN, "c": Q}
+    assert cursor_barrier("C7", "C8", 105, page, behind, advance=True) == Promote("C8", 107)
 
 
 def test_the_applied_position_never_moves_back() -> None:

@@ -304,12 +304,18 @@ class TimestampObserversMachine(RuleBasedStateMachine):
             self._decide(event)
         # the shared receipts as they are now (another observer or a redrive may have decided)
         states = {event_id: s.state for event_id, s in self._seen(pending.page).items()}
-        through = closable_through(
-            view.closed, pending.page, states, pending.watermark, full=pending.full
+        # as the observer does: only the events after the closed timestamp decide what closes
+        # (a hold behind it, served again by an overlap, blocks nothing ahead of it); a page
+        # that may be cut and holds none of them proves nothing
+        ahead = [e for e in pending.page if view.closed is None or e.order > view.closed]
+        through = (
+            None
+            if pending.full and not ahead
+            else closable_through(view.closed, ahead, states, pending.watermark, full=pending.full)
         )
         if through is None:
             # only the events after the closed timestamp say whether one tie group fills it
-            fresh = {e.order for e in pending.page if view.closed is None or e.order > view.closed}
+            fresh = {e.order for e in ahead}
             if pending.full and len(fresh) <= 1:
                 observer.limit = min(MAX_PAGE, observer.limit * 2)
             return
