@@ -66,9 +66,9 @@ MAX_PAGE = 500
 # Holds decided again per pass (a pass per poll interval at most): a feed with more open
 # holds goes through them over several passes, the least recently decided first.
 HOLD_BATCH = 50
-# One request in this many of an observer is a page of its late-event audit (timestamp feeds)
-# or of its reconciliation pass (cursor feeds that may backfill), busy or idle: both walk
-# what is behind the checkpoint a page at a time.
+# One request in this many of a busy observer also reads a page of its late-event audit
+# (timestamp feeds) or of its reconciliation pass (cursor feeds): both walk what is behind
+# the checkpoint a page at a time (an idle observer reads one with every request).
 AUDIT_EVERY = 10
 
 
@@ -138,9 +138,6 @@ class FeedObserver:
         self._idle = 0  # pages in a row without progress: the backoff's exponent
         self._audit_window = int(audit_window)
         self._pages = 0  # pages so far: every AUDIT_EVERY-th also reads an audit page
-        # where the audit's walk reads next (-1: the feed's start; None: no walk under way)
-        self._audit_after: int | None = None
-        self._reconcile_cursor: str | None = None  # where the cursor feed's re-read goes next
         # (clock, cursor): the checkpoint this observer started at and those it promoted to,
         # oldest first, kept for one audit window: a no-backfill cursor feed is read again
         # from one a window old. A token adopted from an empty page is never one (it could
@@ -201,7 +198,7 @@ class FeedObserver:
         self._pages += 1
         if not self._marks:  # where this observer starts: the base of its first passes
             self._mark(checkpoint.resume_cursor)
-        if self._pages % AUDIT_EVERY == 0:
+        if self._walk_due():
             await self._reconcile_page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
@@ -260,6 +257,12 @@ class FeedObserver:
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
 
+    def _walk_due(self) -> bool:
+        """Whether this request also reads a page of the walk behind the checkpoint: one
+        request in ``AUDIT_EVERY`` on a busy feed, every request on an idle one (the last
+        page made no progress), so a walk over a long feed ends in a bounded time."""
+        return self._pages % AUDIT_EVERY == 0 or self._idle > 0
+
     def _mark(self, cursor: str) -> None:
         """Remember a cursor as of now (once per cursor), forgetting those more than one
         audit window older than the newest a window old."""
@@ -288,7 +291,9 @@ class FeedObserver:
         applied = checkpoint.applied_position
         if applied is None:
             return
-        cursor = self._reconcile_cursor or self._reconcile_start()
+        cursor = checkpoint.walk_cursor
+        if cursor is None:
+            cursor = self._reconcile_start()
         page = await self._client.cursor_page(cursor, MAX_PAGE)
         behind = [e for e in page.events if _order(e.position) <= applied]
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in behind]
@@ -300,7 +305,7 @@ class FeedObserver:
             await self._alarm(
                 checked.kind, checked.event_id, f"reconciliation: {checked.detail}", checked.order
             )
-            self._reconcile_cursor = None
+            await self._feeds.walk_to(self.spec.name, cursor=None, after=None)
             return
         alarms = [
             ("backfill", e, f"position {e.order} behind the applied prefix, found on re-reading")
@@ -309,7 +314,9 @@ class FeedObserver:
         await self._outcomes(checked.process, behind, seen, alarms)
         done = not page.events or len(behind) < len(page.events)
         done = done or page.next_cursor == cursor
-        self._reconcile_cursor = None if done else page.next_cursor
+        following = None if done else page.next_cursor
+        if following != checkpoint.walk_cursor:
+            await self._feeds.walk_to(self.spec.name, cursor=following, after=None)
 
     # -- timestamp feeds ----------------------------------------------------------------------
 
@@ -318,8 +325,8 @@ class FeedObserver:
         closed = checkpoint.closed_through_timestamp
         limit = self._limit
         self._pages += 1
-        if self._pages % AUDIT_EVERY == 0:
-            await self._audit_page(closed)
+        if self._walk_due():
+            await self._audit_page(checkpoint)
         page = await self._client.timestamp_page(closed, limit)
         events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
@@ -379,18 +386,25 @@ class FeedObserver:
             return Page(PageResult.LOST, len(events), processed)
         return Page(PageResult.PROMOTED, len(events), processed)
 
-    async def _audit_page(self, closed: int | None) -> None:
+    async def _audit_page(self, checkpoint: Checkpoint) -> None:
         """One page of the late-event audit: a walk through ``audit_window`` seconds behind
         the closed timestamp, a page of up to ``MAX_PAGE`` events at a time, checked like a
         main page (order, identity, content); an event there without a receipt arrived late
         (or was passed on a promise the source broke): alarmed and processed, never skipped.
         The walk starts again behind the then closed timestamp once it has passed the closed
         one."""
+        closed = checkpoint.closed_through_timestamp
         if closed is None:
             return
-        if self._audit_after is None:
-            self._audit_after = max(-1, closed - self._audit_window - 1)
-        after = self._audit_after
+        after = checkpoint.walk_after
+        if after is None:
+            after = max(-1, closed - self._audit_window - 1)
+        following = await self._audit_walk(closed, after)
+        if following != checkpoint.walk_after:
+            await self._feeds.walk_to(self.spec.name, cursor=None, after=following)
+
+    async def _audit_walk(self, closed: int, after: int) -> int | None:
+        """One page of the audit from ``after``; where the walk goes on (None: a new one)."""
         page = await self._client.timestamp_page(after if after >= 0 else None, MAX_PAGE)
         behind = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
         events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in behind]
@@ -400,8 +414,7 @@ class FeedObserver:
             await self._alarm(
                 checked.kind, checked.event_id, f"audit: {checked.detail}", checked.order
             )
-            self._audit_after = None
-            return
+            return None
         alarms = [
             ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
         ]
@@ -411,17 +424,16 @@ class FeedObserver:
         # it; otherwise it goes on from the page's last timestamp, which may have been cut.
         last = max((_order(e.timestamp) for e in page.events), default=None)
         if last is None or last >= closed:
-            self._audit_after = None  # through the closed timestamp: start again next time
-        elif last - 1 <= after:
+            return None  # through the closed timestamp: start again next time
+        if last - 1 <= after:
             # the page is one timestamp: on past it (a full page of it cannot be paged
             # through: alarmed)
             if len(page.events) >= MAX_PAGE:
                 await self._alarm(
                     "tie-stall", "", f"audit: more than {MAX_PAGE} events at timestamp {last}"
                 )
-            self._audit_after = last
-        else:
-            self._audit_after = last - 1
+            return last
+        return last - 1
 
     async def _outcomes(
         self,

@@ -44,6 +44,10 @@ class Checkpoint(msgspec.Struct, frozen=True):
     version: int
     updated_at: datetime
     caught_up_at: datetime | None
+    walk_cursor: str | None = None
+    """where a cursor feed's reconciliation pass reads next (None: a new pass)"""
+    walk_after: int | None = None
+    """where a timestamp feed's audit walk reads next (None: a new walk; -1: the start)"""
 
 
 class Receipt(msgspec.Struct, frozen=True):
@@ -163,6 +167,17 @@ class FeedStore:
         return await self._cas(
             current, now, resume_cursor=cursor, applied_position=applied_position
         )
+
+    async def walk_to(self, name: str, *, cursor: str | None, after: int | None) -> None:
+        """Where the feed's walk behind its checkpoint reads next (None: a new walk). A
+        progress marker every observer of the feed shares: no version, no CAS."""
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(feed_checkpoints)
+                .where(c.name == name)
+                .values(walk_cursor=cursor, walk_after=after)
+            )
 
     async def close_through(self, current: Checkpoint, timestamp: int, now: datetime) -> bool:
         """Move a timestamp feed's checkpoint, if nobody moved it since ``current``."""

@@ -331,6 +331,11 @@ feed_checkpoints = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     # the last time a page came back with nothing new (the observer was caught up)
     Column("caught_up_at", DateTime(timezone=True)),
+    # where the walk behind the checkpoint reads next (NULL: a new walk): the cursor of a
+    # cursor feed's reconciliation pass, the ``after`` of a timestamp feed's audit (-1: the
+    # feed's start); progress markers, moved without the version
+    Column("walk_cursor", Text),
+    Column("walk_after", BigInteger),
     CheckConstraint(_in("kind", FEED_KINDS), name="kind"),
     CheckConstraint("version >= 1", name="version"),
 )

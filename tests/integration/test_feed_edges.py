@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app.observer import AUDIT_EVERY, PageResult
+from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage, TimestampPage
 from service.failpoints import FailpointError
@@ -474,3 +474,62 @@ async def test_a_no_backfill_feed_is_read_again_only_back_one_audit_window(
     assert states.get("b20") == "quarantined" and alarms == {"b20"}
     assert "b5" not in states
     assert [cursor for cursor, _ in feed.asked].count("") == 1  # the start is not read again
+
+
+async def test_a_reconciliation_pass_goes_on_where_it_was_after_a_restart(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+) -> None:
+    """Where the pass reads next is kept on the checkpoint's row: an observer started anew
+    goes on from there instead of the feed's start (one restarted more often than a pass
+    takes would otherwise never reach the far end of a long feed)."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    first, second = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
+    await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C30", applied_position=30)
+    feed = ScriptedFeed(spec)
+    feed.cursor_pages[""] = CursorPage(events=[event(first, "e10", position=10)], next_cursor="R1")
+    feed.cursor_pages["R1"] = CursorPage(events=[foreign("b20", position=20)], next_cursor="R2")
+    feed.cursor_pages["R2"] = CursorPage(
+        events=[event(second, "e30", position=30)], next_cursor="C30"
+    )
+    before = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    for _ in range(AUDIT_EVERY):
+        await before.run_once()
+    assert (await feed_store.checkpoint(feed_name, "cursor")).walk_cursor == "R1"
+
+    after = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)  # a restart
+    for _ in range(AUDIT_EVERY):
+        await after.run_once()
+
+    assert [cursor for cursor, limit in feed.asked if limit == MAX_PAGE] == ["", "R1"]
+    assert (await receipt_states(engine, feed_name)).get("b20") == "quarantined"
+    # both found behind the applied position without a receipt (e10 on the first page)
+    assert {a.event_id for a in await feed_store.alarms(feed_name)} == {"e10", "b20"}
+    assert (await feed_store.checkpoint(feed_name, "cursor")).walk_cursor == "R2"
+
+
+async def test_an_idle_feed_reads_a_page_of_its_walk_with_every_request(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """Busy, one request in AUDIT_EVERY also reads a page of the walk; idle (the last page
+    made no progress), every request does, so a walk over a long feed ends in bounded time."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C30", applied_position=30)
+    feed = ScriptedFeed(spec)
+    for n in range(5):
+        feed.cursor_pages[f"R{n}" if n else ""] = CursorPage(
+            events=[foreign(f"x{n}", position=n + 1)], next_cursor=f"R{n + 1}"
+        )
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    for _ in range(4):
+        watcher.wait_after(await watcher.run_once())  # C30 answers C30: caught up, idle
+    walked = [cursor for cursor, limit in feed.asked if limit == MAX_PAGE]
+    assert walked == ["", "R1", "R2"]  # from the second request on: every one
