@@ -15,8 +15,8 @@ overlap or backfill page served it behind the checkpoint): the hold keeps the ev
 observer decides its holds again by itself, at most once per ``poll_interval``, the least
 recently decided first, whether or not the feed serves them again: the operation now known
 settles it, the grace run out quarantines it. Holds for an operator (``bad-signature``)
-wait for the operator's ``quarantine`` or ``retry``. ``GET /admin/v1/feeds/{name}`` lists
-every open hold with its age.
+wait for the operator's ``quarantine`` or ``retry``. ``GET /admin/v1/feeds/{name}/holds``
+pages through every open hold with its age.
 
 Failpoints: ``observer.event.before_commit|after_commit`` around a settled event's commit,
 ``observer.quarantine.before|after`` around a quarantine the observer decides,
@@ -30,7 +30,7 @@ import enum
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 
@@ -70,6 +70,9 @@ HOLD_BATCH = 50
 # (timestamp feeds) or of its reconciliation pass (cursor feeds): both walk what is behind
 # the checkpoint a page at a time (an idle observer reads one with every request).
 AUDIT_EVERY = 10
+# Walk pages in a row the source does not give before the walk starts anew (the place it
+# kept, an old cursor, may be what the source refuses).
+WALK_FAILURES = 3
 
 
 class PageResult(enum.StrEnum):
@@ -137,7 +140,8 @@ class FeedObserver:
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
         self._audit_window = int(audit_window)
-        self._pages = 0  # pages so far: every AUDIT_EVERY-th also reads an audit page
+        self._pages = 0  # pages so far: every AUDIT_EVERY-th (every one, idle) reads a walk page
+        self._walk_failures = 0  # walk pages in a row the source did not give
         # (clock, cursor): the checkpoint this observer started at and those it promoted to,
         # oldest first, kept for one audit window: a no-backfill cursor feed is read again
         # from one a window old. A token adopted from an empty page is never one (it could
@@ -199,7 +203,7 @@ class FeedObserver:
         if not self._marks:  # where this observer starts: the base of its first passes
             self._mark(checkpoint.resume_cursor)
         if self._walk_due():
-            await self._reconcile_page(checkpoint)
+            await self._walk(self._reconcile_page(checkpoint))
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
         events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
@@ -257,6 +261,25 @@ class FeedObserver:
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
 
+    async def _walk(self, page: Awaitable[None]) -> None:
+        """One page of the walk behind the checkpoint. A page the source does not give is
+        logged and skipped: the main page is read all the same (a walk that cannot go on
+        never stops the feed); after ``WALK_FAILURES`` in a row the walk starts anew, in case
+        the place it kept is what the source refuses."""
+        try:
+            await page
+        except FeedUnavailable as exc:
+            self._walk_failures += 1
+            log.warning(
+                "feed walk page unavailable",
+                extra={"feed": self.spec.name, "error": str(exc), "in_a_row": self._walk_failures},
+            )
+            if self._walk_failures >= WALK_FAILURES:
+                self._walk_failures = 0
+                await self._feeds.walk_to(self.spec.name, cursor=None, after=None)
+        else:
+            self._walk_failures = 0
+
     def _walk_due(self) -> bool:
         """Whether this request also reads a page of the walk behind the checkpoint: one
         request in ``AUDIT_EVERY`` on a busy feed, every request on an idle one (the last
@@ -283,8 +306,8 @@ class FeedObserver:
 
     async def _reconcile_page(self, checkpoint: Checkpoint) -> None:
         """One page of the reconciliation pass of a cursor feed: the feed is read again from
-        :meth:`_reconcile_start`, ``MAX_PAGE`` events at a time, one such page every
-        ``AUDIT_EVERY`` requests, up to the applied position; each page gets a main page's
+        :meth:`_reconcile_start`, ``MAX_PAGE`` events at a time, a page when
+        :meth:`_walk_due`, up to the applied position; each page gets a main page's
         checks, and an event behind the applied position without a receipt (a backfill) is
         alarmed and processed, never skipped. At the applied position (or the feed's end)
         the pass starts again."""
@@ -311,7 +334,8 @@ class FeedObserver:
             ("backfill", e, f"position {e.order} behind the applied prefix, found on re-reading")
             for e in checked.backfilled
         ]
-        await self._outcomes(checked.process, behind, seen, alarms)
+        if await self._outcomes(checked.process, behind, seen, alarms) is None:
+            return  # an event not decided: the walk reads this page again, never past it
         done = not page.events or len(behind) < len(page.events)
         done = done or page.next_cursor == cursor
         following = None if done else page.next_cursor
@@ -326,7 +350,7 @@ class FeedObserver:
         limit = self._limit
         self._pages += 1
         if self._walk_due():
-            await self._audit_page(checkpoint)
+            await self._walk(self._audit_page(checkpoint))
         page = await self._client.timestamp_page(closed, limit)
         events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in page.events]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
@@ -418,7 +442,8 @@ class FeedObserver:
         alarms = [
             ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
         ]
-        await self._outcomes(checked.process, behind, seen, alarms)
+        if await self._outcomes(checked.process, behind, seen, alarms) is None:
+            return after  # an event not decided: this page again, never past it
         # The walk trusts no promise of the source (it is how a broken one shows): a short
         # page may be capped, so only an empty page or one reaching the closed timestamp ends
         # it; otherwise it goes on from the page's last timestamp, which may have been cut.

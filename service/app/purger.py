@@ -1,5 +1,6 @@
-"""The retention purge (DESIGN §9): expired terminal operations become tombstones, and
-tombstones past their own retention are forgotten.
+"""The retention purge (DESIGN §9): expired terminal operations become tombstones,
+tombstones past their own retention are forgotten, and so are a feed's final receipts out of
+every page's reach and its alarms not raised again.
 
 A background loop in every server process (``run``), and part of ``settlement sweep``
 (``run_once`` until nothing is left). Each batch is one short transaction over at most
@@ -71,8 +72,8 @@ class Purger:
         self._batch = batch
 
     async def run_once(self, max_batches: int = MAX_BATCHES_PER_PASS) -> Purged:
-        """Purge expired operations, then forget old tombstones, batch by batch (at most
-        ``max_batches`` of each), and refresh the oldest-open-operation gauge."""
+        """Purge expired operations, then forget old tombstones, then old feed rows, batch by
+        batch (at most ``max_batches`` of each), and refresh the oldest-open-operation gauge."""
         done = Purged()
         done.operations = await self._drain(self._store.purge, max_batches, done)
         done.tombstones = await self._drain(self._store.forget, max_batches, done)

@@ -340,7 +340,8 @@ class FeedStore:
         served: tuple[bytes, str] | None = None,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Receipt, tuple[Any, Settled] | None]:
-        """Settle the event's observation and write its final receipt, in one transaction;
+        """Settle the event's observation and write its receipt, in one transaction (final,
+        or a hold when the operation's row went meanwhile);
         returns the receipt and what the settle phase returned (the row before, the
         settlement), None when nothing was settled. An event that already has a final receipt
         is left alone (returned as it is). ``served``: the event as served, which the receipt

@@ -32,6 +32,8 @@ def decode(cursor: str) -> tuple[datetime, str]:
         if len(cursor) > MAX_CURSOR:
             raise ValueError("too long")
         moment_text, key = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        if "\x00" in key:  # PostgreSQL text holds no NUL: refused here, never a 500 there
+            raise ValueError("a NUL in the key")
         moment = datetime.fromisoformat(moment_text)
         if moment.tzinfo is None or not CURSOR_EARLIEST <= moment <= CURSOR_LATEST:
             raise ValueError("timestamp out of range")

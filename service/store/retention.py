@@ -150,7 +150,8 @@ WITH reach AS (
 ), doomed AS (
     SELECT r.feed, r.event_id
       FROM feed_receipts r JOIN floors ON floors.name = r.feed
-     WHERE r.event_order < floors.floor AND r.state <> 'held' AND r.decided_at <= :cutoff
+     WHERE r.decided_at <= :cutoff AND r.event_order < floors.floor AND r.state <> 'held'
+     ORDER BY r.decided_at
      LIMIT :batch
      FOR UPDATE OF r SKIP LOCKED
 ), gone AS (

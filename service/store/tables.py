@@ -366,6 +366,8 @@ feed_receipts = Table(
     CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
 )
 Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)
+# the retention purge looks for the receipts decided longest ago (without reading the young)
+Index("ix_feed_receipts_decided_at", feed_receipts.c.decided_at)
 Index(
     "ix_feed_receipts_held",
     feed_receipts.c.feed,

@@ -3,6 +3,7 @@ quarantined by an operator once, or decided again by a retry that never deletes 
 
 from __future__ import annotations
 
+import base64
 import uuid
 from collections.abc import Iterator
 
@@ -134,7 +135,14 @@ def test_every_open_hold_can_be_paged_through_oldest_first(
         if after is None:
             break
     assert seen == expected
-    for bad in ({"after": "bm90IG91cnM="}, {"after": "%%%"}, {"limit": "0"}, {"limit": "501"}):
+    nul = base64.urlsafe_b64encode(b"2026-01-01T00:00:00+00:00|\x00").decode()
+    for bad in (
+        {"after": "bm90IG91cnM="},
+        {"after": "%%%"},
+        {"after": nul},
+        {"limit": "0"},
+        {"limit": "501"},
+    ):
         refused = httpx.get(url, params=bad, headers=auth(ADMIN_KEY))
         assert refused.status_code == 400, (bad, refused.text)
         assert refused.headers["content-type"] == "application/problem+json"

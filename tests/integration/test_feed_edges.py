@@ -11,9 +11,9 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
+from service.app.observer import AUDIT_EVERY, MAX_PAGE, WALK_FAILURES, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
-from service.domain.feeds import CursorPage, TimestampPage
+from service.domain.feeds import CursorPage, FeedUnavailable, TimestampPage
 from service.failpoints import FailpointError
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
@@ -533,3 +533,48 @@ async def test_an_idle_feed_reads_a_page_of_its_walk_with_every_request(
         watcher.wait_after(await watcher.run_once())  # C30 answers C30: caught up, idle
     walked = [cursor for cursor, limit in feed.asked if limit == MAX_PAGE]
     assert walked == ["", "R1", "R2"]  # from the second request on: every one
+
+
+class WalkRefused(ScriptedFeed):
+    """A source that gives the main pages but refuses every page of a walk (500 events)."""
+
+    async def cursor_page(self, cursor: str, limit: int) -> CursorPage:
+        if limit == MAX_PAGE:
+            self.asked.append((cursor, limit))
+            raise FeedUnavailable("feed: HTTP 400")
+        return await super().cursor_page(cursor, limit)
+
+
+async def test_a_walk_the_source_refuses_never_stops_the_feed_and_starts_anew(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+) -> None:
+    """Every walk page fails (a kept cursor the source no longer takes, say): the main pages
+    are read and promoted all the same, and after WALK_FAILURES in a row the walk's kept
+    place is dropped, to start anew."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
+    paid = [await unknown_payout(store, principal_id, clock) for _ in range(3)]
+    await set_checkpoint(
+        engine, feed_name, "cursor", resume_cursor="C0", applied_position=0, walk_cursor="OLD"
+    )
+    feed = WalkRefused(spec)
+    for n, op in enumerate(paid):
+        feed.cursor_pages[f"C{n}"] = CursorPage(
+            events=[event(op, f"e{n}", position=n + 1)], next_cursor=f"C{n + 1}"
+        )
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    results = []
+    for _ in range(7):
+        page = await watcher.run_once()
+        results.append(page.result)
+        watcher.wait_after(page)
+    assert results[:3] == [PageResult.PROMOTED] * 3  # busy: no walk page yet
+    # caught up, then idle: a walk page with each request from the fifth on, refused
+    assert set(results[3:]) == {PageResult.CAUGHT_UP}
+    assert [cursor for cursor, _ in feed.asked if _ == MAX_PAGE] == ["OLD"] * WALK_FAILURES
+    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    assert (checkpoint.resume_cursor, checkpoint.walk_cursor) == ("C3", None)
