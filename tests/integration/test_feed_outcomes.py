@@ -438,10 +438,10 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
     principal_id: uuid.UUID,
     feed_name: str,
 ) -> None:
-    """settle_event writes a hold without the event when the operation's row is not there in
-    its transaction (as holds written before migration 0007 are): the re-drive cannot decide
-    it, even once the operation is known; it stays listed, and the feed serving the event
-    again decides it. A hold that kept its event is settled by the same passes."""
+    """A hold without its event (as holds written before migration 0007 are; made here
+    through settle_event given no ``served``): the re-drive cannot decide it, even once the
+    operation is known; it stays listed, and the feed serving the event again decides it. A
+    hold that kept its event is settled by the same passes."""
     spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor")
     operation_id = str(uuid.uuid4())
     x = foreign("x", operation_id, position=7)
@@ -453,6 +453,16 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
     )  # fmt: skip
     assert found is None
     assert (held.state, held.reason, held.evidence) == ("held", "unknown-operation", None)
+    # given the event as served (as the observer does), such a hold keeps it (another feed)
+    y = foreign("y", str(uuid.uuid4()), position=8)
+    signed_y = decode_signed(y)
+    assert signed_y is not None
+    kept, _ = await feed_store.settle_event(
+        feed_name + "y", "y", 8, signed_y.evidence.operation_id,
+        observation_of(signed_y.evidence, Source.FEED), at(clock()), digest=digest_of(y),
+        served=(bytes(y.evidence), y.signature),
+    )  # fmt: skip
+    assert (kept.state, kept.evidence) == ("held", bytes(y.evidence))
     other = await unknown_payout(store, principal_id, clock)
     await insert_holds(engine, feed_name, [("kept", signed(other, "kept", position=3), 0)])
     await unknown_payout(store, principal_id, clock, new_operation_id=operation_id)
