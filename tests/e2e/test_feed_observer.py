@@ -340,10 +340,12 @@ def test_a_bad_signature_is_held_until_an_operator_releases_it(
     observer = Observer(services.redis_url, app_database, provider, kind, page_size=50)
     try:
         until(lambda: caught_up(base, observer.name), "the observer catches up")
-        # two pages flip a signature: an idle observer's look-back page may take one
-        provider.arm_feed("bad_signature", 2)
+        # every page flips its first signature until the event is held: an idle observer
+        # also reads a page of its walk with every request, and those take units too
+        provider.arm_feed("bad_signature", 1000)
         op = lost_payout(base, client_key, provider)
         holds = until(lambda: feed_view(base, observer.name)["holds"], "the event is held")
+        provider.clear_feed_faults()
         assert [h["reason"] for h in holds] == ["bad-signature"]
         time.sleep(0.5)  # held: the barrier stays closed, the payout stays unknown
         assert state(base, client_key, op)["state"] == "unknown"
