@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -347,7 +346,10 @@ def test_a_bad_signature_is_held_until_an_operator_releases_it(
         holds = until(lambda: feed_view(base, observer.name)["holds"], "the event is held")
         provider.clear_feed_faults()
         assert [h["reason"] for h in holds] == ["bad-signature"]
-        time.sleep(0.5)  # held: the barrier stays closed, the payout stays unknown
+        # three more pages read (each takes a unit): at least one main page was decided
+        # whole meanwhile; held, the barrier stays closed and the payout stays unknown
+        provider.arm_feed("bad_signature", 3)
+        until(lambda: not provider.feed_faults(), "the observer reads three more pages")
         assert state(base, client_key, op)["state"] == "unknown"
         again = feed_view(base, observer.name)["holds"]
         assert [h["event_id"] for h in again] == [h["event_id"] for h in holds]
