@@ -17,6 +17,7 @@ A hold keeps the event as served, so deciding it again needs nothing from the fe
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import uuid
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from service.store.retention import RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore
 
-__all__ = ["FeedEvents", "served_again"]
+__all__ = ["FeedEvents", "event_digest", "event_order", "served_again"]
 
 log = logging.getLogger("settlement.observer")
 
@@ -198,6 +199,36 @@ class FeedEvents:
         )
         return ReceiptState(receipt.state)
 
+    async def outcomes(
+        self,
+        feed: str,
+        process: list[FeedEvent],
+        served: list[RawEvent],
+        seen: dict[str, Seen],
+        alarms: list[tuple[str, FeedEvent, str]],
+    ) -> tuple[dict[str, ReceiptState], int] | None:
+        """Raise a page's alarms, then give ``process`` their outcomes, in order: every
+        event's state after it and how many were processed, or None when an error stopped
+        the page (the events after it are left for the page's next reading)."""
+        for kind, event, detail in alarms:
+            await self.alarm(feed, kind, event.event_id, detail)
+        states = {event_id: s.state for event_id, s in seen.items()}
+        raw = {e.event_id: e for e in served}
+        done = 0
+        for event in process:
+            try:
+                states[event.event_id] = await self.decide(
+                    feed, event, raw[event.event_id], seen.get(event.event_id)
+                )
+            except Exception as exc:
+                log.warning(
+                    "feed event not settled; the page stops and will be retried",
+                    extra={"feed": feed, "event_id": event.event_id, "error": repr(exc)},
+                )
+                return None
+            done += 1
+        return states, done
+
     async def alarm(
         self, feed: str, kind: str, event_id: str, detail: str, order: int | None = None
     ) -> None:
@@ -218,3 +249,14 @@ def served_again(held: Receipt) -> RawEvent | None:
         evidence=msgspec.Raw(held.evidence),
         signature=held.signature or "",
     )
+
+
+def event_digest(event: RawEvent) -> str:
+    """What the event says, as served: its evidence bytes and its signature."""
+    return hashlib.sha256(bytes(event.evidence) + b"\n" + event.signature.encode()).hexdigest()
+
+
+def event_order(value: int | None) -> int:
+    """An event's position or timestamp (the client refuses a page with an event without)."""
+    assert value is not None
+    return value

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import hashlib
 import logging
-from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import msgspec
 
-from service.app.feed_events import FeedEvents
+from service.app.feed_events import FeedEvents, event_digest, event_order
+from service.app.feed_walks import MAX_PAGE, FeedWalks
 from service.config import FeedSpec
 from service.core.feed import (
     Advance,
@@ -43,14 +42,13 @@ from service.core.feed import (
     FeedEvent,
     Promote,
     ReceiptState,
-    Seen,
     Stop,
     check_cursor_page,
     check_timestamp_page,
     closable_through,
     cursor_barrier,
 )
-from service.domain.feeds import FeedClient, FeedUnavailable, RawEvent
+from service.domain.feeds import FeedClient, FeedUnavailable
 from service.failpoints import Failpoints
 from service.store.feeds import Checkpoint, FeedStore
 from service.store.retention import RetentionStore
@@ -61,8 +59,6 @@ __all__ = ["MAX_PAGE", "FeedObserver", "Page", "PageResult"]
 
 log = logging.getLogger("settlement.observer")
 
-# The largest page asked for: a tie group larger than this stalls the feed (an alarm).
-MAX_PAGE = 500
 # Holds decided again per pass (a pass per poll interval at most): a feed with more open
 # holds goes through them over several passes, the least recently decided first.
 HOLD_BATCH = 50
@@ -70,9 +66,6 @@ HOLD_BATCH = 50
 # (timestamp feeds) or of its reconciliation pass (cursor feeds): both walk what is behind
 # the checkpoint a page at a time (an idle observer reads one with every request).
 AUDIT_EVERY = 10
-# Walk pages in a row the source does not give before the walk starts anew (the place it
-# kept, an old cursor, may be what the source refuses).
-WALK_FAILURES = 3
 
 
 class PageResult(enum.StrEnum):
@@ -139,14 +132,10 @@ class FeedObserver:
         self._next_redrive: float | None = None  # when the holds are decided again next
         self._max_backoff = max_backoff
         self._idle = 0  # pages in a row without progress: the backoff's exponent
-        self._audit_window = int(audit_window)
         self._pages = 0  # pages so far: every AUDIT_EVERY-th (every one, idle) reads a walk page
-        self._walk_failures = 0  # walk pages in a row the source did not give
-        # (clock, cursor): the checkpoint this observer started at and those it promoted to,
-        # oldest first, kept for one audit window: a no-backfill cursor feed is read again
-        # from one a window old. A token adopted from an empty page is never one (it could
-        # skip events), nor one another observer made (reading back further is only safer)
-        self._marks: deque[tuple[float, str]] = deque()
+        self._walks = FeedWalks(
+            spec, client, feeds, self._events, clock=clock, audit_window=audit_window
+        )
 
     async def close(self) -> None:
         await self._client.close()
@@ -200,12 +189,13 @@ class FeedObserver:
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
         self._pages += 1
-        if not self._marks:  # where this observer starts: the base of its first passes
-            self._mark(checkpoint.resume_cursor)
+        self._walks.started_at(checkpoint.resume_cursor)
         if self._walk_due():
-            await self._walk(self._reconcile_page(checkpoint))
+            await self._walks.page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)
-        events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in page.events]
+        events = [
+            FeedEvent(e.event_id, event_order(e.position), event_digest(e)) for e in page.events
+        ]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
         owners = await self._feeds.owners(name, [e.order for e in events])
         checked = check_cursor_page(checkpoint.applied_position, events, seen, owners)
@@ -215,7 +205,7 @@ class FeedObserver:
             ("backfill", e, f"position {e.order} behind the applied prefix")
             for e in checked.backfilled
         ]
-        outcomes = await self._outcomes(checked.process, page.events, seen, alarms)
+        outcomes = await self._events.outcomes(name, checked.process, page.events, seen, alarms)
         if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
         states, processed = outcomes
@@ -257,90 +247,15 @@ class FeedObserver:
                 if not moved:
                     log.info("feed checkpoint moved by another observer", extra={"feed": name})
                     return Page(PageResult.LOST, len(events), processed)
-                self._mark(cursor)
+                self._walks.promoted_to(cursor)
                 return Page(PageResult.PROMOTED, len(events), processed)
         raise AssertionError(verdict)  # pragma: no cover - the match is exhaustive
-
-    async def _walk(self, page: Awaitable[None]) -> None:
-        """One page of the walk behind the checkpoint. A page the source does not give is
-        logged and skipped: the main page is read all the same (a walk that cannot go on
-        never stops the feed); after ``WALK_FAILURES`` in a row the walk starts anew, in case
-        the place it kept is what the source refuses."""
-        try:
-            await page
-        except FeedUnavailable as exc:
-            self._walk_failures += 1
-            log.warning(
-                "feed walk page unavailable",
-                extra={"feed": self.spec.name, "error": str(exc), "in_a_row": self._walk_failures},
-            )
-            if self._walk_failures >= WALK_FAILURES:
-                self._walk_failures = 0
-                await self._feeds.walk_to(self.spec.name, cursor=None, after=None)
-        else:
-            self._walk_failures = 0
 
     def _walk_due(self) -> bool:
         """Whether this request also reads a page of the walk behind the checkpoint: one
         request in ``AUDIT_EVERY`` on a busy feed, every request on an idle one (the last
         page made no progress), so a walk over a long feed ends in a bounded time."""
         return self._pages % AUDIT_EVERY == 0 or self._idle > 0
-
-    def _mark(self, cursor: str) -> None:
-        """Remember a cursor as of now (once per cursor), forgetting those more than one
-        audit window older than the newest a window old."""
-        now = self._clock()
-        if not self._marks or self._marks[-1][1] != cursor:
-            self._marks.append((now, cursor))
-        while len(self._marks) > 1 and self._marks[1][0] <= now - self._audit_window:
-            self._marks.popleft()
-
-    def _reconcile_start(self) -> str:
-        """Where a pass of the reconciliation reads from: a feed whose source may backfill
-        anywhere, its start; a feed promising no-backfill, the checkpoint this observer
-        promoted to one audit window ago (or started at, if it has run for less): what the
-        promise covers is checked, not trusted."""
-        if "no-backfill" not in self.spec.promises:
-            return ""
-        return self._marks[0][1]
-
-    async def _reconcile_page(self, checkpoint: Checkpoint) -> None:
-        """One page of the reconciliation pass of a cursor feed: the feed is read again from
-        :meth:`_reconcile_start`, ``MAX_PAGE`` events at a time, a page when
-        :meth:`_walk_due`, up to the applied position; each page gets a main page's
-        checks, and an event behind the applied position without a receipt (a backfill) is
-        alarmed and processed, never skipped. At the applied position (or the feed's end)
-        the pass starts again."""
-        applied = checkpoint.applied_position
-        if applied is None:
-            return
-        cursor = checkpoint.walk_cursor
-        if cursor is None:
-            cursor = self._reconcile_start()
-        page = await self._client.cursor_page(cursor, MAX_PAGE)
-        behind = [e for e in page.events if _order(e.position) <= applied]
-        events = [FeedEvent(e.event_id, _order(e.position), _digest(e)) for e in behind]
-        name = self.spec.name
-        seen = await self._feeds.seen(name, [e.event_id for e in events])
-        owners = await self._feeds.owners(name, [e.order for e in events])
-        checked = check_cursor_page(applied, events, seen, owners)
-        if isinstance(checked, Stop):
-            await self._alarm(
-                checked.kind, checked.event_id, f"reconciliation: {checked.detail}", checked.order
-            )
-            await self._feeds.walk_to(self.spec.name, cursor=None, after=None)
-            return
-        alarms = [
-            ("backfill", e, f"position {e.order} behind the applied prefix, found on re-reading")
-            for e in checked.backfilled
-        ]
-        if await self._outcomes(checked.process, behind, seen, alarms) is None:
-            return  # an event not decided: the walk reads this page again, never past it
-        done = not page.events or len(behind) < len(page.events)
-        done = done or page.next_cursor == cursor
-        following = None if done else page.next_cursor
-        if following != checkpoint.walk_cursor:
-            await self._feeds.walk_to(self.spec.name, cursor=following, after=None)
 
     # -- timestamp feeds ----------------------------------------------------------------------
 
@@ -350,9 +265,11 @@ class FeedObserver:
         limit = self._limit
         self._pages += 1
         if self._walk_due():
-            await self._walk(self._audit_page(checkpoint))
+            await self._walks.page(checkpoint)
         page = await self._client.timestamp_page(closed, limit)
-        events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in page.events]
+        events = [
+            FeedEvent(e.event_id, event_order(e.timestamp), event_digest(e)) for e in page.events
+        ]
         seen = await self._feeds.seen(name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
@@ -360,7 +277,7 @@ class FeedObserver:
         alarms = [
             ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
         ]
-        outcomes = await self._outcomes(checked.process, page.events, seen, alarms)
+        outcomes = await self._events.outcomes(name, checked.process, page.events, seen, alarms)
         if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
         states, processed = outcomes
@@ -410,98 +327,6 @@ class FeedObserver:
             return Page(PageResult.LOST, len(events), processed)
         return Page(PageResult.PROMOTED, len(events), processed)
 
-    async def _audit_page(self, checkpoint: Checkpoint) -> None:
-        """One page of the late-event audit: a walk through ``audit_window`` seconds behind
-        the closed timestamp, a page of up to ``MAX_PAGE`` events at a time, checked like a
-        main page (order, identity, content); an event there without a receipt arrived late
-        (or was passed on a promise the source broke): alarmed and processed, never skipped.
-        The walk starts again behind the then closed timestamp once it has passed the closed
-        one."""
-        closed = checkpoint.closed_through_timestamp
-        if closed is None:
-            return
-        after = checkpoint.walk_after
-        if after is None:
-            after = max(-1, closed - self._audit_window - 1)
-        following = await self._audit_walk(closed, after)
-        if following != checkpoint.walk_after:
-            await self._feeds.walk_to(self.spec.name, cursor=None, after=following)
-
-    async def _audit_walk(self, closed: int, after: int) -> int | None:
-        """One page of the audit from ``after``; where the walk goes on (None: a new one)."""
-        page = await self._client.timestamp_page(after if after >= 0 else None, MAX_PAGE)
-        behind = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
-        events = [FeedEvent(e.event_id, _order(e.timestamp), _digest(e)) for e in behind]
-        seen = await self._feeds.seen(self.spec.name, [e.event_id for e in events])
-        checked = check_timestamp_page(closed, events, seen)
-        if isinstance(checked, Stop):
-            await self._alarm(
-                checked.kind, checked.event_id, f"audit: {checked.detail}", checked.order
-            )
-            return None
-        alarms = [
-            ("late-event", e, f"timestamp {e.order} <= closed {closed}") for e in checked.late
-        ]
-        if await self._outcomes(checked.process, behind, seen, alarms) is None:
-            return after  # an event not decided: this page again, never past it
-        # The walk trusts no promise of the source (it is how a broken one shows): a short
-        # page may be capped, so only an empty page or one reaching the closed timestamp ends
-        # it; otherwise it goes on from the page's last timestamp, which may have been cut.
-        last = max((_order(e.timestamp) for e in page.events), default=None)
-        if last is None or last >= closed:
-            return None  # through the closed timestamp: start again next time
-        if last - 1 <= after:
-            # the page is one timestamp: on past it (a full page of it cannot be paged
-            # through: alarmed)
-            if len(page.events) >= MAX_PAGE:
-                await self._alarm(
-                    "tie-stall", "", f"audit: more than {MAX_PAGE} events at timestamp {last}"
-                )
-            return last
-        return last - 1
-
-    async def _outcomes(
-        self,
-        process: list[FeedEvent],
-        served: list[RawEvent],
-        seen: dict[str, Seen],
-        alarms: list[tuple[str, FeedEvent, str]],
-    ) -> tuple[dict[str, ReceiptState], int] | None:
-        """Raise the page's alarms, then give ``process`` their outcomes: every event's state
-        after it and how many were processed, or None when a database error stopped it."""
-        for kind, event, detail in alarms:
-            await self._alarm(kind, event.event_id, detail)
-        states = {event_id: s.state for event_id, s in seen.items()}
-        raw = {e.event_id: e for e in served}
-        processed = await self._process_all(process, raw, seen, states)
-        return None if processed is None else (states, processed)
-
-    # -- events -------------------------------------------------------------------------------
-
-    async def _process_all(
-        self,
-        events: list[FeedEvent],
-        raw: dict[str, RawEvent],
-        seen: dict[str, Seen],
-        states: dict[str, ReceiptState],
-    ) -> int | None:
-        """Give each event its outcome, in order; the number processed, or None when a
-        database error stopped the page."""
-        done = 0
-        for event in events:
-            try:
-                states[event.event_id] = await self._events.decide(
-                    self.spec.name, event, raw[event.event_id], seen.get(event.event_id)
-                )
-            except Exception as exc:
-                log.warning(
-                    "feed event not settled; the page stops and will be retried",
-                    extra={"feed": self.spec.name, "event_id": event.event_id, "error": repr(exc)},
-                )
-                return None
-            done += 1
-        return done
-
     # -- alarms -------------------------------------------------------------------------------
 
     async def _stopped(self, stop: Stop, events: int) -> Page:
@@ -510,16 +335,6 @@ class FeedObserver:
 
     async def _alarm(self, kind: str, event_id: str, detail: str, order: int | None = None) -> None:
         await self._events.alarm(self.spec.name, kind, event_id, detail, order)
-
-
-def _digest(event: RawEvent) -> str:
-    """What the event says, as served: its evidence bytes and its signature."""
-    return hashlib.sha256(bytes(event.evidence) + b"\n" + event.signature.encode()).hexdigest()
-
-
-def _order(value: int | None) -> int:
-    assert value is not None  # the client refuses a page with an event without its order
-    return value
 
 
 def _final(state: ReceiptState | None) -> bool:

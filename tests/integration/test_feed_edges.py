@@ -11,7 +11,8 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.app.observer import AUDIT_EVERY, MAX_PAGE, WALK_FAILURES, PageResult
+from service.app.feed_walks import WALK_FAILURES
+from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage, FeedUnavailable, TimestampPage
 from service.failpoints import FailpointError

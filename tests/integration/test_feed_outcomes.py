@@ -5,7 +5,6 @@ event (H11), and the pace, batch and order of the holds' re-drive (H13)."""
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app.feed_events import event_digest
 from service.app.observer import AUDIT_EVERY, HOLD_BATCH, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.core import Claim, OperationState, Source, TerminalPolicy
@@ -82,9 +82,7 @@ def signed(
     )
 
 
-def digest_of(raw: RawEvent) -> str:
-    """The digest the observer keeps of an event as served (observer._digest)."""
-    return hashlib.sha256(bytes(raw.evidence) + b"\n" + raw.signature.encode()).hexdigest()
+digest_of = event_digest  # the digest the observer keeps of an event as served
 
 
 async def feed_decisions(engine: AsyncEngine, operation_id: str) -> list[tuple[str, str]]:

@@ -6,7 +6,6 @@ main page's checks (A5, A10) and the audit's own tie stall (A6). Real PostgreSQL
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
@@ -17,6 +16,7 @@ import msgspec
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app.feed_events import event_digest
 from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.core import OperationState
@@ -51,9 +51,7 @@ TIMEOUT = 0.2
 DRIP_PIECES = 16
 
 
-def digest_of(raw: RawEvent) -> str:
-    """The digest the observer keeps of an event as served (observer._digest)."""
-    return hashlib.sha256(bytes(raw.evidence) + b"\n" + raw.signature.encode()).hexdigest()
+digest_of = event_digest  # the digest the observer keeps of an event as served
 
 
 async def settled_receipts(engine: AsyncEngine, feed: str, served: list[RawEvent]) -> None:
