@@ -1,0 +1,88 @@
+"""CPU of one lease acquire + release, as a request takes and gives back its scope's lease.
+
+Starts a throw-away embedded Redis (no PostgreSQL) in a temporary directory, then runs
+BENCH_LEASE_PAIRS (20,000) acquire/release pairs from BENCH_LEASE_TASKS (32) concurrent
+tasks, each on a key of its own per pair, through ``service.leases.LeaseManager`` on the
+client ``make_redis`` builds, under uvloop (the server's loop) and under the default asyncio
+loop. Prints the process CPU per pair (``time.process_time``: this process only, Redis's
+own CPU is not in it), the wall time per pair and the pairs per second.
+
+Run: ``.venv/bin/python -m bench.lease_cost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+# Pairs run before the clock starts: connections opened, scripts loaded.
+WARMUP = 500
+
+
+async def _measure(url: str, pairs: int, tasks: int) -> tuple[float, float]:
+    """(CPU us per pair, wall us per pair) of ``pairs`` acquire/release pairs."""
+    from service.config import Settings
+    from service.leases import LeaseManager, make_redis
+
+    settings = Settings.from_env({})
+    client = make_redis(settings, url)
+    leases = LeaseManager(client, ttl=settings.lease_ttl, prefix=f"bench:{uuid.uuid4().hex}:")
+
+    async def worker(index: int, count: int) -> None:
+        for i in range(count):
+            lease = await leases.acquire(f"{index}:{i}")
+            assert lease is not None
+            assert await leases.release(lease) is True
+
+    async def run(total: int) -> None:
+        share, extra = divmod(total, tasks)
+        await asyncio.gather(*(worker(t, share + (t < extra)) for t in range(tasks)))
+
+    try:
+        await run(WARMUP)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await run(pairs)
+        return (
+            1e6 * (time.process_time() - cpu) / pairs,
+            1e6 * (time.perf_counter() - wall) / pairs,
+        )
+    finally:
+        close = getattr(leases, "close", None)
+        if close is not None:
+            close()
+        await client.aclose()
+
+
+def main() -> None:
+    import uvloop
+
+    from devstack import EmbeddedServices
+
+    pairs = int(os.environ.get("BENCH_LEASE_PAIRS", "20000"))
+    tasks = int(os.environ.get("BENCH_LEASE_TASKS", "32"))
+    runners: dict[str, Callable[[Coroutine[Any, Any, tuple[float, float]]], Any]] = {
+        "uvloop": uvloop.run,
+        "asyncio": asyncio.run,
+    }
+    with tempfile.TemporaryDirectory(prefix="lease-cost-") as data_dir:
+        services = EmbeddedServices(
+            Path(data_dir), want_postgres=False, want_redis=True, durable=False
+        )
+        with services:
+            print(f"{pairs} acquire/release pairs, {tasks} concurrent tasks")
+            for name, run in runners.items():
+                cpu_us, wall_us = run(_measure(services.redis_url, pairs, tasks))
+                print(
+                    f"  {name:8} cpu {cpu_us:7.1f} us/pair   wall {wall_us:7.1f} us/pair"
+                    f"   {1e6 / wall_us:8.0f} pairs/s"
+                )
+
+
+if __name__ == "__main__":
+    main()
