@@ -349,7 +349,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
 
     from service.app.purger import Purged, Purger, feed_reach
     from service.app.sweeper import Sweeper
-    from service.leases import LeaseManager, make_redis
+    from service.leases import LeaseManager, make_lease_redis
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
     from service.store.retention import Retention, RetentionStore
@@ -358,12 +358,12 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
 
     async def once(database_url: str, redis_url: str) -> tuple[int, Purged]:
         engine = make_engine(settings, database_url, pool_size=1)
-        redis = make_redis(settings, redis_url)
+        redis = make_lease_redis(settings, redis_url)
         try:
             await ensure_current(engine)
             metrics = Metrics()
             store = SettlementStore(engine, hooks=metrics, policy=settings.terminal_policy)
-            leases = LeaseManager(redis, ttl=settings.lease_ttl)
+            leases = LeaseManager(redis, ttl=settings.lease_ttl, timeout=settings.redis_timeout)
             sweeper = Sweeper(store, leases, metrics, interval=settings.sweep_interval)
             total = await sweeper.run_once()
             while sweeper.more:

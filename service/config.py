@@ -132,6 +132,11 @@ class Settings:
     redis_timeout: float = _setting(
         2.0, "socket timeout of every Redis call; Redis is liveness, so fail fast."
     )
+    redis_lease_connections: int = _setting(
+        32,
+        "lease commands' own Redis connections per worker; past them a command waits for one "
+        "(within SETTLEMENT_REDIS_TIMEOUT) rather than failing.",
+    )
     health_timeout: float = _setting(2.0, "each dependency check of GET /health.")
     settle_max_retries: int = _setting(
         16, "CAS retries of one settlement before it gives up (revision kept moving)."
@@ -230,6 +235,7 @@ class Settings:
             "db_cold_pool_size",
             "max_running_per_principal",
             "settle_max_retries",
+            "redis_lease_connections",
         )
         for name in at_least_one:
             if getattr(self, name) < 1:
@@ -439,4 +445,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "db_cold_pool_size": _integer,
     "max_running_per_principal": _integer,
     "settle_max_retries": _integer,
+    "redis_lease_connections": _integer,
 }

@@ -33,7 +33,7 @@ from service.config import ConfigError, FeedSpec, Settings
 from service.domain.feeds import FeedClient
 from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, Wakeups, make_redis
+from service.leases import LeaseManager, Wakeups, make_lease_redis, make_redis
 from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
@@ -55,6 +55,7 @@ class Settlement:
         engine: AsyncEngine,
         redis: Redis,
         *,
+        lease_redis: Redis,
         pool: Any,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
@@ -64,7 +65,8 @@ class Settlement:
         self.engine = engine
         self.pool = pool  # asyncpg: the hot path's statements and the local effects
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
-        self.redis = redis
+        self.redis = redis  # pub/sub waits, health checks
+        self.lease_redis = lease_redis  # the lease commands' own pool
         self.metrics = metrics or Metrics()
         self.wakeups = Wakeups(redis)
         self.provider: ProviderClient | None = None
@@ -98,7 +100,11 @@ class Settlement:
         )
         self.principals = PrincipalStore(engine, pool=pool)
         self.leases = LeaseManager(
-            redis, ttl=settings.lease_ttl, clock=clock, events=self.metrics.on_lease
+            lease_redis,
+            ttl=settings.lease_ttl,
+            timeout=settings.redis_timeout,
+            clock=clock,
+            events=self.metrics.on_lease,
         )
         self.failpoints = Failpoints.from_settings(settings)
         self.late = LateAnswers(self.store, self.metrics)
@@ -194,14 +200,18 @@ class Settlement:
         assert settings.database_url is not None and settings.redis_url is not None
         engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
         redis = make_redis(settings, settings.redis_url)
+        lease_redis = make_lease_redis(settings, settings.redis_url)
         pool = None
         try:
             await ensure_current(engine)
             pool = await make_pool(settings, settings.database_url)
-            settlement = cls(settings, engine, redis, pool=pool, metrics=metrics)
+            settlement = cls(
+                settings, engine, redis, lease_redis=lease_redis, pool=pool, metrics=metrics
+            )
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:
+            await lease_redis.aclose()
             await redis.aclose()
             if pool is not None:
                 await pool.close()
@@ -231,7 +241,7 @@ class Settlement:
             if self.provider is not None:
                 await self.provider.close()
         finally:
-            self.leases.close()
+            await self.lease_redis.aclose()
             await self.redis.aclose()
             await self.pool.close()
             await self.engine.dispose()

@@ -1,6 +1,6 @@
 """Redis: leases, heartbeats and fencing live here. Redis is liveness, never authority."""
 
-from service.leases.client import make_redis, ping
+from service.leases.client import make_lease_redis, make_redis, ping
 from service.leases.lease import Heartbeat, Lease, LeaseManager, LeaseUnavailable
 from service.leases.wakeups import Wakeups
 
@@ -10,6 +10,7 @@ __all__ = [
     "LeaseManager",
     "LeaseUnavailable",
     "Wakeups",
+    "make_lease_redis",
     "make_redis",
     "ping",
 ]

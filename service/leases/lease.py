@@ -5,6 +5,13 @@ the token may extend or release it (compare-and-extend, compare-and-delete Lua s
 :class:`Heartbeat` extends the lease in the background while the work runs and sets ``lost``
 once the lease can no longer be assumed to be ours.
 
+Every command goes through redis-py's asyncio client (``execute_command``; the scripts as
+redis-py ``Script`` objects from ``register_script``: EVALSHA, loaded again when Redis lacks
+them), so each is a Redis client span when tracing is on. Each is bounded as a whole (waiting
+for a pooled connection, connecting, sending, reading) by the manager's ``timeout``; when it
+runs out only that command fails, and only its connection is dropped: the pool's other
+connections, and the commands on them, go on (:func:`service.leases.make_lease_redis`).
+
 Losing a lease costs availability only: the fencing token checked in PostgreSQL at commit
 time is what stops a stale worker. Nothing here is read as authority for a decision.
 """
@@ -16,16 +23,15 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from service.leases.resp import Pipelined, Script, pipelined_for
+T = TypeVar("T")
 
 __all__ = ["DEFAULT_PREFIX", "Heartbeat", "Lease", "LeaseManager", "LeaseUnavailable"]
 
@@ -93,34 +99,35 @@ class Lease:
 
 
 class LeaseManager:
-    """Takes, extends and releases leases under ``prefix`` on one Redis client."""
+    """Takes, extends and releases leases under ``prefix`` on one Redis client: the server's
+    is :func:`service.leases.make_lease_redis`'s, a pool of the leases' own."""
 
     def __init__(
         self,
         redis: Redis,
         *,
         ttl: float,
+        timeout: float,
         prefix: str = DEFAULT_PREFIX,
         clock: Callable[[], float] = time.time,
         events: Callable[[str], None] | None = None,
     ) -> None:
-        """``events`` is told ``acquired``, ``lost`` (a heartbeat gave the lease up) and
+        """``timeout`` bounds each command as a whole (``SETTLEMENT_REDIS_TIMEOUT``).
+        ``events`` is told ``acquired``, ``lost`` (a heartbeat gave the lease up) and
         ``heartbeat_failed`` (an extend failed and is retried): the metrics."""
         if not math.isfinite(ttl) or _ms(ttl) < 1:
             raise ValueError(f"lease ttl must be a finite number of at least 1 ms, got {ttl!r}")
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ValueError(f"lease timeout must be a finite number > 0, got {timeout!r}")
         self._redis = redis
         self._ttl = ttl
+        self._timeout = timeout
         self._prefix = prefix
         self._clock = clock
         self._events = events or _ignore
-        # acquire, extend and release (every request's) go over one pipelined connection;
-        # the rest, and a client it cannot speak for (TLS), over redis-py
-        self._pipelined: Pipelined | None = pipelined_for(redis)
-        # each call is an EVALSHA that sends the script whole if Redis lacks it
-        self._extend = Script(_EXTEND)
-        self._release = Script(_RELEASE)
-        self._extend_slow = redis.register_script(_EXTEND)
-        self._release_slow = redis.register_script(_RELEASE)
+        # each call is an EVALSHA; redis-py loads the script and calls it again on NOSCRIPT
+        self._extend = redis.register_script(_EXTEND)
+        self._release = redis.register_script(_RELEASE)
 
     @property
     def ttl(self) -> float:
@@ -140,13 +147,11 @@ class LeaseManager:
         token = secrets.token_hex(TOKEN_BYTES)
         # read before the call: Redis starts the ttl later, so expires_at errs early
         started = self._clock()
-        with _unavailable("acquire", key):
-            if self._pipelined is None:
-                acquired = await self._redis.set(key, token, nx=True, px=_ms(self._ttl))
-            else:
-                acquired = await self._pipelined.call(
-                    b"SET", key, token, b"NX", b"PX", _ms(self._ttl)
-                )
+        # execute_command, not set(): the same command without set()'s option parsing
+        command = self._redis.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            "SET", key, token, "NX", "PX", _ms(self._ttl)
+        )
+        acquired = await self._bounded("acquire", key, command)
         if not acquired:
             return None
         self._events("acquired")
@@ -155,10 +160,9 @@ class LeaseManager:
     async def extend(self, lease: Lease) -> Lease | None:
         """Push the expiry one ttl ahead if the lease is still ours; None when it is lost."""
         started = self._clock()
-        with _unavailable("extend", lease.key):
-            extended = await self._script(
-                self._extend, self._extend_slow, lease.key, [lease.token, _ms(lease.ttl)]
-            )
+        extended = await self._bounded(
+            "extend", lease.key, self._extend(keys=[lease.key], args=[lease.token, _ms(lease.ttl)])
+        )
         if extended != 1:
             return None
         return replace(lease, expires_at=started + lease.ttl)
@@ -170,29 +174,34 @@ class LeaseManager:
         args: list[bytes | str | int] = [lease.token]
         if announce is not None:
             args.append(announce)
-        with _unavailable("release", lease.key):
-            released = await self._script(self._release, self._release_slow, lease.key, args)
+        released = await self._bounded(
+            "release", lease.key, self._release(keys=[lease.key], args=args)
+        )
         return bool(released == 1)
 
-    async def _script(
-        self, script: Script, slow: Any, key: str, args: list[bytes | str | int]
-    ) -> Any:
-        if self._pipelined is None:
-            return await slow(keys=[key], args=args)
-        return await script(self._pipelined, [key], args)
-
-    def close(self) -> None:
-        """Drop the pipelined connection (the redis-py client is its owner's to close)."""
-        if self._pipelined is not None:
-            self._pipelined.close()
+    async def _bounded(self, action: str, key: str, command: Awaitable[T]) -> T:
+        """``command``'s answer within ``timeout``; LeaseUnavailable when Redis cannot give
+        it. On timeout the command is cancelled: redis-py drops its connection (its answer
+        may still come) and the pool opens another for the next command."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await command
+        except TimeoutError:  # asyncio.timeout's (an OSError too, so caught first)
+            late = redis_errors.TimeoutError(f"Redis did not answer within {self._timeout}s")
+            raise LeaseUnavailable(
+                f"cannot {action} lease {key}: Redis unavailable ({late!r})"
+            ) from late
+        except _UNAVAILABLE as exc:
+            raise LeaseUnavailable(
+                f"cannot {action} lease {key}: Redis unavailable ({exc!r})"
+            ) from exc
 
     async def holders(self, names: list[str]) -> list[str | None]:
         """The current token of each named lease (None where free), in one round trip."""
         if not names:
             return []
         keys = [self._prefix + name for name in names]
-        with _unavailable("read", keys[0]):
-            values = await self._redis.mget(keys)
+        values = await self._bounded("read", keys[0], self._redis.mget(keys))
         return [
             None if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in values
         ]
@@ -201,25 +210,27 @@ class LeaseManager:
         """Seconds each named lease has left (None where free), in one round trip."""
         if not names:
             return []
-        with _unavailable("read", self._prefix + names[0]):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.pttl(self._prefix + name)
-                answers = await pipe.execute()
+        answers = await self._bounded(
+            "read", self._prefix + names[0], self._pttls([self._prefix + n for n in names])
+        )
         return [_seconds_left(int(pttl)) for pttl in answers]
+
+    async def _pttls(self, keys: list[str]) -> list[Any]:
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.pttl(key)
+            return await pipe.execute()
 
     async def revoke(self, name: str) -> bool:
         """Delete the lease whoever holds it (an admin fenced its attempt out in PostgreSQL).
         The holder's next heartbeat finds it gone and stops its work."""
         key = self._prefix + name
-        with _unavailable("revoke", key):
-            return bool(await self._redis.delete(key))
+        return bool(await self._bounded("revoke", key, self._redis.delete(key)))
 
     async def holder(self, name: str) -> str | None:
         """The token currently holding ``name``, or None when nobody does."""
         key = self._prefix + name
-        with _unavailable("read", key):
-            token = await self._redis.get(key)
+        token = await self._bounded("read", key, self._redis.get(key))
         if token is None:
             return None
         return token.decode() if isinstance(token, bytes) else str(token)
@@ -227,8 +238,7 @@ class LeaseManager:
     async def remaining(self, name: str) -> float | None:
         """Seconds until the lease on ``name`` expires, or None when nobody holds it."""
         key = self._prefix + name
-        with _unavailable("read", key):
-            pttl = int(await self._redis.pttl(key))
+        pttl = int(await self._bounded("read", key, self._redis.pttl(key)))
         return _seconds_left(pttl)
 
     def heartbeat(
@@ -392,11 +402,3 @@ def _seconds_left(pttl: int) -> float | None:
 
 def _ms(seconds: float) -> int:
     return int(seconds * 1000)
-
-
-@contextmanager
-def _unavailable(action: str, key: str) -> Iterator[None]:
-    try:
-        yield
-    except _UNAVAILABLE as exc:
-        raise LeaseUnavailable(f"cannot {action} lease {key}: Redis unavailable ({exc!r})") from exc

@@ -12,7 +12,8 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
-from service.leases import LeaseManager, make_redis
+from service.leases import LeaseManager, make_lease_redis, make_redis
+from service.leases.lease import DEFAULT_PREFIX
 from service.store.db import async_url
 from service.store.feeds import FeedStore
 from service.store.pool import make_pool
@@ -103,9 +104,28 @@ def redis(services: Services, connect_redis: Callable[[str], Redis]) -> Redis:
 
 
 @pytest.fixture
-def leases(redis: Redis) -> LeaseManager:
+async def connect_leases() -> AsyncIterator[Callable[..., LeaseManager]]:
+    """Makes lease managers as the server does (on a lease client of their own, each command
+    bounded by REDIS_TIMEOUT) for a URL: ``connect(url, ttl=..., prefix=...)``; their
+    clients are closed when the test ends."""
+    clients: list[Redis] = []
+
+    def connect(
+        url: str, *, ttl: float = LEASE_MANAGER_TTL, prefix: str = DEFAULT_PREFIX
+    ) -> LeaseManager:
+        settings = Settings.from_env({}, redis_url=url, redis_timeout=REDIS_TIMEOUT)
+        clients.append(make_lease_redis(settings, url))
+        return LeaseManager(clients[-1], ttl=ttl, timeout=REDIS_TIMEOUT, prefix=prefix)
+
+    yield connect
+    for client in clients:
+        await client.aclose()
+
+
+@pytest.fixture
+def leases(services: Services, connect_leases: Callable[..., LeaseManager]) -> LeaseManager:
     """Leases under a prefix of this test's own, so no other test's leases are seen."""
-    return LeaseManager(redis, ttl=LEASE_MANAGER_TTL, prefix=f"test:{uuid.uuid4().hex}:")
+    return connect_leases(services.redis_url, prefix=f"test:{uuid.uuid4().hex}:")
 
 
 @pytest.fixture

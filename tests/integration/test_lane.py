@@ -6,13 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlencode
 
 import pytest
 from litestar import Litestar
-from redis.asyncio import Redis
 
 from service.config import Settings
 from service.core import Scope
@@ -251,7 +250,11 @@ async def client(migrated_url: str) -> tuple[Any, str]:
 
 @pytest.mark.parametrize("prefer", [None, "wait=2"])
 async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_lookup(
-    apps: tuple[_Asgi, _Asgi], services: Services, client: tuple[Any, str], prefer: str | None
+    apps: tuple[_Asgi, _Asgi],
+    services: Services,
+    connect_leases: Callable[..., LeaseManager],
+    client: tuple[Any, str],
+    prefer: str | None,
 ) -> None:
     """The lease is held (as while a new local operation's one statement runs) and the scope
     has no row: 409 at once, pointing at the key's lookup; with Prefer: wait too, since the
@@ -261,8 +264,7 @@ async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_l
     scope = Scope(
         tenant=principal.tenant, principal_id=principal.id, route=route, idempotency_key=key
     )
-    redis = Redis.from_url(services.redis_url)
-    leases = LeaseManager(redis, ttl=30.0)
+    leases = connect_leases(services.redis_url)
     held = await leases.acquire(scope.lease_name())
     assert held is not None
     try:
@@ -290,5 +292,3 @@ async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_l
             assert b"preference-applied" not in found
     finally:
         assert await leases.release(held)
-        leases.close()
-        await redis.aclose()

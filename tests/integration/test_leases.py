@@ -25,6 +25,7 @@ PROMPT = 5.0
 TTL = 0.6
 
 Connect = Callable[[str], Redis]
+ConnectLeases = Callable[..., LeaseManager]
 
 
 def _name() -> str:
@@ -32,9 +33,9 @@ def _name() -> str:
 
 
 @pytest.fixture
-def leases(redis: Redis) -> LeaseManager:
+def leases(services: Services, connect_leases: ConnectLeases) -> LeaseManager:
     """The shared manager with this file's short ttl, so heartbeats are seen within a second."""
-    return LeaseManager(redis, ttl=TTL)
+    return connect_leases(services.redis_url, ttl=TTL)
 
 
 def _free_port() -> int:
@@ -153,9 +154,11 @@ async def test_release_with_a_wrong_token_keeps_the_holders_lease(leases: LeaseM
     await leases.release(held)
 
 
-async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(redis: Redis) -> None:
+async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(
+    services: Services, connect_leases: ConnectLeases
+) -> None:
     name = _name()
-    leases = LeaseManager(redis, ttl=1.0)
+    leases = connect_leases(services.redis_url, ttl=1.0)
     held = await leases.acquire(name)
     assert held is not None
     await asyncio.sleep(0.3)
@@ -175,9 +178,11 @@ async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(redis:
     await leases.release(extended)
 
 
-async def test_lease_expires_after_its_ttl_without_heartbeats(redis: Redis) -> None:
+async def test_lease_expires_after_its_ttl_without_heartbeats(
+    services: Services, connect_leases: ConnectLeases
+) -> None:
     name = _name()
-    leases = LeaseManager(redis, ttl=0.3)
+    leases = connect_leases(services.redis_url, ttl=0.3)
     stale = await leases.acquire(name)
     assert stale is not None
     await asyncio.sleep(0.45)
@@ -191,11 +196,11 @@ async def test_lease_expires_after_its_ttl_without_heartbeats(redis: Redis) -> N
 
 
 async def test_heartbeat_keeps_a_lease_alive_well_beyond_its_ttl(
-    services: Services, redis: Redis, connect_redis: Connect
+    services: Services, connect_leases: ConnectLeases
 ) -> None:
     name = _name()
-    leases = LeaseManager(redis, ttl=0.3)
-    rival = LeaseManager(connect_redis(services.redis_url), ttl=0.3)
+    leases = connect_leases(services.redis_url, ttl=0.3)
+    rival = connect_leases(services.redis_url, ttl=0.3)
     held = await leases.acquire(name)
     assert held is not None
     async with leases.heartbeat(held) as beat:
@@ -253,13 +258,13 @@ async def test_on_lost_can_cancel_the_work_holding_the_lease(
 
 
 async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_ttl(
-    services: Services, leases: LeaseManager, connect_redis: Connect
+    services: Services, leases: LeaseManager, connect_leases: ConnectLeases
 ) -> None:
     name = _name()
     calls: list[None] = []
     relay = _Relay(services.redis_url)
     failed_beat = _LogSignal("not extended")
-    relayed = LeaseManager(connect_redis(await relay.start()), ttl=TTL)
+    relayed = connect_leases(await relay.start(), ttl=TTL)
     async with failed_beat.watch():
         held = await relayed.acquire(name)
         assert held is not None
@@ -285,8 +290,10 @@ async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_t
     assert await leases.holder(name) is None
 
 
-async def test_unreachable_redis_raises_lease_unavailable_promptly(connect_redis: Connect) -> None:
-    leases = LeaseManager(connect_redis(f"redis://127.0.0.1:{_free_port()}/0"), ttl=TTL)
+async def test_unreachable_redis_raises_lease_unavailable_promptly(
+    connect_leases: ConnectLeases,
+) -> None:
+    leases = connect_leases(f"redis://127.0.0.1:{_free_port()}/0", ttl=TTL)
     lease = Lease(key="settlement:lease:x", token="t", ttl=TTL, expires_at=0.0)
     async with asyncio.timeout(PROMPT):
         with pytest.raises(LeaseUnavailable) as caught:
@@ -303,15 +310,15 @@ async def test_unreachable_redis_raises_lease_unavailable_promptly(connect_redis
             await leases.remaining(_name())
 
 
-async def test_redis_that_never_answers_raises_lease_unavailable_after_the_socket_timeout(
-    connect_redis: Connect,
+async def test_redis_that_never_answers_raises_lease_unavailable_after_its_timeout(
+    connect_leases: ConnectLeases,
 ) -> None:
     # accepts connections (the kernel queues them) but never reads or answers
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
-        leases = LeaseManager(connect_redis(url), ttl=TTL)
+        leases = connect_leases(url, ttl=TTL)
         async with asyncio.timeout(PROMPT):
             with pytest.raises(LeaseUnavailable) as caught:
                 await leases.acquire(_name())
@@ -345,4 +352,7 @@ async def test_leaving_the_heartbeat_leaves_no_pending_tasks(
 async def test_lease_ttl_must_be_at_least_a_millisecond(redis: Redis) -> None:
     for ttl in (0.0, -1.0, 0.0004, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ttl"):
-            LeaseManager(redis, ttl=ttl)
+            LeaseManager(redis, ttl=ttl, timeout=1.0)
+    for timeout in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout"):
+            LeaseManager(redis, ttl=1.0, timeout=timeout)

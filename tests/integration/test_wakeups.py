@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 
 import pytest
 from redis.asyncio import Redis
 
 from service.leases import LeaseManager, Wakeups
+from tests.conftest import Services
 
 pytestmark = pytest.mark.integration
+
+ConnectLeases = Callable[..., LeaseManager]
 
 
 async def test_an_announcement_wakes_a_subscribed_waiter(redis: Redis) -> None:
@@ -49,12 +53,14 @@ async def test_without_redis_there_is_no_wait_and_no_error(
     await wakeups.close()
 
 
-async def test_an_announcement_under_a_held_lease_rides_with_its_release(redis: Redis) -> None:
+async def test_an_announcement_under_a_held_lease_rides_with_its_release(
+    redis: Redis, services: Services, connect_leases: ConnectLeases
+) -> None:
     """While an attempt holds the operation's lease the wake-up is held back, then sent by the
     release's own script: a waiter is woken by the release, not before it."""
     prefix = f"test:{uuid.uuid4().hex}:"
     wakeups = Wakeups(redis, prefix=prefix)
-    leases = LeaseManager(redis, ttl=5.0, prefix=prefix + "lease:")
+    leases = connect_leases(services.redis_url, ttl=5.0, prefix=prefix + "lease:")
     lease = await leases.acquire("scope-1")
     assert lease is not None
     async with wakeups.wait_for("op-1") as wait:
@@ -83,10 +89,12 @@ async def test_a_held_back_announcement_not_taken_is_published_on_leaving(redis:
     await wakeups.close()
 
 
-async def test_a_release_announces_even_when_the_lease_is_no_longer_ours(redis: Redis) -> None:
+async def test_a_release_announces_even_when_the_lease_is_no_longer_ours(
+    redis: Redis, services: Services, connect_leases: ConnectLeases
+) -> None:
     prefix = f"test:{uuid.uuid4().hex}:"
     wakeups = Wakeups(redis, prefix=prefix)
-    leases = LeaseManager(redis, ttl=5.0, prefix=prefix + "lease:")
+    leases = connect_leases(services.redis_url, ttl=5.0, prefix=prefix + "lease:")
     lease = await leases.acquire("scope-1")
     assert lease is not None
     assert await leases.revoke("scope-1")
