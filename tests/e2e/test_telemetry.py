@@ -176,6 +176,10 @@ def test_console_exporter_prints_the_stages_of_a_retried_transfer(
     operation_id = first.headers["operation-id"]
     for name in ("settlement.lease", "settlement.claim", "settlement.effect", "settlement.settle"):
         assert f'"name": "{name}"' in output, name
+    # the lease's commands are Redis client spans: its SET NX PX, its release script
+    for name in ("SET", "EVALSHA"):
+        assert f'"name": "{name}"' in output, name
+    assert '"db.system": "redis"' in output
     assert f'"name": "{TRANSFERS}"' in output
     assert f'"operation.id": "{operation_id}"' in output
     assert '"settlement.stage": "C"' in output and '"settlement.disposition": "applied"' in output
