@@ -33,7 +33,7 @@ from service.config import ConfigError, FeedSpec, Settings
 from service.domain.feeds import FeedClient
 from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, Wakeups, make_lease_redis, make_redis
+from service.leases import LeaseManager, LeaseRedis, Wakeups, make_lease_redis, make_redis
 from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
@@ -55,7 +55,7 @@ class Settlement:
         engine: AsyncEngine,
         redis: Redis,
         *,
-        lease_redis: Redis,
+        lease_redis: LeaseRedis,
         pool: Any,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,

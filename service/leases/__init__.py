@@ -1,6 +1,6 @@
 """Redis: leases, heartbeats and fencing live here. Redis is liveness, never authority."""
 
-from service.leases.client import make_lease_redis, make_redis, ping
+from service.leases.client import LeaseRedis, make_lease_redis, make_redis, ping
 from service.leases.lease import Heartbeat, Lease, LeaseManager, LeaseUnavailable
 from service.leases.wakeups import Wakeups
 
@@ -8,6 +8,7 @@ __all__ = [
     "Heartbeat",
     "Lease",
     "LeaseManager",
+    "LeaseRedis",
     "LeaseUnavailable",
     "Wakeups",
     "make_lease_redis",

@@ -8,13 +8,20 @@ per command by :class:`service.leases.LeaseManager`.
 
 from __future__ import annotations
 
-from redis.asyncio import BlockingConnectionPool, Redis
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from service.config import Settings
 
-__all__ = ["make_lease_redis", "make_redis", "ping"]
+__all__ = ["LeaseRedis", "make_lease_redis", "make_redis", "ping"]
+
+T = TypeVar("T")
 
 
 def make_redis(settings: Settings, url: str) -> Redis:
@@ -27,42 +34,77 @@ def make_redis(settings: Settings, url: str) -> Redis:
     )
 
 
-def make_lease_redis(settings: Settings, url: str) -> Redis:
-    """The lease commands' client: a pool of ``SETTLEMENT_REDIS_LEASE_CONNECTIONS``
-    connections of their own, one command on a connection at a time.
+class LeaseRedis:
+    """The lease commands' Redis: ``SETTLEMENT_REDIS_LEASE_CONNECTIONS`` redis-py clients of
+    one connection each (``single_connection_client``), each lent to one command at a time.
 
-    * **A pool of its own**, so the shared client's long holders (a ``Prefer: wait``
+    * **Apart from the shared client**, so its long holders (a ``Prefer: wait``
       subscription keeps a connection up to ``SETTLEMENT_MAX_WAIT``, up to
       ``wakeups.MAX_WAITERS`` of them) never leave a lease command without a connection.
-    * **One command per connection** (redis-py's pool): a command that times out drops its
-      own connection only; the commands in flight on the others are not touched. Not
-      ``single_connection_client``: that runs one command at a time for the whole process,
-      behind a lock, so one slow answer would hold up every lease command.
-    * **Blocking**, at most ``SETTLEMENT_REDIS_LEASE_CONNECTIONS`` connections: past that a
-      command waits for a connection to come back instead of failing (a burst of requests
-      queues for a few round trips rather than getting 503s), and one process never opens
-      more. The wait counts against the command's timeout.
-    * **No socket timeout**: the lease manager bounds each command as a whole, wait for a
-      connection included, with one timer (``asyncio.timeout``); a redis-py socket timeout
-      would add a timer for the read and a task for every write (``asyncio.wait_for`` on
-      Python 3.11). The connect keeps its own timeout.
+    * **One command per connection**: a command that times out drops its own connection
+      only; the commands in flight on the others are not touched, and the client it was
+      lent reconnects at its next command. Not one ``single_connection_client`` for the
+      process: that runs one command at a time behind a lock, so one slow answer would hold
+      up every lease command.
+    * **Single-connection clients lent out, not redis-py's pool**: a client that owns its
+      connection skips the pool's checkout and return (its lock, its bookkeeping, its
+      readiness check), which is a fifth of a lease command's client CPU
+      (``bench/lease_cost.py``); lending a client is a semaphore and a list pop.
+    * **At most ``SETTLEMENT_REDIS_LEASE_CONNECTIONS``**: past them a command waits for a
+      client to come back instead of failing (a burst of requests queues for a few round
+      trips rather than getting 503s), and one process never opens more. A client opens
+      its connection at its first command, so a quiet process holds few. The wait counts
+      against the command's timeout.
+    * **No socket timeout**: the lease manager bounds each command as a whole, the wait
+      for a client included, with one timer (``asyncio.timeout``); a redis-py socket
+      timeout would add a timer for the read and a task for every write
+      (``asyncio.wait_for`` on Python 3.11). The connect keeps its own timeout.
     * **No retries**: a retried ``SET NX`` whose first answer was lost finds its own key
       and reports the lease as taken by another; a failed command fails, and the request
       answers 503 ``lease-unavailable``.
-    * **No health-check PING**: taking a connection from the pool already replaces one that
-      Redis closed (a restart); a PING first would add a round trip and, without retries,
-      fail the command just the same when it goes unanswered.
+    * **No health-check PING**: a command on a connection Redis closed (a restart) fails
+      once and the next reconnects; a PING first would add a round trip and, without
+      retries, fail the command just the same when it goes unanswered.
     """
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=settings.redis_lease_connections,
-        timeout=None,  # the lease manager's timeout bounds the wait
-        socket_timeout=None,
-        socket_connect_timeout=settings.redis_timeout,
-        retry=Retry(NoBackoff(), 0),
-        decode_responses=False,
-    )
-    return Redis.from_pool(pool)
+
+    def __init__(self, settings: Settings, url: str) -> None:
+        size = settings.redis_lease_connections
+        self._pool = ConnectionPool.from_url(
+            url,
+            max_connections=size,
+            socket_timeout=None,
+            socket_connect_timeout=settings.redis_timeout,
+            retry=Retry(NoBackoff(), 0),
+            decode_responses=False,
+        )
+        self._clients = tuple(
+            Redis(connection_pool=self._pool, single_connection_client=True) for _ in range(size)
+        )
+        self._idle = list(self._clients)
+        self._free = asyncio.Semaphore(size)
+
+    def register_script(self, source: str) -> AsyncScript:
+        """A Lua script to call with ``client=`` one of the clients :meth:`call` lends."""
+        return self._clients[0].register_script(source)
+
+    async def call(self, command: Callable[[Redis], Awaitable[T]]) -> T:
+        """``command`` run on a client of its own (waiting for one while all are lent)."""
+        async with self._free:
+            client = self._idle.pop()
+            try:
+                return await command(client)
+            finally:
+                self._idle.append(client)
+
+    async def aclose(self) -> None:
+        for client in self._clients:
+            await client.aclose()
+        await self._pool.aclose()
+
+
+def make_lease_redis(settings: Settings, url: str) -> LeaseRedis:
+    """The lease commands' clients (:class:`LeaseRedis`) for the Redis at ``url``."""
+    return LeaseRedis(settings, url)
 
 
 async def ping(client: Redis) -> None:

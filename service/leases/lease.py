@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from service.leases.client import LeaseRedis
+
 T = TypeVar("T")
 
 __all__ = ["DEFAULT_PREFIX", "Heartbeat", "Lease", "LeaseManager", "LeaseUnavailable"]
@@ -104,7 +106,7 @@ class LeaseManager:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: LeaseRedis,
         *,
         ttl: float,
         timeout: float,
@@ -147,10 +149,12 @@ class LeaseManager:
         token = secrets.token_hex(TOKEN_BYTES)
         # read before the call: Redis starts the ttl later, so expires_at errs early
         started = self._clock()
-        # execute_command, not set(): the same command without set()'s option parsing
-        command = self._redis.execute_command(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-            "SET", key, token, "NX", "PX", _ms(self._ttl)
-        )
+        ms = _ms(self._ttl)
+
+        def command(client: Redis) -> Awaitable[Any]:
+            # execute_command, not set(): the same command without set()'s option parsing
+            return client.execute_command("SET", key, token, "NX", "PX", ms)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+
         acquired = await self._bounded("acquire", key, command)
         if not acquired:
             return None
@@ -160,8 +164,10 @@ class LeaseManager:
     async def extend(self, lease: Lease) -> Lease | None:
         """Push the expiry one ttl ahead if the lease is still ours; None when it is lost."""
         started = self._clock()
+        keys = [lease.key]
+        args: list[bytes | str | int] = [lease.token, _ms(lease.ttl)]
         extended = await self._bounded(
-            "extend", lease.key, self._extend(keys=[lease.key], args=[lease.token, _ms(lease.ttl)])
+            "extend", lease.key, lambda client: self._extend(keys, args, client)
         )
         if extended != 1:
             return None
@@ -174,18 +180,19 @@ class LeaseManager:
         args: list[bytes | str | int] = [lease.token]
         if announce is not None:
             args.append(announce)
+        keys = [lease.key]
         released = await self._bounded(
-            "release", lease.key, self._release(keys=[lease.key], args=args)
+            "release", lease.key, lambda client: self._release(keys, args, client)
         )
         return bool(released == 1)
 
-    async def _bounded(self, action: str, key: str, command: Awaitable[T]) -> T:
-        """``command``'s answer within ``timeout``; LeaseUnavailable when Redis cannot give
-        it. On timeout the command is cancelled: redis-py drops its connection (its answer
-        may still come) and the pool opens another for the next command."""
+    async def _bounded(self, action: str, key: str, command: Callable[[Redis], Awaitable[T]]) -> T:
+        """``command``'s answer, on a client of its own, within ``timeout``; LeaseUnavailable
+        when Redis cannot give it. On timeout the command is cancelled: redis-py drops its
+        connection (its answer may still come), and its client reconnects at its next."""
         try:
             async with asyncio.timeout(self._timeout):
-                return await command
+                return await self._redis.call(command)
         except TimeoutError:  # asyncio.timeout's (an OSError too, so caught first)
             late = redis_errors.TimeoutError(f"Redis did not answer within {self._timeout}s")
             raise LeaseUnavailable(
@@ -196,41 +203,21 @@ class LeaseManager:
                 f"cannot {action} lease {key}: Redis unavailable ({exc!r})"
             ) from exc
 
-    async def holders(self, names: list[str]) -> list[str | None]:
-        """The current token of each named lease (None where free), in one round trip."""
-        if not names:
-            return []
-        keys = [self._prefix + name for name in names]
-        values = await self._bounded("read", keys[0], self._redis.mget(keys))
-        return [
-            None if v is None else (v.decode() if isinstance(v, bytes) else str(v)) for v in values
-        ]
-
     async def remaining_many(self, names: list[str]) -> list[float | None]:
-        """Seconds each named lease has left (None where free), in one round trip."""
-        if not names:
-            return []
-        answers = await self._bounded(
-            "read", self._prefix + names[0], self._pttls([self._prefix + n for n in names])
-        )
-        return [_seconds_left(int(pttl)) for pttl in answers]
-
-    async def _pttls(self, keys: list[str]) -> list[Any]:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key in keys:
-                pipe.pttl(key)
-            return await pipe.execute()
+        """Seconds each named lease has left (None where free): one PTTL per lease, sent
+        at once (each lease key may live on a node of its own)."""
+        return list(await asyncio.gather(*(self.remaining(name) for name in names)))
 
     async def revoke(self, name: str) -> bool:
         """Delete the lease whoever holds it (an admin fenced its attempt out in PostgreSQL).
         The holder's next heartbeat finds it gone and stops its work."""
         key = self._prefix + name
-        return bool(await self._bounded("revoke", key, self._redis.delete(key)))
+        return bool(await self._bounded("revoke", key, lambda client: client.delete(key)))
 
     async def holder(self, name: str) -> str | None:
         """The token currently holding ``name``, or None when nobody does."""
         key = self._prefix + name
-        token = await self._bounded("read", key, self._redis.get(key))
+        token = await self._bounded("read", key, lambda client: client.get(key))
         if token is None:
             return None
         return token.decode() if isinstance(token, bytes) else str(token)
@@ -238,7 +225,7 @@ class LeaseManager:
     async def remaining(self, name: str) -> float | None:
         """Seconds until the lease on ``name`` expires, or None when nobody holds it."""
         key = self._prefix + name
-        pttl = int(await self._bounded("read", key, self._redis.pttl(key)))
+        pttl = int(await self._bounded("read", key, lambda client: client.pttl(key)))
         return _seconds_left(pttl)
 
     def heartbeat(

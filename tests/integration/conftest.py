@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.config import Settings
-from service.leases import LeaseManager, make_lease_redis, make_redis
+from service.leases import LeaseManager, LeaseRedis, make_lease_redis, make_redis
 from service.leases.lease import DEFAULT_PREFIX
 from service.store.db import async_url
 from service.store.feeds import FeedStore
@@ -108,7 +108,7 @@ async def connect_leases() -> AsyncIterator[Callable[..., LeaseManager]]:
     """Makes lease managers as the server does (on a lease client of their own, each command
     bounded by REDIS_TIMEOUT) for a URL: ``connect(url, ttl=..., prefix=...)``; their
     clients are closed when the test ends."""
-    clients: list[Redis] = []
+    clients: list[LeaseRedis] = []
 
     def connect(
         url: str, *, ttl: float = LEASE_MANAGER_TTL, prefix: str = DEFAULT_PREFIX

@@ -14,7 +14,8 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
-from service.leases import Lease, LeaseManager, LeaseUnavailable
+from service.config import Settings
+from service.leases import Lease, LeaseManager, LeaseUnavailable, make_lease_redis
 from tests.conftest import Services
 
 pytestmark = pytest.mark.integration
@@ -349,7 +350,8 @@ async def test_leaving_the_heartbeat_leaves_no_pending_tasks(
     assert _no_pending_tasks()
 
 
-async def test_lease_ttl_must_be_at_least_a_millisecond(redis: Redis) -> None:
+async def test_lease_ttl_and_timeout_must_be_finite_and_positive() -> None:
+    redis = make_lease_redis(Settings.from_env({}), "redis://127.0.0.1:1/0")  # never used
     for ttl in (0.0, -1.0, 0.0004, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="ttl"):
             LeaseManager(redis, ttl=ttl, timeout=1.0)
