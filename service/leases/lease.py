@@ -5,9 +5,9 @@ the token may extend or release it (compare-and-extend, compare-and-delete Lua s
 :class:`Heartbeat` extends the lease in the background while the work runs and sets ``lost``
 once the lease can no longer be assumed to be ours.
 
-Every command goes through redis-py's asyncio client (``execute_command``; the scripts as
-redis-py ``Script`` objects from ``register_script``: EVALSHA, loaded again when Redis lacks
-them), so each is a Redis client span when tracing is on. Each is bounded as a whole (waiting
+Every command goes through redis-py's asyncio client (``execute_command``; the scripts by
+EVALSHA of a redis-py ``Script`` from ``register_script``, sent whole by EVAL to a node that
+lacks it), so each is a Redis client span when tracing is on. Each is bounded as a whole (waiting
 for a pooled connection, connecting, sending, reading) by the manager's ``timeout``; when it
 runs out only that command fails, and only its connection is dropped: the pool's other
 connections, and the commands on them, go on (:func:`service.leases.make_lease_redis`).
@@ -26,12 +26,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis import exceptions as redis_errors
-from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
-from service.leases.client import LeaseRedis
+from service.leases.client import AnyRedis, LeaseRedis
 
 T = TypeVar("T")
 
@@ -60,6 +60,10 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     # any other error reply to a lease's command: the lease store misbehaves, so no lease
     redis_errors.ResponseError,
+    # a cluster whose slots the client cannot place (no node serves the key's slot, or the
+    # topology cannot be read): no lease either
+    redis_errors.ClusterError,
+    redis_errors.RedisClusterException,
 )
 
 # KEYS[1] lease key, ARGV[1] token, ARGV[2] ttl in ms -> 1 if extended, 0 if not ours.
@@ -127,7 +131,7 @@ class LeaseManager:
         self._prefix = prefix
         self._clock = clock
         self._events = events or _ignore
-        # each call is an EVALSHA; redis-py loads the script and calls it again on NOSCRIPT
+        # each call is an EVALSHA, an EVAL where Redis lacks the script (_run)
         self._extend = redis.register_script(_EXTEND)
         self._release = redis.register_script(_RELEASE)
 
@@ -151,9 +155,9 @@ class LeaseManager:
         started = self._clock()
         ms = _ms(self._ttl)
 
-        def command(client: Redis) -> Awaitable[Any]:
+        def command(client: AnyRedis) -> Awaitable[Any]:
             # execute_command, not set(): the same command without set()'s option parsing
-            return client.execute_command("SET", key, token, "NX", "PX", ms)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+            return client.execute_command("SET", key, token, "NX", "PX", ms)
 
         acquired = await self._bounded("acquire", key, command)
         if not acquired:
@@ -167,7 +171,7 @@ class LeaseManager:
         keys = [lease.key]
         args: list[bytes | str | int] = [lease.token, _ms(lease.ttl)]
         extended = await self._bounded(
-            "extend", lease.key, lambda client: self._extend(keys, args, client)
+            "extend", lease.key, lambda client: _run(client, self._extend, keys, args)
         )
         if extended != 1:
             return None
@@ -182,11 +186,13 @@ class LeaseManager:
             args.append(announce)
         keys = [lease.key]
         released = await self._bounded(
-            "release", lease.key, lambda client: self._release(keys, args, client)
+            "release", lease.key, lambda client: _run(client, self._release, keys, args)
         )
         return bool(released == 1)
 
-    async def _bounded(self, action: str, key: str, command: Callable[[Redis], Awaitable[T]]) -> T:
+    async def _bounded(
+        self, action: str, key: str, command: Callable[[AnyRedis], Awaitable[T]]
+    ) -> T:
         """``command``'s answer, on a client of its own, within ``timeout``; LeaseUnavailable
         when Redis cannot give it. On timeout the command is cancelled: redis-py drops its
         connection (its answer may still come), and its client reconnects at its next."""
@@ -377,6 +383,19 @@ class Heartbeat:
 
 def _ignore(event: str) -> None:
     return None
+
+
+async def _run(
+    client: AnyRedis, script: AsyncScript, keys: list[str], args: list[bytes | str | int]
+) -> Any:
+    """``script`` by EVALSHA; by EVAL (which also caches it there) on NOSCRIPT. Not the
+    ``Script``'s own call: it reloads with SCRIPT LOAD, which a cluster client sends to every
+    master, so one master down would fail the commands on the others."""
+    try:
+        return await client.evalsha(script.sha, len(keys), *keys, *args)
+    except redis_errors.NoScriptError:
+        source = cast(str, script.script)  # registered from a str
+        return await client.eval(source, len(keys), *keys, *args)
 
 
 def _seconds_left(pttl: int) -> float | None:
