@@ -128,6 +128,11 @@ class ChildServer:
     def pid(self) -> int:
         return self._running().pid
 
+    @property
+    def running(self) -> bool:
+        """Started and not stopped (a crashed child still counts until stopped)."""
+        return self._proc is not None
+
     def stop(self) -> None:
         """Signal the server, SIGKILL it if it outlasts its stop timeout; safe to call twice."""
         proc, self._proc = self._proc, None
@@ -136,6 +141,10 @@ class ChildServer:
 
     def _command(self, port: int) -> list[str]:
         raise NotImplementedError
+
+    def _pick_port(self) -> int:
+        """A port to try: a free one."""
+        return _free_port()
 
     def _ready(self, port: int) -> bool:
         raise NotImplementedError
@@ -148,7 +157,7 @@ class ChildServer:
     def _serve(self, run_as: RunAs | None) -> None:
         """Launch on a free port (a fresh one if another process took it first)."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
-            port = _free_port()
+            port = self._pick_port()
             with self.log_path.open("ab") as log_file:
                 offset = log_file.tell()
                 proc = subprocess.Popen(
