@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.admin import Admin
@@ -33,7 +32,14 @@ from service.config import ConfigError, FeedSpec, Settings
 from service.domain.feeds import FeedClient
 from service.domain.payouts import ProviderClient
 from service.failpoints import Failpoints
-from service.leases import LeaseManager, LeaseRedis, Wakeups, make_lease_redis, make_redis
+from service.leases import (
+    AnyRedis,
+    LeaseManager,
+    LeaseRedis,
+    Wakeups,
+    make_lease_redis,
+    make_redis,
+)
 from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
@@ -53,7 +59,7 @@ class Settlement:
         self,
         settings: Settings,
         engine: AsyncEngine,
-        redis: Redis,
+        redis: AnyRedis,
         *,
         lease_redis: LeaseRedis,
         pool: Any,

@@ -1,37 +1,57 @@
 """The Redis clients: every call bounded by the timeout of the settings.
 
-``make_redis`` is the process's shared client (pub/sub waits, status reads, health checks,
-the sweeper's reads): redis-py's socket timeouts bound each call. ``make_lease_redis`` is the
-lease commands' own (every request's acquire and release, the heartbeats' extends), bounded
-per command by :class:`service.leases.LeaseManager`.
+``make_redis`` is the process's shared client (pub/sub waits, health checks): redis-py's
+socket timeouts bound each call. ``make_lease_redis`` is the lease commands' own (every
+request's acquire and release, the heartbeats' extends, the sweeper's and the status reads'
+PTTLs), bounded per command by :class:`service.leases.LeaseManager`.
+
+A URL whose scheme is ``redis+cluster`` (``rediss+cluster`` with TLS) names a node of a Redis
+Cluster: both are then redis-py cluster clients, which find the other nodes and follow the
+slots as they move (a failover included).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeAlias, TypeVar
 
-from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 
 from service.config import Settings
 
-__all__ = ["LeaseRedis", "make_lease_redis", "make_redis", "ping"]
+__all__ = ["CLUSTER_SCHEMES", "AnyRedis", "LeaseRedis", "make_lease_redis", "make_redis", "ping"]
 
 T = TypeVar("T")
 
+# One Redis or a Redis Cluster: the commands used here are the same on both.
+AnyRedis: TypeAlias = Redis | RedisCluster
 
-def make_redis(settings: Settings, url: str) -> Redis:
-    return Redis.from_url(
-        url,
-        socket_timeout=settings.redis_timeout,
-        socket_connect_timeout=settings.redis_timeout,
-        health_check_interval=30,
-        decode_responses=False,
-    )
+# The URL of a Redis Cluster: one node's URL with "+cluster" after the scheme.
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+
+
+def _cluster_url(url: str) -> str | None:
+    """The node URL redis-py's cluster client takes, or None for a URL of one Redis."""
+    scheme, separator, rest = url.partition("://")
+    plain = CLUSTER_SCHEMES.get(scheme.lower())
+    return None if plain is None or not separator else f"{plain}://{rest}"
+
+
+def make_redis(settings: Settings, url: str) -> AnyRedis:
+    options: dict[str, Any] = {
+        "socket_timeout": settings.redis_timeout,
+        "socket_connect_timeout": settings.redis_timeout,
+        "health_check_interval": 30,
+        "decode_responses": False,
+    }
+    cluster = _cluster_url(url)
+    if cluster is not None:
+        return RedisCluster.from_url(cluster, **options)
+    return Redis.from_url(url, **options)
 
 
 class LeaseRedis:
@@ -65,29 +85,43 @@ class LeaseRedis:
     * **No health-check PING**: a command on a connection Redis closed (a restart) fails
       once and the next reconnects; a PING first would add a round trip and, without
       retries, fail the command just the same when it goes unanswered.
+
+    On a Redis Cluster (``redis+cluster://``) there is one redis-py cluster client, lent to
+    up to ``SETTLEMENT_REDIS_LEASE_CONNECTIONS`` commands at once: it keeps a pool of that
+    many connections per node, one command per connection, and sends each command to the
+    master of its key's slot. Without retries, a command to a master that died fails
+    (503) and makes the client read the slots again; once the replica has taken over,
+    commands go to it.
     """
 
     def __init__(self, settings: Settings, url: str) -> None:
         size = settings.redis_lease_connections
-        self._pool = ConnectionPool.from_url(
-            url,
-            max_connections=size,
-            socket_timeout=None,
-            socket_connect_timeout=settings.redis_timeout,
-            retry=Retry(NoBackoff(), 0),
-            decode_responses=False,
-        )
-        self._clients = tuple(
-            Redis(connection_pool=self._pool, single_connection_client=True) for _ in range(size)
-        )
-        self._idle = list(self._clients)
+        options: dict[str, Any] = {
+            "socket_timeout": None,
+            "socket_connect_timeout": settings.redis_timeout,
+            "retry": Retry(NoBackoff(), 0),
+            "decode_responses": False,
+        }
+        self._pool: ConnectionPool | None = None
+        self._clients: tuple[AnyRedis, ...]
+        cluster = _cluster_url(url)
+        if cluster is None:
+            self._pool = ConnectionPool.from_url(url, max_connections=size, **options)
+            self._clients = tuple(
+                Redis(connection_pool=self._pool, single_connection_client=True)
+                for _ in range(size)
+            )
+            self._idle = list(self._clients)
+        else:
+            self._clients = (RedisCluster.from_url(cluster, max_connections=size, **options),)
+            self._idle = list(self._clients * size)
         self._free = asyncio.Semaphore(size)
 
     def register_script(self, source: str) -> AsyncScript:
         """A Lua script to call with ``client=`` one of the clients :meth:`call` lends."""
         return self._clients[0].register_script(source)
 
-    async def call(self, command: Callable[[Redis], Awaitable[T]]) -> T:
+    async def call(self, command: Callable[[AnyRedis], Awaitable[T]]) -> T:
         """``command`` run on a client of its own (waiting for one while all are lent)."""
         async with self._free:
             client = self._idle.pop()
@@ -99,7 +133,8 @@ class LeaseRedis:
     async def aclose(self) -> None:
         for client in self._clients:
             await client.aclose()
-        await self._pool.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
 
 
 def make_lease_redis(settings: Settings, url: str) -> LeaseRedis:
@@ -107,5 +142,5 @@ def make_lease_redis(settings: Settings, url: str) -> LeaseRedis:
     return LeaseRedis(settings, url)
 
 
-async def ping(client: Redis) -> None:
+async def ping(client: AnyRedis) -> None:
     await client.ping()

@@ -20,8 +20,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
-from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
+
+from service.leases.client import AnyRedis
 
 __all__ = ["Wakeups"]
 
@@ -36,9 +37,12 @@ SUBSCRIBE_TIMEOUT = 1.0
 # though the client's socket timeout is longer.
 POLL = 0.5
 
+# What Redis failing looks like (a cluster's own errors are no RedisError).
+_FAILED = (RedisError, RedisClusterException, OSError)
+
 
 class Wakeups:
-    def __init__(self, redis: Redis, *, prefix: str = "settlement:settled:") -> None:
+    def __init__(self, redis: AnyRedis, *, prefix: str = "settlement:settled:") -> None:
         self._redis = redis
         self._prefix = prefix
         self._slots = asyncio.Semaphore(MAX_WAITERS)
@@ -85,7 +89,7 @@ class Wakeups:
     async def _publish(self, operation_id: str) -> None:
         try:
             await self._redis.publish(self._prefix + operation_id, b"1")
-        except (RedisError, OSError) as exc:  # a hint: waiters fall back to their deadline
+        except _FAILED as exc:  # a hint: waiters fall back to their deadline
             log.warning("cannot announce a settlement", extra={"error": repr(exc)})
 
     @contextlib.asynccontextmanager
@@ -105,7 +109,7 @@ class Wakeups:
                     await pubsub.subscribe(self._prefix + operation_id)
                     # the confirmation: from here on no announcement can slip by unseen
                     confirmed = await pubsub.get_message(timeout=SUBSCRIBE_TIMEOUT)
-                except (RedisError, OSError) as exc:
+                except _FAILED as exc:
                     log.warning("cannot wait for a settlement", extra={"error": repr(exc)})
                     confirmed = None
                 if confirmed is None or confirmed.get("type") != "subscribe":
@@ -117,7 +121,7 @@ class Wakeups:
                     while (left := deadline - time.monotonic()) > 0:
                         try:
                             message = await pubsub.get_message(timeout=min(left, POLL))
-                        except (RedisError, OSError):
+                        except _FAILED:
                             return False
                         if message is not None and message.get("type") == "message":
                             return True
@@ -125,7 +129,7 @@ class Wakeups:
 
                 yield wait
             finally:
-                with contextlib.suppress(RedisError, OSError):
+                with contextlib.suppress(*_FAILED):
                     await pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]  # typed from redis 8.2
 
     async def close(self) -> None:

@@ -1,0 +1,241 @@
+"""Leases, heartbeats, wake-ups and outages on a local Redis Cluster (three masters, one
+replica each, devstack.EmbeddedRedisCluster), and the failover of one master."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+
+from devstack import EmbeddedRedisCluster
+from service.config import Settings
+from service.leases import (
+    AnyRedis,
+    LeaseManager,
+    LeaseUnavailable,
+    Wakeups,
+    make_lease_redis,
+    make_redis,
+)
+
+pytestmark = pytest.mark.integration
+
+# Anything expected "promptly" on a loaded machine.
+PROMPT = 5.0
+# The lease commands' timeout: a dead master's slots answer LeaseUnavailable after it.
+TIMEOUT = 0.5
+# The file's lease ttl: heartbeats are seen within a second.
+TTL = 0.6
+# A failover takes the node timeout (1 s) and an election; this bounds it on a loaded machine.
+FAILOVER = 30.0
+
+Open = Callable[..., LeaseManager]
+T = TypeVar("T")
+
+
+def _cluster() -> Iterator[EmbeddedRedisCluster]:
+    data_dir = Path(tempfile.mkdtemp(prefix="settlement-cluster-"))
+    cluster = EmbeddedRedisCluster(data_dir)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[EmbeddedRedisCluster]:
+    """One cluster for the file's tests that fail no node."""
+    yield from _cluster()
+
+
+@pytest.fixture
+def own_cluster() -> Iterator[EmbeddedRedisCluster]:
+    """A cluster of the test's own: it kills a node."""
+    yield from _cluster()
+
+
+@pytest.fixture
+async def open_leases() -> AsyncIterator[Open]:
+    """``open(url, ttl=..., prefix=...)``: a lease manager on the lease client of ``url``, as
+    the server makes it; the clients are closed when the test ends."""
+    made = []
+
+    def open_(url: str, *, ttl: float = TTL, prefix: str = "test:") -> LeaseManager:
+        settings = Settings.from_env({}, redis_url=url, redis_timeout=TIMEOUT)
+        made.append(make_lease_redis(settings, url))
+        return LeaseManager(made[-1], ttl=ttl, timeout=TIMEOUT, prefix=prefix)
+
+    yield open_
+    for client in made:
+        await client.aclose()
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[Callable[[str], AnyRedis]]:
+    """``shared(url)``: the server's shared client (pub/sub, health) for ``url``."""
+    made: list[AnyRedis] = []
+
+    def open_(url: str) -> AnyRedis:
+        made.append(make_redis(Settings.from_env({}, redis_timeout=TIMEOUT), url))
+        return made[-1]
+
+    yield open_
+    for client in made:
+        await client.aclose()
+
+
+def _names_on_every_master(cluster: EmbeddedRedisCluster, prefix: str) -> dict[int, str]:
+    """A lease name per master: the master's port -> a name whose key it serves."""
+    found: dict[int, str] = {}
+    for i in range(1000):
+        port = cluster.master_port(f"{prefix}n{i}")
+        found.setdefault(port, f"n{i}")
+        if len(found) == 3:  # the cluster's masters
+            return found
+    raise AssertionError("the keys did not reach every master")
+
+
+async def test_leases_are_taken_held_and_released_on_every_master(
+    cluster: EmbeddedRedisCluster, open_leases: Open
+) -> None:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    leases = open_leases(cluster.url, ttl=30.0, prefix=prefix)
+    rival = open_leases(cluster.url, ttl=30.0, prefix=prefix)
+    for name in _names_on_every_master(cluster, prefix).values():
+        held = await leases.acquire(name)
+        assert held is not None
+        assert await rival.acquire(name) is None
+        assert await rival.holder(name) == held.token
+        extended = await leases.extend(held)
+        assert extended is not None
+        assert await rival.remaining_many([name, "free"]) == [pytest.approx(30.0, abs=2), None]
+        assert await leases.release(extended) is True
+        assert await rival.acquire(name) is not None
+
+
+async def test_a_heartbeat_keeps_its_lease_and_notices_a_stolen_one(
+    cluster: EmbeddedRedisCluster, open_leases: Open
+) -> None:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    leases = open_leases(cluster.url, prefix=prefix)
+    rival = open_leases(cluster.url, prefix=prefix)
+    held = await leases.acquire("one")
+    assert held is not None
+    async with leases.heartbeat(held) as beat:
+        for _ in range(12):  # 1.2 s, two ttls: without the heartbeat the rival would take it
+            await asyncio.sleep(0.1)
+            assert await rival.acquire("one") is None
+        assert not beat.lost.is_set()
+        assert await rival.revoke("one") is True  # as an admin fencing the attempt out
+        stolen = await rival.acquire("one")
+        assert stolen is not None
+        async with asyncio.timeout(PROMPT):
+            await beat.lost.wait()
+    assert await rival.holder("one") == stolen.token
+
+
+async def test_a_release_wakes_a_waiter_subscribed_through_any_node(
+    cluster: EmbeddedRedisCluster, open_leases: Open, shared: Callable[[str], AnyRedis]
+) -> None:
+    prefix = f"test:{uuid.uuid4().hex}:"
+    wakeups = Wakeups(shared(cluster.url), prefix=prefix)
+    leases = open_leases(cluster.url, ttl=30.0, prefix=prefix + "lease:")
+    for name in _names_on_every_master(cluster, prefix + "lease:").values():
+        lease = await leases.acquire(name)
+        assert lease is not None
+        async with wakeups.wait_for(f"op-{name}") as wait:
+            assert wait is not None
+            assert await leases.release(lease, announce=f"{prefix}op-{name}") is True
+            assert await wait(PROMPT) is True
+    wakeups.announce("op-plain")  # a plain PUBLISH, in the background
+    await wakeups.close()
+
+
+def _dead_port() -> int:
+    with closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_an_unreachable_cluster_is_unavailable_promptly(open_leases: Open) -> None:
+    leases = open_leases(f"redis+cluster://127.0.0.1:{_dead_port()}")
+    async with asyncio.timeout(PROMPT):
+        with pytest.raises(LeaseUnavailable):
+            await leases.acquire("one")
+        with pytest.raises(LeaseUnavailable):
+            await leases.remaining("one")
+
+
+async def test_a_master_failing_over_keeps_its_replicated_leases_and_fails_closed_meanwhile(
+    own_cluster: EmbeddedRedisCluster, open_leases: Open
+) -> None:
+    """A master is killed. Its slots answer LeaseUnavailable (no lease is handed out twice)
+    until its replica has taken over; the other masters' leases keep working throughout;
+    after the failover the replica holds the lease the master held, so nobody else can
+    take it."""
+    cluster = own_cluster
+    prefix = f"test:{uuid.uuid4().hex}:"
+    leases = open_leases(cluster.url, ttl=60.0, prefix=prefix)
+    rival = open_leases(cluster.url, ttl=60.0, prefix=prefix)
+    names = _names_on_every_master(cluster, prefix)
+    doomed, *others = names
+    held = await leases.acquire(names[doomed])
+    assert held is not None
+    (replica,) = cluster.replica_ports(doomed)
+    password = urlsplit(cluster.url).password
+    copy = redis.Redis(
+        host="127.0.0.1",
+        port=replica,
+        password=password,
+        socket_timeout=PROMPT,
+        single_connection_client=True,  # READONLY holds for its connection
+    )
+    try:
+        copy.execute_command("READONLY")
+        async with asyncio.timeout(PROMPT):  # replicated (asynchronously): poll the replica
+            while True:
+                if copy.execute_command("GET", held.key) == held.token.encode():
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        copy.close()
+
+    cluster.kill(doomed)
+    with pytest.raises(LeaseUnavailable):
+        await rival.acquire(names[doomed])
+    for port in others:  # the other masters are not touched
+        other = await rival.acquire(names[port])
+        assert other is not None
+        assert await rival.release(other) is True
+
+    answer = await _after_failover(lambda: rival.acquire(names[doomed]))
+    assert answer is None  # the replica has the lease: still the first holder's
+    assert await rival.holder(names[doomed]) == held.token
+    # the holder's client has not seen the failover yet: its first command there may fail
+    extended = await _after_failover(lambda: leases.extend(held))
+    assert extended is not None
+    assert await leases.release(extended) is True
+    assert await rival.acquire(names[doomed]) is not None
+
+
+async def _after_failover(call: Callable[[], Awaitable[T]]) -> T:
+    """``call``'s answer once it stops failing with LeaseUnavailable: a slot of a dead
+    master fails closed until its replica has taken over and the client has read the slots
+    again."""
+    async with asyncio.timeout(FAILOVER):
+        while True:
+            try:
+                return await call()
+            except LeaseUnavailable:
+                await asyncio.sleep(0.1)  # not failed over yet: ask again
