@@ -192,6 +192,9 @@ async def test_a_master_failing_over_keeps_its_replicated_leases_and_fails_close
     doomed, *others = names
     held = await leases.acquire(names[doomed])
     assert held is not None
+    # the rival has read the slots too, as a running server has (the URL names one node,
+    # maybe the one to die: a client must first reach it)
+    assert await rival.holder(names[doomed]) == held.token
     (replica,) = cluster.replica_ports(doomed)
     password = urlsplit(cluster.url).password
     copy = redis.Redis(
