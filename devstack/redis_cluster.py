@@ -9,7 +9,7 @@ on a command line (``redis-cli`` reads it from its environment). Each node liste
 whose cluster-bus port (the port + 10000) is free too. ``redis-cli --cluster create`` spreads
 the slots over the masters and attaches the replicas.
 
-Its URL is ``redis+cluster://:PASSWORD@127.0.0.1:PORT`` (any node; the client finds the rest).
+Its URL is ``redis+cluster://:PASSWORD@127.0.0.1:PORT,127.0.0.1:PORT,...`` (every node).
 """
 
 from __future__ import annotations
@@ -147,9 +147,9 @@ class EmbeddedRedisCluster:
 
     @property
     def url(self) -> str:
-        """The cluster's URL, with the password, naming the first live node."""
-        node = next(node for node in self.nodes if node.running)
-        return f"redis+cluster://:{self._password}@{HOST}:{node.port}"
+        """The cluster's URL, with the password, naming every live node."""
+        nodes = ",".join(f"{HOST}:{node.port}" for node in self.nodes if node.running)
+        return f"redis+cluster://:{self._password}@{nodes}"
 
     def start(self) -> str:
         """Start every node, make the cluster, wait until it serves every slot; the URL."""

@@ -5,9 +5,10 @@ socket timeouts bound each call. ``make_lease_redis`` is the lease commands' own
 request's acquire and release, the heartbeats' extends, the sweeper's and the status reads'
 PTTLs), bounded per command by :class:`service.leases.LeaseManager`.
 
-A URL whose scheme is ``redis+cluster`` (``rediss+cluster`` with TLS) names a node of a Redis
-Cluster: both are then redis-py cluster clients, which find the other nodes and follow the
-slots as they move (a failover included).
+A URL whose scheme is ``redis+cluster`` (``rediss+cluster`` with TLS) names nodes of a Redis
+Cluster (one, or several comma-separated): both are then redis-py cluster clients, which
+read the slots from the first of those nodes that answers, find the other nodes, and follow
+the slots as they move (a failover included).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -30,15 +33,26 @@ T = TypeVar("T")
 # One Redis or a Redis Cluster: the commands used here are the same on both.
 AnyRedis: TypeAlias = Redis | RedisCluster
 
-# The URL of a Redis Cluster: one node's URL with "+cluster" after the scheme.
+# The URL of a Redis Cluster: a node's URL with "+cluster" after the scheme; more nodes may
+# follow the first, comma-separated (host1:port1,host2:port2).
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
-def _cluster_url(url: str) -> str | None:
-    """The node URL redis-py's cluster client takes, or None for a URL of one Redis."""
+def _cluster(url: str, **options: Any) -> RedisCluster | None:
+    """A redis-py cluster client for a Redis Cluster URL, None for a URL of one Redis."""
     scheme, separator, rest = url.partition("://")
     plain = CLUSTER_SCHEMES.get(scheme.lower())
-    return None if plain is None or not separator else f"{plain}://{rest}"
+    if plain is None or not separator:
+        return None
+    parts = urlsplit(f"{plain}://{rest}")
+    credentials, at, hosts = parts.netloc.rpartition("@")
+    first, *more = hosts.split(",")
+    nodes = []
+    for node in more:
+        host, _, port = node.rpartition(":")
+        nodes.append(ClusterNode(host.strip("[]"), int(port)))
+    first_url = urlunsplit(parts._replace(netloc=f"{credentials}{at}{first}"))
+    return RedisCluster.from_url(first_url, startup_nodes=nodes, **options)
 
 
 def make_redis(settings: Settings, url: str) -> AnyRedis:
@@ -48,10 +62,8 @@ def make_redis(settings: Settings, url: str) -> AnyRedis:
         "health_check_interval": 30,
         "decode_responses": False,
     }
-    cluster = _cluster_url(url)
-    if cluster is not None:
-        return RedisCluster.from_url(cluster, **options)
-    return Redis.from_url(url, **options)
+    cluster = _cluster(url, **options)
+    return cluster if cluster is not None else Redis.from_url(url, **options)
 
 
 class LeaseRedis:
@@ -104,7 +116,7 @@ class LeaseRedis:
         }
         self._pool: ConnectionPool | None = None
         self._clients: tuple[AnyRedis, ...]
-        cluster = _cluster_url(url)
+        cluster = _cluster(url, max_connections=size, **options)
         if cluster is None:
             self._pool = ConnectionPool.from_url(url, max_connections=size, **options)
             self._clients = tuple(
@@ -113,7 +125,7 @@ class LeaseRedis:
             )
             self._idle = list(self._clients)
         else:
-            self._clients = (RedisCluster.from_url(cluster, max_connections=size, **options),)
+            self._clients = (cluster,)
             self._idle = list(self._clients * size)
         self._free = asyncio.Semaphore(size)
 

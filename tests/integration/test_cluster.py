@@ -168,6 +168,17 @@ def _dead_port() -> int:
         return port
 
 
+async def test_a_url_naming_several_nodes_reaches_the_cluster_past_a_dead_one(
+    cluster: EmbeddedRedisCluster, open_leases: Open
+) -> None:
+    credentials, _, nodes = cluster.url.partition("@")
+    first_dead = f"{credentials}@127.0.0.1:{_dead_port()},{nodes}"
+    leases = open_leases(first_dead, prefix=f"test:{uuid.uuid4().hex}:")
+    held = await leases.acquire("one")
+    assert held is not None
+    assert await leases.release(held) is True
+
+
 async def test_an_unreachable_cluster_is_unavailable_promptly(open_leases: Open) -> None:
     leases = open_leases(f"redis+cluster://127.0.0.1:{_dead_port()}")
     async with asyncio.timeout(PROMPT):
@@ -192,8 +203,7 @@ async def test_a_master_failing_over_keeps_its_replicated_leases_and_fails_close
     doomed, *others = names
     held = await leases.acquire(names[doomed])
     assert held is not None
-    # the rival has read the slots too, as a running server has (the URL names one node,
-    # maybe the one to die: a client must first reach it)
+    # the rival has read the slots too, as a running server has
     assert await rival.holder(names[doomed]) == held.token
     (replica,) = cluster.replica_ports(doomed)
     password = urlsplit(cluster.url).password
