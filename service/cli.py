@@ -289,17 +289,16 @@ def uvicorn_options(settings: Settings) -> UvicornOptions:
     """How every server process of ours runs under uvicorn (the bench's apps too).
 
     uvloop: measured 0.20 -> 0.09 ms CPU per bare request, 10.7 -> 7.7 ms per new operation.
-    httptools (through service.http.protocol, which keeps every bad header value and every
-    unparseable request a problem document): measured against h11 in one run, 0.23 -> 0.12 ms
-    of app CPU per bare request (6,810 -> 11,911 req/s), 0.71 -> 0.60 ms per replay. One write
-    per response (the header block held for the body), in two A/B pairs: bare 11,332/13,393
-    -> 12,308/14,465 req/s, replay 2,574/2,713 -> 2,631/2,910, wrk's CPU per request -20 %.
+    httptools: measured against h11 in one run, 0.23 -> 0.12 ms of app CPU per bare request
+    (6,810 -> 11,911 req/s), 0.71 -> 0.60 ms per replay. Its parser (llhttp, strict) answers a
+    request it cannot parse, or a header value with a control character, with uvicorn's own
+    plain-text 400 before the app runs.
     No uvicorn access log: with SETTLEMENT_ACCESS_LOG the app writes its own JSON line, with
     the request id (service.telemetry.asgi).
     """
     return UvicornOptions(
         loop="uvloop",
-        http="service.http.protocol:SettlementHttpProtocol",  # see above
+        http="httptools",  # see above
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),

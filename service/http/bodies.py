@@ -16,7 +16,7 @@ import msgspec
 
 from service.http.problems import ProblemError
 
-__all__ = ["check_json_content_type", "decode_json"]
+__all__ = ["check_json_content_type", "decode_json", "decode_strict"]
 
 T = TypeVar("T")
 
@@ -43,6 +43,11 @@ def check_json_content_type(header: str | None) -> None:
 def decode_json(raw: bytes, schema: type[T], content_type: str | None) -> T:
     """``raw`` as a ``schema``; ProblemError ``unsupported-media-type`` or ``validation-error``."""
     check_json_content_type(content_type)
+    return decode_strict(raw, schema)
+
+
+def decode_strict(raw: bytes, schema: type[T]) -> T:
+    """``raw`` (JSON) as a ``schema``, no type coercion; ProblemError ``validation-error``."""
     try:
         return msgspec.json.decode(raw, type=schema)
     except RecursionError:

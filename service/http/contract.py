@@ -40,7 +40,6 @@ from service.domain.ledger import Account, AccountRequest, Transfer, TransferReq
 from service.domain.payouts import PayoutRequest
 from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
-from service.http.keys import MAX_KEY_LENGTH
 from service.http.pages import ProblemPage
 from service.http.problems import SLUGS
 from service.store.status import OperationView
@@ -177,41 +176,6 @@ _UNHEALTHY = {
     "readyz": (503, "the database is unreachable (the body says so)"),
 }
 
-# printable ASCII, no surrounding space; an sf-string ("...") form is accepted as well
-# (described, not in the pattern: a value starting with a quote is read as an sf-string)
-_KEY_PATTERN = r"^[\x21\x23-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
-_HEADER_PARAMETERS = [
-    {
-        "name": "Idempotency-Key",
-        "in": "header",
-        "required": True,
-        "description": (
-            "The client's key for this intended action, scoped to (tenant, principal, route):"
-            f" 1-{MAX_KEY_LENGTH} printable ASCII characters, bare or as an RFC 8941"
-            ' sf-string ("pay-42"). A retry with the same key and request replays the answer.'
-        ),
-        "schema": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": MAX_KEY_LENGTH,
-            "pattern": _KEY_PATTERN,
-        },
-        "example": "pay-42",
-    },
-    {
-        "name": "Prefer",
-        "in": "header",
-        "required": False,
-        "description": (
-            "`wait=N`: if another attempt is in progress, wait up to N seconds (capped by"
-            " SETTLEMENT_MAX_WAIT) for it to settle and replay its answer;"
-            " `Preference-Applied` says so."
-        ),
-        "schema": {"type": "string"},  # preferences it does not know are ignored (RFC 7240)
-        "example": "wait=5",
-    },
-]
-
 
 def _header(description: str, schema: dict[str, Any], *, required: bool = False) -> dict[str, Any]:
     return {"description": description, "required": required, "schema": schema}
@@ -336,11 +300,16 @@ _IDEMPOTENT_SUCCESS = (
 )
 
 
+_BODY_RULE = (
+    "JSON (application/json or application/*+json, UTF-8); anything else is 415 "
+    "unsupported-media-type."
+)
+
+
 def _request_body(request: type) -> dict[str, Any]:
     return {
         "required": True,
-        "description": "JSON (application/json or application/*+json, UTF-8); anything else "
-        "is 415 unsupported-media-type.",
+        "description": _BODY_RULE,
         "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{request.__name__}"}}},
     }
 
@@ -447,10 +416,10 @@ def _complete_operation(operation_id: str, operation: dict[str, Any], doc: Route
         }
     responses.update(_problem_responses(doc))
     operation["responses"] = responses
-    if doc.request is not None:
+    if "requestBody" in operation:  # a typed body: Litestar documented it
+        operation["requestBody"]["description"] = _BODY_RULE
+    elif doc.request is not None:  # a body the handler reads itself
         operation["requestBody"] = _request_body(doc.request)
-    if doc.idempotent:
-        operation["parameters"] = [*operation.get("parameters", []), *_HEADER_PARAMETERS]
     if doc.auth == "bearer":
         operation["security"] = [{BEARER: []}]
     elif doc.auth == "optional":  # open unless SETTLEMENT_METRICS_ROLE names a role

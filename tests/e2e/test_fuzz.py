@@ -155,6 +155,13 @@ def show(response: httpx.Response) -> str:
     )
 
 
+def refused_by_the_parser(response: httpx.Response) -> bool:
+    """uvicorn's own 400 for a request its parser refuses (plain text, before the app runs)."""
+    return response.status_code == 400 and response.headers.get("content-type", "").startswith(
+        "text/plain"
+    )
+
+
 def assert_problem(response: httpx.Response, slug: str | None = None) -> str:
     """An RFC 9457 problem document whose status is the HTTP status; returns its slug."""
     assert response.headers.get("content-type") == PROBLEM, show(response)
@@ -359,6 +366,12 @@ def test_idempotency_key_values_are_judged_by_the_rule(
         headers=[bearer(key_caller.key), JSON_TYPE] + [("Idempotency-Key", raw)] * copies,
     )
 
+    if refused_by_the_parser(response):
+        # uvicorn's HTTP parser refuses a control character in a header value, before the app
+        assert any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw), show(response)
+        assert (key, rows()) == (None, before), show(response)
+        event("refused by the HTTP parser")
+        return
     slug = assert_idempotent_answer(response, before, rows())
     event("valid key" if key is not None else "invalid key")
     if key is None:
@@ -421,12 +434,19 @@ def test_authorization_values_are_unauthenticated_unless_exactly_the_key(
     if target == "post-account":
         headers.append(("Idempotency-Key", uuid.uuid4().hex))
         response = http.post("/v1/accounts", json={"currency": "EUR"}, headers=headers)
-        assert response.headers.get("idempotent-replayed") == "false", show(response)
     elif target == "get-account":
         response = http.get(f"/v1/accounts/{ledger.funded}", headers=headers)
     else:
         response = http.get(f"/v1/operations/{ledger.operation_id}", headers=headers)
 
+    if refused_by_the_parser(response):
+        # uvicorn's HTTP parser refuses a control character in a header value, before the app
+        assert any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw), show(response)
+        assert rows() == before, show(response)
+        event("refused by the HTTP parser")
+        return
+    if target == "post-account":
+        assert response.headers.get("idempotent-replayed") == "false", show(response)
     assert response.status_code < 500, show(response)
     event(f"{target}: {response.status_code}")
     if authenticates(raw, ledger.key):
@@ -688,7 +708,8 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
     assert response.status_code < 500, show(response)
     event(f"{method} {template}: {response.status_code}")
     if response.status_code >= 400:
-        assert_problem(response)
+        if not refused_by_the_parser(response):
+            assert_problem(response)
         assert rows() == before, show(response)
     elif method == "GET":
         assert rows() == before, show(response)
