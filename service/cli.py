@@ -13,8 +13,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from service.config import ConfigError, Settings, parse_feeds
+from service.config import SETTINGS, ConfigError, Settings, parse_feeds
 from service.logs import configure_logging
+from service.setting import config_lines, markdown_table
 
 __all__ = ["main"]
 
@@ -22,7 +23,6 @@ log = logging.getLogger("settlement.cli")
 
 # Where `serve --embedded` runs the provider simulator (DESIGN §10: make run starts it).
 PROVIDER_PORT = 8100
-# How long `serve --embedded` waits for the simulator to answer before giving up.
 
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
 GRACEFUL_SHUTDOWN = 10.0
@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser(
         "config", help="print the effective settings (secrets masked) and why each exists"
+    )
+    config.add_argument(
+        "--markdown", action="store_true", help="the README's table of every setting instead"
     )
     config.set_defaults(run=_config)
 
@@ -123,11 +126,9 @@ def _version() -> str:
 
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:
-    """One line per setting: VARIABLE=value, then its reason; secrets are masked."""
-    rows = settings.described()
-    width = max(len(f"{name}={shown}") for name, shown, _ in rows)
-    for name, shown, why in rows:
-        print(f"{f'{name}={shown}':<{width}}  # {why}")
+    """One line per setting: VARIABLE=value, then its reason (secrets masked); or the
+    README's table of every setting, its default and what it takes."""
+    print(markdown_table(SETTINGS) if args.markdown else config_lines(settings.described()))
     return 0
 
 
