@@ -43,6 +43,7 @@ class Asgi:
         """``body``: one chunk, or the chunks of a streamed body (an empty list: the client
         hangs up instead); ``lower``: header names lowercased, as the ASGI servers send them."""
         pairs = headers.items() if isinstance(headers, dict) else headers
+        path, _, query = path.partition("?")
         raw = [((k.lower() if lower else k).encode(), v.encode("latin-1")) for k, v in pairs]
         scope = {
             "type": "http",
@@ -52,7 +53,7 @@ class Asgi:
             "scheme": "http",
             "path": path,
             "raw_path": path.encode(),
-            "query_string": b"",
+            "query_string": query.encode(),
             "root_path": "",
             "headers": raw,
             "client": ("127.0.0.1", 5000),

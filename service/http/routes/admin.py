@@ -13,6 +13,7 @@ from service.http.auth import authenticate_admin
 from service.http.bodies import decode_json
 from service.http.deps import Services
 from service.http.problems import ProblemError, problem_response
+from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
 from service.store.principals import Principal
 
@@ -113,5 +114,6 @@ async def list_work(
 ) -> Response[bytes]:
     """``state``, ``tenant`` and ``limit`` are checked (400) by their declared types."""
     admin = await _admin(request, settlement)
+    refuse_undeclared_query(request)
     page = await settlement.admin.work_list(admin, op_state, tenant, limit, after)
     return render_json_or_problem(page)

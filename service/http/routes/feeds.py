@@ -7,12 +7,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
-from litestar.params import Parameter
+from litestar.params import Parameter, QueryParameter
 
 from service.app.feeds import ConflictAction, HoldAction
 from service.http.auth import authenticate_admin
 from service.http.bodies import decode_json
 from service.http.deps import Services
+from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
 
 __all__ = ["accept_conflict", "decide_hold", "get_feed", "list_feeds", "list_holds"]
@@ -50,11 +51,12 @@ async def list_holds(
     request: Request[Any, Any, Any],
     settlement: Services,
     name: FeedName,
-    limit: Annotated[int, Parameter(ge=1, le=MAX_HOLDS_PAGE)] = 100,
-    after: Annotated[str | None, Parameter(max_length=512)] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_HOLDS_PAGE)] = 100,
+    after: Annotated[str | None, QueryParameter(max_length=512)] = None,
 ) -> Response[bytes]:
     """``limit`` and ``after`` are checked (400) by their declared types."""
     admin = await authenticate_admin(request, settlement.principals)
+    refuse_undeclared_query(request)
     return render_json_or_problem(await settlement.feed_admin.holds(admin, name, limit, after))
 
 
