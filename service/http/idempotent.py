@@ -24,23 +24,22 @@ already encoded, and the conversion a ``Response`` goes through cost about 15 us
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, Generic, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.dto import MsgspecDTO
 from litestar.handlers import BaseRouteHandler
-from litestar.openapi.spec import Example, Reference, Schema
+from litestar.openapi.spec import Example
 from litestar.params import HeaderParameter
 from litestar.response.base import ASGIResponse
-from litestar.typing import FieldDefinition
 
 from service.app.effects import IdempotentRoute
 from service.app.requests import Seen
 from service.app.root import Settlement
 from service.http.auth import authenticate, bearer_key, require_role, unknown_key
-from service.http.bodies import check_json_content_type, decode_strict
+from service.http.bodies import check_json_content_type
+from service.http.deps import settlement_of
 from service.http.keys import MAX_KEY_LENGTH, IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import IDEMPOTENT, ProblemError
 from service.http.render import prefer_wait, render
@@ -52,7 +51,6 @@ __all__ = [
     "IDEMPOTENT_DESCRIPTION",
     "IdempotencyKey",
     "Prefer",
-    "StrictJson",
     "answer",
     "idempotent_opt",
     "identify_caller",
@@ -119,33 +117,6 @@ def _always_on(settlement: Settlement) -> None:
 def idempotent_opt(spec_of: SpecOf, off: OffReason = _always_on) -> dict[str, Any]:
     """The ``opt`` of an idempotent route's handler."""
     return {IDEMPOTENT: (spec_of, off)}
-
-
-class StrictJson(MsgspecDTO[T], Generic[T]):
-    """A request body decoded strictly against its Struct (:func:`service.http.bodies.
-    decode_strict`): no type coercion (Litestar's own decoding converts ``"1"`` to ``1``), every
-    failure a ``validation-error`` problem. Litestar documents the body from the Struct."""
-
-    def decode_bytes(self, value: bytes) -> Any:
-        # the media type was checked by identify_caller, before the body was read
-        return decode_strict(value, self.model_type)
-
-    @classmethod
-    def create_openapi_schema(
-        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: Any
-    ) -> Reference | Schema:
-        """The body's schema is the Struct's own (the DTO's transfer model would be a copy)."""
-        model = FieldDefinition.from_annotation(
-            cls.model_type, kwarg_definition=field_definition.kwarg_definition
-        )
-        schema: Reference | Schema = schema_creator.for_field_definition(model)
-        return schema
-
-
-def settlement_of(connection: ASGIConnection[Any, Any, Any, Any]) -> Settlement:
-    """The process's Settlement, which the lifespan put in the app's state."""
-    settlement: Settlement = connection.app.state.settlement
-    return settlement
 
 
 async def identify_caller(

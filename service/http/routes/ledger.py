@@ -11,12 +11,12 @@ from litestar.response.base import ASGIResponse
 
 from service.domain import ledger
 from service.http.auth import authenticate, require_role
+from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.idempotent import (
     IDEMPOTENT_DESCRIPTION,
     IdempotencyKey,
     Prefer,
-    StrictJson,
     answer,
     idempotent_opt,
     identify_caller,

@@ -10,12 +10,12 @@ from litestar.response.base import ASGIResponse
 
 from service.app.root import Settlement
 from service.domain.payouts import PayoutRequest
+from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.idempotent import (
     IDEMPOTENT_DESCRIPTION,
     IdempotencyKey,
     Prefer,
-    StrictJson,
     answer,
     idempotent_opt,
     identify_caller,
