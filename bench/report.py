@@ -20,7 +20,7 @@ def write(runner: Runner) -> dict[str, Any]:
     print()
     print("throughput ratios:")
     for name, value in ratios.items():
-        print(f"  {name:<28} {'-' if value is None else f'{value:.3f}'}")
+        print(f"  {name:<36} {'-' if value is None else f'{value:.3f}'}")
     print()
     print("notes:")
     for row in runner.rows:
@@ -64,7 +64,7 @@ def write(runner: Runner) -> dict[str, Any]:
 
 
 def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
-    """req/s of the server over its peer and its baselines (None where a side is missing or
+    """req/s of the server over its peers and its baselines (None where a side is missing or
     zero)."""
     by_name = {row.name: row for row in rows}
 
@@ -76,6 +76,8 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
     ratios = {
         "new / powertools-new": ratio("new", "powertools-new"),
         "replay / powertools-replay": ratio("replay", "powertools-replay"),
+        "new / asgi-idem-new": ratio("new", "asgi-idem-new"),
+        "replay / asgi-idem-replay": ratio("replay", "asgi-idem-replay"),
         "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),
@@ -94,7 +96,7 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
 
 def table(rows: list[Row]) -> str:
     header = (
-        f"{'scenario':<17} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+        f"{'scenario':<19} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
         f"{'5xx':>5} {'peak RSS/worker MiB':>20} {'conns/worker':>12} "
         f"{'cores app/pg/load/other':>24} {'CPU ms/req app/pg':>18}  target"
     )
@@ -117,7 +119,7 @@ def table(rows: list[Row]) -> str:
             app, pg = (row.usage.cpu_seconds.get(g, 0.0) for g in ("workers", "postgres"))
             per_request = f"{1000 * app / r.requests:.2f}/{1000 * pg / r.requests:.2f}"
         lines.append(
-            f"{row.name:<17} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+            f"{row.name:<19} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
             f"{errors:>7} {r.server_errors:>5} {rss:>20} {conns:>12} {cpu:>24} "
             f"{per_request:>18}  {row.target}"
         )

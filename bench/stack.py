@@ -265,15 +265,16 @@ class Stack:
             f"baseline-server-{log_level.lower()}.log",
         )
 
-    def peer_server(self, workers: int, principal_id: str) -> ServerProcess:
-        """``python -m bench.peer_app``: the Powertools peer, under the same uvicorn options;
-        its operation rows name ``principal_id`` (it authenticates nobody)."""
+    def peer_server(self, workers: int, principal_id: str, layer: str) -> ServerProcess:
+        """``python -m bench.peer_app``: the peer with idempotency layer ``layer``, under the
+        same uvicorn options; its operation rows name ``principal_id`` (it authenticates
+        nobody)."""
         return self._bench_app(
             "bench.peer_app",
-            "bench.peer_app",
+            f"bench.peer_app ({layer})",
             workers,
-            self.server_env(BENCH_PEER_PRINCIPAL=principal_id),
-            "peer-server.log",
+            self.server_env(BENCH_PEER_PRINCIPAL=principal_id, BENCH_PEER_LAYER=layer),
+            f"peer-server-{layer}.log",
         )
 
     def _bench_app(
