@@ -230,6 +230,16 @@ class Stack:
     def redis_processes(self) -> list[psutil.Process]:
         return [psutil.Process(self.redis_pid)]
 
+    def redis_commands(self) -> int:
+        """Commands Redis has processed since it started (``INFO stats``; this one counted)."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return int(client.info("stats")["total_commands_processed"])
+        finally:
+            client.close()
+
     def server_env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
         env.update(
