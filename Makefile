@@ -72,7 +72,7 @@ integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
 clean: ## remove the virtualenv and caches (keeps .data/)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
 
-bench: $(BENCH_STAMP) ## load test with a peer and baselines (wrk, pgbench); table + bench/results/<date>.json
+bench: $(BENCH_STAMP) ## load test with two peers and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
 
 chaos: $(STAMP) ## the long reliability run: CHAOS_DURATION (1200) s of load under random faults, then the checker
