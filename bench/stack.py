@@ -230,6 +230,16 @@ class Stack:
     def redis_processes(self) -> list[psutil.Process]:
         return [psutil.Process(self.redis_pid)]
 
+    def redis_commands(self) -> int:
+        """Commands Redis has processed since it started (``INFO stats``; this one counted)."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return int(client.info("stats")["total_commands_processed"])
+        finally:
+            client.close()
+
     def server_env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
         env.update(
@@ -265,15 +275,16 @@ class Stack:
             f"baseline-server-{log_level.lower()}.log",
         )
 
-    def peer_server(self, workers: int, principal_id: str) -> ServerProcess:
-        """``python -m bench.peer_app``: the Powertools peer, under the same uvicorn options;
-        its operation rows name ``principal_id`` (it authenticates nobody)."""
+    def peer_server(self, workers: int, principal_id: str, layer: str) -> ServerProcess:
+        """``python -m bench.peer_app``: the peer with idempotency layer ``layer``, under the
+        same uvicorn options; its operation rows name ``principal_id`` (it authenticates
+        nobody)."""
         return self._bench_app(
             "bench.peer_app",
-            "bench.peer_app",
+            f"bench.peer_app ({layer})",
             workers,
-            self.server_env(BENCH_PEER_PRINCIPAL=principal_id),
-            "peer-server.log",
+            self.server_env(BENCH_PEER_PRINCIPAL=principal_id, BENCH_PEER_LAYER=layer),
+            f"peer-server-{layer}.log",
         )
 
     def _bench_app(
