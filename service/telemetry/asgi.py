@@ -67,10 +67,24 @@ class RequestTelemetry:
         header = (b"request-id", request_id.encode())
         status = 500
         replayed = False
+        route = UNMATCHED
+        counted = False
+
+        def count() -> None:
+            nonlocal route, counted
+            counted = True
+            template = scope.get("path_template")
+            route = f"{method} {template}" if template else UNMATCHED
+            seconds = time.perf_counter() - started
+            self._metrics.on_request(route, status, ctx.problem, replayed, seconds)
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, replayed
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                # counted before the last byte leaves: a scrape the client sends after this
+                # answer finds it, whichever worker takes the scrape
+                count()
+            elif message["type"] == "http.response.start":
                 status = message["status"]
                 headers = list(message.get("headers") or ())
                 for name, value in headers:
@@ -86,14 +100,13 @@ class RequestTelemetry:
             await self._app(scope, receive, send_with_id)
         finally:
             request_context.unbind(token)
+            if not counted:  # no complete answer was sent
+                count()
             seconds = time.perf_counter() - started
-            template = scope.get("path_template")
-            route = f"{method} {template}" if template else UNMATCHED
-            self._metrics.on_request(route, status, ctx.problem, replayed, seconds)
             if span is not None:
                 span.finish(
                     method,
-                    template,
+                    scope.get("path_template"),
                     status,
                     operation_id=ctx.operation_id,
                     attempt_number=ctx.attempt,
