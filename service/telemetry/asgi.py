@@ -2,6 +2,9 @@
 access line. A plain ASGI wrapper (no web framework imported here), put around the
 application's handler, so 404s and every problem answer pass through it too.
 
+The caller's trace: its W3C ``traceparent`` and ``tracestate``, read by OpenTelemetry's
+TraceContext propagator; the request span is its child and keeps the ``tracestate``.
+
 Request-Id: the trace id of a valid incoming W3C ``traceparent``; else a sane incoming
 ``Request-Id`` (at most 128 characters of ``A-Za-z0-9._:/+=@-``); else, with tracing on, the
 request span's trace id; else 128 random bits in hex. Every response carries it.
@@ -47,14 +50,18 @@ class RequestTelemetry:
             return
         started = time.perf_counter()
         traceparent = incoming = None
+        tracestate: list[bytes] = []
         for name, value in scope["headers"]:
             if name == b"traceparent":
                 traceparent = value
+            elif name == b"tracestate":
+                tracestate.append(value)
             elif name == b"request-id":
                 incoming = value
-        trace_id = request_context.trace_id_of(traceparent)
+        caller = request_context.incoming_trace(traceparent, tracestate)
+        trace_id = None if caller is None else caller.trace_id
         method: str = scope["method"]
-        span = server_span(method, traceparent if trace_id else None)
+        span = server_span(method, None if caller is None else caller.context)
         if span is not None:
             trace_id = span.trace_id
         request_id = (

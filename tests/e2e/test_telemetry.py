@@ -262,6 +262,29 @@ def test_log_lines_are_json_with_the_request_fields(server_with_logs: ServerProc
     assert mine[0]["route"] == TRANSFERS and mine[0]["status"] == 201
 
 
+def test_the_request_span_joins_the_callers_trace_with_its_tracestate(
+    services: Services, migrated_url: str
+) -> None:
+    server = ServerProcess(
+        migrated_url, services.redis_url, env=_env(SETTLEMENT_OTEL_EXPORTER="console")
+    )
+    with server:
+        traced = httpx.get(
+            f"{server.base_url}/livez",
+            headers={
+                "traceparent": f"00-{TRACE}-00f067aa0ba902b7-01",
+                "tracestate": "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+            },
+        )
+        assert traced.headers["request-id"] == TRACE
+        server.stop()  # the span processor flushes at exit
+        output = server.output()
+    assert f'"trace_id": "0x{TRACE}"' in output
+    assert '"parent_id": "0x00f067aa0ba902b7"' in output
+    state = "['{key=congo, value=t61rcWkgMzE}', '{key=rojo, value=00f067aa0ba902b7}']"
+    assert f'"trace_state": "{state}"' in output
+
+
 def test_console_exporter_prints_the_stages_of_a_retried_transfer(
     services: Services, migrated_url: str
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import get_current_span
 
 from service.config import ConfigError
 from service.logs import JsonFormatter, TextFormatter
@@ -281,3 +282,15 @@ def test_with_an_opentelemetry_reader_the_same_figures_reach_it() -> None:
     }
     assert points["settlement_oldest_open_operation_age_seconds"][0].value == 5
     assert metrics.value("settlement_http_replays_total", route="POST /v1/transfers") == 1
+
+
+def test_tracestate_travels_with_a_valid_traceparent() -> None:
+    incoming = request_context.incoming_trace(
+        f"00-{TRACE}-00f067aa0ba902b7-01".encode(),
+        [b"congo=t61rcWkgMzE", b"rojo=00f067aa0ba902b7"],
+    )
+    assert incoming is not None and incoming.trace_id == TRACE
+    parent = get_current_span(incoming.context).get_span_context()
+    assert parent.span_id == 0x00F067AA0BA902B7 and parent.is_remote
+    assert dict(parent.trace_state) == {"congo": "t61rcWkgMzE", "rojo": "00f067aa0ba902b7"}
+    assert request_context.incoming_trace(b"garbage", [b"congo=t61rcWkgMzE"]) is None
