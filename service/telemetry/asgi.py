@@ -74,52 +74,17 @@ class RequestTelemetry:
         header = (b"request-id", request_id.encode())
         status = 500
         replayed = False
-        route = UNMATCHED
-        counted = False
+        answered = False
 
-        def count() -> None:
-            nonlocal route, counted
-            counted = True
+        def answer() -> None:
+            """Count the answer and write its access line: before its last byte is sent, so
+            a scrape or a log reader that follows the answer finds both."""
+            nonlocal answered
+            answered = True
             template = scope.get("path_template")
             route = f"{method} {template}" if template else UNMATCHED
             seconds = time.perf_counter() - started
             self._metrics.on_request(route, status, ctx.problem, replayed, seconds)
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status, replayed
-            if message["type"] == "http.response.body" and not message.get("more_body"):
-                # counted before the last byte leaves: a scrape the client sends after this
-                # answer finds it, whichever worker takes the scrape
-                count()
-            elif message["type"] == "http.response.start":
-                status = message["status"]
-                headers = list(message.get("headers") or ())
-                for name, value in headers:
-                    if name == b"idempotent-replayed":
-                        replayed = value == b"true"
-                    elif name == b"operation-id" and ctx.operation_id is None:
-                        ctx.operation_id = value.decode("latin-1")
-                headers.append(header)
-                message["headers"] = headers
-            await send(message)
-
-        try:
-            await self._app(scope, receive, send_with_id)
-        finally:
-            request_context.unbind(token)
-            if not counted:  # no complete answer was sent
-                count()
-            seconds = time.perf_counter() - started
-            if span is not None:
-                span.finish(
-                    method,
-                    scope.get("path_template"),
-                    status,
-                    operation_id=ctx.operation_id,
-                    attempt_number=ctx.attempt,
-                    replayed=replayed,
-                    problem=ctx.problem,
-                )
             if self._access_log:
                 fields = {
                     "request_id": request_id,
@@ -136,6 +101,39 @@ class RequestTelemetry:
                     "client": _client(scope),
                 }
                 access.info("request", extra={k: v for k, v in fields.items() if v is not None})
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, replayed
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answer()
+            elif message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers") or ())
+                for name, value in headers:
+                    if name == b"idempotent-replayed":
+                        replayed = value == b"true"
+                    elif name == b"operation-id" and ctx.operation_id is None:
+                        ctx.operation_id = value.decode("latin-1")
+                headers.append(header)
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_with_id)
+        finally:
+            request_context.unbind(token)
+            if not answered:  # no complete answer was sent
+                answer()
+            if span is not None:
+                span.finish(
+                    method,
+                    scope.get("path_template"),
+                    status,
+                    operation_id=ctx.operation_id,
+                    attempt_number=ctx.attempt,
+                    replayed=replayed,
+                    problem=ctx.problem,
+                )
 
 
 def _client(scope: Scope) -> str | None:

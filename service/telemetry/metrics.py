@@ -42,7 +42,7 @@ process's own.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import MetricReader
     from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
 
 __all__ = ["DECLARED", "LATENCY_BUCKETS", "MULTIPROC_VARIABLE", "Metrics"]
 
@@ -247,16 +248,13 @@ class Metrics:
         }
         self._scraped = self._registry
         if shared_dir is not None:
-            from prometheus_client.multiprocess import MultiProcessCollector
-
             if not any(Path(shared_dir).glob(f"*_{os.getpid()}.db")):
                 raise ConfigError(
                     f"prometheus_client was imported before {MULTIPROC_VARIABLE} was set: "
                     "this process's metrics would not reach the other workers' scrapes"
                 )
             self._scraped = CollectorRegistry()
-            # prometheus_client leaves this constructor unannotated
-            MultiProcessCollector(self._scraped, path=shared_dir)  # type: ignore[no-untyped-call]
+            self._scraped.register(_workers_collector(shared_dir, self._registry))
         self._requests = self._instruments["settlement_http_requests_total"]
         self._replays = self._instruments["settlement_http_replays_total"]
         self._problems = self._instruments["settlement_http_problems_total"]
@@ -349,6 +347,31 @@ class Metrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self._scraped).decode()
+
+
+def _workers_collector(shared_dir: str, declared: CollectorRegistry) -> Collector:
+    """Every worker's figures (``MultiProcessCollector``), in the declared order, with the
+    metrics no worker has a series of yet as this process declares them (no samples), as a
+    scrape of one process shows them."""
+    from prometheus_client import Metric
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.registry import Collector
+
+    class Workers(Collector):
+        def __init__(self) -> None:
+            # prometheus_client leaves this constructor unannotated; None: not registered
+            self._files = MultiProcessCollector(None, path=shared_dir)  # type: ignore[no-untyped-call]
+
+        def collect(self) -> Iterable[Metric]:
+            files = self._files.collect()  # type: ignore[no-untyped-call]  # as above
+            found = {metric.name: metric for metric in files}
+            for family in declared.collect():
+                yield found.pop(family.name, None) or Metric(
+                    family.name, family.documentation, family.type, family.unit
+                )
+            yield from found.values()
+
+    return Workers()
 
 
 def _meter_provider(export: str, readers: Sequence[MetricReader]) -> MeterProvider | None:
