@@ -139,8 +139,12 @@ def observer_process(feed: str) -> Iterator[None]:
 
     from devstack import die_with_parent
 
+    # the observer counts its own figures, as it does beside any server: not in the server's
+    # metrics directory, where the scrapes would sum them as a worker's
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "observer", "run", "--feed", feed],
+        env=env,
         preexec_fn=die_with_parent(),
         start_new_session=True,
     )

@@ -114,5 +114,5 @@ async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Resp
             require_role(principal, Role(wanted), Role.ADMIN)
         except AuthError as exc:
             return problem_response(exc.slug, exc.detail)
-    text = await settlement.metrics.scrape() + await settlement.feed_admin.metrics()
+    text = settlement.metrics.render() + await settlement.feed_admin.metrics()
     return Response(text.encode(), media_type="text/plain; version=0.0.4")
