@@ -1,8 +1,8 @@
 """The per-request cost of recording metrics: ``Metrics.on_request`` timed with timeit.
 
-    .venv/bin/python -m tools.metrics_cost            # this process's figures only
-    .venv/bin/python -m tools.metrics_cost --shared   # multiprocess mode (a server's workers)
-    .venv/bin/python -m tools.metrics_cost --otel     # also the OpenTelemetry instruments
+    .venv/bin/python -m bench.metrics_cost            # this process's figures only
+    .venv/bin/python -m bench.metrics_cost --shared   # multiprocess mode (a server's workers)
+    .venv/bin/python -m bench.metrics_cost --otel     # also the OpenTelemetry instruments
 
 Prints microseconds per call, the best of five runs of NUMBER calls.
 """
