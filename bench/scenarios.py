@@ -76,6 +76,24 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         runner.session.server_errors(server, "production server")
 
 
+def granian(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """``granian-replay`` and ``granian-new``: the production app under granian, the same
+    requests as ``replay`` and ``new`` (the seeded keys are in the database already)."""
+    cfg = runner.config
+    logs = runner.session.log_dir
+    with stack.granian_server(cfg.workers) as server:
+        say(f"granian server up: {server.base_url}, {cfg.workers} worker(s)")
+        say("granian-replay: the replay requests, under granian")
+        requests = write_requests(logs / "granian-replay.requests", fixture.seed_requests)
+        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+        runner.add(Row("granian-replay", f"{ROUTE}, the app under granian", result, usage))
+        say("granian-new: fresh transfers, under granian")
+        args = fixture.fresh_args(TRANSFERS, "granian-new")
+        result, usage = runner.wrk(stack, server, "fresh.lua", args)
+        runner.add(Row("granian-new", f"{ROUTE}, unique keys, under granian", result, usage))
+        runner.session.server_errors(server, "granian server")
+
+
 def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
     """Many clients on one new key at a time; checks one transfer and one attempt per key."""
     cfg = runner.config
@@ -279,4 +297,4 @@ def _per_request(log_bytes: int, result: LoadResult) -> float:
     return round(log_bytes / result.requests, 1) if result.requests else 0.0
 
 
-ALL: tuple[Scenario, ...] = (production, baselines, peers, log_cost, pgbench)
+ALL: tuple[Scenario, ...] = (production, granian, baselines, peers, log_cost, pgbench)

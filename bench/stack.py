@@ -265,6 +265,26 @@ class Stack:
             log_path=self.log_dir / "server.log",
         )
 
+    def granian_server(self, workers: int) -> ServerProcess:
+        """The production app (``service.http.app:app_from_env``) under granian instead of
+        uvicorn, with the same event loop and workers: the server ``make bench`` compares
+        uvicorn with (the one ``settlement serve`` runs)."""
+        port = free_port()
+        argv = [
+            *(sys.executable, "-m", "granian", "--interface", "asgi", "--factory"),
+            *("--host", HOST, "--port", str(port), "--workers", str(workers)),
+            *("--loop", "uvloop", "--http", "1", "--no-log"),
+            "service.http.app:app_from_env",
+        ]
+        return GranianProcess(
+            "granian",
+            argv,
+            port=port,
+            workers=workers,
+            env=self.server_env(),
+            log_path=self.log_dir / "granian-server.log",
+        )
+
     def baseline_server(self, workers: int, *, log_level: str = "INFO") -> ServerProcess:
         """``python -m bench.bare_app``: the same app and uvicorn options, plus baselines."""
         return self._bench_app(
@@ -300,3 +320,11 @@ class Stack:
             env=env,
             log_path=self.log_dir / log_name,
         )
+
+
+class GranianProcess(ServerProcess):
+    """A granian server: its workers are its direct children (forked, not spawned)."""
+
+    def worker_processes(self) -> list[psutil.Process]:
+        main = psutil.Process(self.pid)
+        return main.children() if self.workers > 1 else [main]
