@@ -40,7 +40,7 @@ def _off(settlement: Settlement) -> str | None:
     operation_id="createPayout",
     summary="Pay out through the provider (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
-    guards=[identify_caller],
+    before_request=identify_caller,
     dto=StrictJson[PayoutRequest],
     return_dto=None,
     opt=idempotent_opt(lambda settlement: settlement.payouts, off=_off),
