@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from litestar import Request, post
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from service.app.admin import PrincipalRequest, SupersedeBody
@@ -110,7 +111,7 @@ async def sign_out(request: Request[Any, Any, Any], settlement: Services) -> Red
 
 @post("/operations/{operation_id:uuid}/supersede", include_in_schema=False, status_code=200)
 async def supersede(
-    request: Request[Any, Any, Any], settlement: Services, operation_id: uuid.UUID
+    request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
 ) -> Template:
     """Supersede with the API's safety rules; force must be confirmed by typing the id."""
     checked = await _checked(request, settlement)
@@ -149,7 +150,7 @@ async def supersede(
 
 @post("/feeds/{name:str}/holds", include_in_schema=False, status_code=303)
 async def decide_hold(
-    request: Request[Any, Any, Any], settlement: Services, name: str
+    request: Request[Any, Any, Any], settlement: Services, name: FromPath[str]
 ) -> Redirect | Template:
     """Quarantine a held event, or decide it again now (``retry``)."""
     checked = await _checked(request, settlement)
@@ -196,7 +197,10 @@ async def create_principal(request: Request[Any, Any, Any], settlement: Services
 
 @post("/principals/{principal_id:uuid}/{action:str}", include_in_schema=False, status_code=200)
 async def principal_action(
-    request: Request[Any, Any, Any], settlement: Services, principal_id: uuid.UUID, action: str
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    principal_id: FromPath[uuid.UUID],
+    action: FromPath[str],
 ) -> Template:
     """``rotate`` (the new key shown once; the old one stops at once) or ``revoke``."""
     checked = await _checked(request, settlement)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Request, Response, get
+from litestar.params import FromPath
 from litestar.response import Template
 
 from service.app.answers import Problem
@@ -143,7 +144,7 @@ async def operation_context(
 
 @get("/operations/{operation_id:str}", include_in_schema=False)
 async def operation_page(
-    request: Request[Any, Any, Any], settlement: Services, operation_id: str
+    request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[str]
 ) -> Template:
     """Everything the status resource knows of one operation, as a timeline, with the
     supersede form."""

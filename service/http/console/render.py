@@ -60,6 +60,11 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _instant(value: datetime) -> str:
+    """A timeline's moment, to the millisecond (its entries are often the same second)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "never"
@@ -80,7 +85,7 @@ def _age(value: datetime | None) -> str:
 
 
 def _configure(engine: JinjaTemplateEngine) -> None:
-    engine.engine.filters.update(when=_when, duration=_duration, age=_age)
+    engine.engine.filters.update(when=_when, instant=_instant, duration=_duration, age=_age)
 
 
 def template_config() -> TemplateConfig[JinjaTemplateEngine]:

@@ -101,7 +101,8 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
                 "observation",
                 f"Observation from {seen.source}: {seen.kind}, {seen.disposition}",
                 facts,
-                _tone(seen.disposition, seen.kind),
+                # an applied observation is as good or bad as what it reported
+                _tone(seen.kind if seen.disposition == "applied" else seen.disposition),
             )
         )
     for epoch in view.epochs:
