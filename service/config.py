@@ -234,6 +234,12 @@ class Settings:
         "traces: none (no tracing work at all), console (spans on stdout) or otlp.",
         rule=one_of("none", "console", "otlp"),
     )
+    console_session_lifetime: float = setting(
+        28_800.0,
+        "an operator's console session ends this long after sign-in (one on-call shift), "
+        "whatever it did meanwhile.",
+        rule=POSITIVE,
+    )
     metrics_dir: str | None = setting(
         None,
         "directory the server's worker processes share for /metrics (settlement serve makes "

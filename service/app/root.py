@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.admin import Admin
 from service.app.attempts import Attempts
+from service.app.console import Console
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
 from service.app.feed_events import FeedEvents
@@ -135,6 +136,9 @@ class Settlement:
             views=pool,
             leases=self.leases,
             routes=self.routes,
+        )
+        self.console = Console(
+            engine, self.principals, session_lifetime=settings.console_session_lifetime
         )
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval

@@ -15,6 +15,7 @@ from litestar.di import Provide
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
+from service.http.console import ConsoleHeaders, console_router, template_config
 from service.http.health import health, livez, metrics, readyz
 from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
@@ -97,7 +98,9 @@ def create_app(settings: Settings) -> Litestar:
             list_holds,
             decide_hold,
             accept_conflict,
+            console_router(),
         ],
+        template_config=template_config(),
         dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
@@ -106,6 +109,8 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # service.logs owns logging
         debug=False,
     )
+    # the console's security headers on every answer under /console, its 404s included
+    app.asgi_handler = ConsoleHeaders(app.asgi_handler)
     # outside the exception handlers, so every answer (404s too) has its Request-Id and counts
     app.asgi_handler = RequestTelemetry(app.asgi_handler, counted, access_log=settings.access_log)
     return app

@@ -589,7 +589,21 @@ EVERY_ROUTE = [
     ("GET", "/admin/v1/feeds"),
     ("GET", "/admin/v1/feeds/{id}"),
     ("POST", "/admin/v1/feeds/{id}/holds/{id}"),
+    ("GET", "/console"),
+    ("GET", "/console/sign-in"),
+    ("POST", "/console/sign-in"),
+    ("POST", "/console/sign-out"),
+    ("GET", "/console/operations/{id}"),
+    ("POST", "/console/operations/{id}/supersede"),
+    ("GET", "/console/feeds"),
+    ("POST", "/console/feeds/{id}/holds"),
+    ("GET", "/console/principals"),
+    ("POST", "/console/principals"),
+    ("POST", "/console/principals/{id}/{id}"),
 ]
+# The console's pages answer a browser: a refusal there is an HTML page (or a redirect to
+# sign in), with the console's security headers, never a 5xx and never a write.
+CONSOLE = "/console"
 # Field names the routes' schemas know, so generated objects reach their validators.
 FIELD_NAMES = [
     "source", "destination", "amount", "currency", "memo", "opening_balance", "beneficiary",
@@ -674,6 +688,7 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
     rows: RowCounter,
     ledger: Ledger,
     observer_key: str,
+    console_session: str,
     data: st.DataObject,
     route: tuple[str, str],
 ) -> None:
@@ -681,7 +696,8 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
     path = template.replace("{id}", data.draw(path_parameters(ledger), label="id"))
     query = data.draw(query_strings(), label="query")
     who = data.draw(
-        st.sampled_from(["admin", "client", "observer", "none", "garbage"]), label="who"
+        st.sampled_from(["admin", "client", "observer", "none", "garbage", "console"]),
+        label="who",
     )
     keys = {"admin": ADMIN_KEY, "client": ledger.key, "observer": observer_key}
     headers: list[tuple[str, str | bytes]] = []
@@ -689,6 +705,8 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
         headers.append(bearer(keys[who]))
     elif who == "garbage":
         headers.append(("Authorization", data.draw(st.text(HEADER_CHARS, max_size=80))))
+    elif who == "console":  # a live console session (its forms' token is never sent)
+        headers.append(("Cookie", f"console_session={console_session}"))
     content_type = data.draw(ODD_CONTENT_TYPES, label="content-type")
     if content_type is not None:
         headers.append(("Content-Type", content_type))
@@ -707,7 +725,10 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
 
     assert response.status_code < 500, show(response)
     event(f"{method} {template}: {response.status_code}")
-    if response.status_code >= 400:
+    if template.startswith(CONSOLE):
+        assert_console_answer(response)
+        assert rows() == before, show(response)
+    elif response.status_code >= 400:
         if not refused_by_the_parser(response):
             assert_problem(response)
         assert rows() == before, show(response)
@@ -715,9 +736,35 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
         assert rows() == before, show(response)
 
 
+def assert_console_answer(response: httpx.Response) -> None:
+    """A console answer: a page, a redirect (to sign in, or another console page) or a
+    problem document, each with the console's security headers."""
+    if refused_by_the_parser(response):
+        return
+    csp = response.headers.get("content-security-policy", "")
+    assert "frame-ancestors 'none'" in csp, show(response)
+    assert response.headers.get("x-frame-options") == "DENY", show(response)
+    assert response.headers.get("cache-control") == "no-store", show(response)
+    if response.status_code in (302, 303):
+        assert response.headers["location"].startswith(CONSOLE + "/"), show(response)
+    elif response.headers.get("content-type") == PROBLEM:
+        assert_problem(response)
+    else:
+        assert response.headers.get("content-type", "").startswith("text/html"), show(response)
+
+
 @pytest.fixture(scope="module")
 def observer_key(server: ServerProcess) -> str:
     return str(new_principal(server.base_url, role="observer")["api_key"])
+
+
+@pytest.fixture(scope="module")
+def console_session(server: ServerProcess) -> str:
+    """The id of a console session of the bootstrap admin."""
+    from tests.e2e.console import signed_in_client
+
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        return str(client.cookies["console_session"])
 
 
 # -- U+0000 -----------------------------------------------------------------------------------
