@@ -32,7 +32,6 @@ from service.app.effects import IdempotentRoute
 from service.app.external_attempts import ExternalAttempts
 from service.app.late import LateAnswers
 from service.app.local_attempts import LocalAttempts
-from service.core import ClaimRequest, Scope
 from service.failpoints import Failpoints
 from service.leases import Lease, LeaseManager
 from service.store.principals import Principal
@@ -67,6 +66,9 @@ class Attempts:
             provider_timeout=provider_timeout,
             late_response_window=late_response_window,
         )
+        # a scope with no row, a local route with a statement form: claim, run and settle in
+        # one statement (None: claim and run the attempt the general way)
+        self.run_new_local = self._local.run_new_local
 
     async def run(
         self,
@@ -86,16 +88,3 @@ class Attempts:
             return await self._local.run(spec, spec.execute, context, attempt, body, lease)
         finally:
             self._metrics.on_attempt(spec.route, time.perf_counter() - started)
-
-    async def run_new_local(
-        self,
-        spec: IdempotentRoute,
-        principal: Principal,
-        scope: Scope,
-        request: ClaimRequest,
-        body: Any,
-        lease: Lease,
-    ) -> Answer | None:
-        """A scope with no row, a local route with a statement form: claim, run and settle in
-        one statement (:meth:`LocalAttempts.run_new_local`)."""
-        return await self._local.run_new_local(spec, principal, scope, request, body, lease)
