@@ -8,7 +8,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
@@ -152,6 +152,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.embedded_dev import embedded_provider, local_admin_key, observer_process
     from service.store.migrate import upgrade
     from service.telemetry import require_exporter
+    from service.telemetry.metrics_dir import server_metrics_dir
 
     require_exporter(settings.otel_exporter)  # a missing exporter package stops us here
     with (
@@ -159,7 +160,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         endpoints(settings, args.embedded, want_redis=True) as ready,
         contextlib.ExitStack() as stack,
     ):
-        stack.enter_context(_metrics_dir(settings))
+        stack.enter_context(server_metrics_dir(settings.metrics_dir))
         assert ready.database_url is not None and ready.redis_url is not None
         if settings.database_url is None:
             # The embedded database belongs to this server: keep it at head. An external
@@ -202,71 +203,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             **uvicorn_options(settings),
         )
     return 0
-
-
-# The prefix of the metrics directory `settlement serve` makes when SETTLEMENT_METRICS_DIR is
-# unset; the server's pid follows it, so the next server can remove a SIGKILLed one's.
-_METRICS_PREFIX = "settlement-metrics-"
-
-
-@contextlib.contextmanager
-def _metrics_dir(settings: Settings) -> Iterator[None]:
-    """The directory of this server's workers' metrics files (prometheus_client's
-    multiprocess mode, service.telemetry.metrics), given to them as SETTLEMENT_METRICS_DIR
-    and PROMETHEUS_MULTIPROC_DIR: SETTLEMENT_METRICS_DIR emptied of its files at start and at
-    exit, or a fresh temporary directory removed at exit. Whatever happens to a worker, the
-    directory goes with this process; one left by a SIGKILLed server is removed by the
-    next."""
-    import shutil
-    import tempfile
-
-    from service.telemetry.metrics import MULTIPROC_VARIABLE
-
-    if settings.metrics_dir:
-        shared = Path(settings.metrics_dir)
-        shared.mkdir(parents=True, exist_ok=True)
-        _empty_metrics_dir(shared)
-    else:
-        _remove_orphaned_metrics_dirs(Path(tempfile.gettempdir()))
-        shared = Path(tempfile.mkdtemp(prefix=f"{_METRICS_PREFIX}{os.getpid()}-"))
-        os.environ["SETTLEMENT_METRICS_DIR"] = str(shared)
-    os.environ[MULTIPROC_VARIABLE] = str(shared)
-    try:
-        yield
-    finally:
-        os.environ.pop(MULTIPROC_VARIABLE, None)
-        if settings.metrics_dir:
-            _empty_metrics_dir(shared)
-        else:
-            os.environ.pop("SETTLEMENT_METRICS_DIR", None)
-            shutil.rmtree(shared, ignore_errors=True)
-
-
-def _empty_metrics_dir(shared: Path) -> None:
-    """Remove an earlier server's figures: prometheus_client would add them to this one's."""
-    for old in shared.glob("*.db"):
-        old.unlink(missing_ok=True)
-
-
-def _remove_orphaned_metrics_dirs(parent: Path) -> None:
-    """Remove the metrics directories of servers that are gone (killed before they could).
-    A pid that was reused keeps its directory until the next start: never a live one's."""
-    import shutil
-
-    for path in parent.glob(f"{_METRICS_PREFIX}*-*"):
-        owner = path.name.removeprefix(_METRICS_PREFIX).split("-", 1)[0]
-        if owner.isdigit() and not _alive(int(owner)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
 
 
 class UvicornOptions(TypedDict):
