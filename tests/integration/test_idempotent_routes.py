@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlencode
 
@@ -15,7 +14,6 @@ from redis.asyncio import Redis
 
 from service.config import Settings
 from service.core import Scope
-from service.http.app import create_app
 from service.leases import LeaseManager
 from service.store.db import make_engine
 from service.store.principals import PrincipalStore, Role
@@ -25,17 +23,6 @@ from tests.integration.asgi import Asgi
 pytestmark = pytest.mark.integration
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]
-
-
-@pytest.fixture
-async def app(services: Services, migrated_url: str) -> AsyncIterator[Asgi]:
-    settings = Settings.from_env(
-        {}, database_url=migrated_url, redis_url=services.redis_url, sweep_interval=3600.0
-    )
-    driven = Asgi(create_app(settings))
-    await driven.start()
-    yield driven
-    await driven.stop()
 
 
 @pytest.fixture

@@ -5,30 +5,16 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from urllib.parse import urlencode
 
 import pytest
 
 from service.config import Settings
-from service.http.app import create_app
 from service.store.db import make_engine
 from service.store.principals import PrincipalStore, Role
-from tests.conftest import Services
 from tests.integration.asgi import Asgi
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def app(services: Services, migrated_url: str) -> AsyncIterator[Asgi]:
-    settings = Settings.from_env(
-        {}, database_url=migrated_url, redis_url=services.redis_url, sweep_interval=3600.0
-    )
-    driven = Asgi(create_app(settings))
-    await driven.start()
-    yield driven
-    await driven.stop()
 
 
 @pytest.fixture
