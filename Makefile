@@ -4,23 +4,44 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
+# Every install takes its versions from here (pip -c); `make lock` remakes it.
+LOCK   := constraints.txt
+# The extras `make lock` resolves: every one, so each install finds its versions in the lock.
+LOCK_EXTRAS := dev,devstack,bench,otlp
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak chaos
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak chaos lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml clients/python/pyproject.toml
+$(STAMP): pyproject.toml clients/python/pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,devstack]' -e clients/python
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev,devstack]' -e clients/python
 	touch $(STAMP)
 
-# make bench only: the peer's packages (pyproject.toml's bench extra)
+# make bench only: the peers' packages (pyproject.toml's bench extra)
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,devstack,bench]'
+	$(BIN)/python -m pip install --quiet -c $(LOCK) -e '.[dev,devstack,bench]'
 	touch $(BENCH_STAMP)
+
+# A fresh venv of its own (never .venv, whose installed versions would win), every extra and
+# the client installed from pyproject.toml's ranges alone, then pip freeze without the two
+# editable projects. Fails, leaving the lock as it was, if anything cannot be installed or if
+# torch was pulled in (nothing here needs it; it would mean a wrong environment was frozen).
+lock: ## remake constraints.txt: the newest versions within pyproject.toml's ranges
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/python" -m pip install --quiet --upgrade pip; \
+	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[$(LOCK_EXTRAS)]' -e clients/python; \
+	{ echo "# Made by \`make lock\` from the ranges in pyproject.toml and clients/python/pyproject.toml"; \
+	  echo "# (extras $(LOCK_EXTRAS)) with Python $$("$$tmp/venv/bin/python" -c 'import platform; print(platform.python_version())'): every \`pip install\` of the Makefile"; \
+	  echo "# takes its versions from here (-c). Not edited by hand: see README.md, Locked versions."; \
+	  "$$tmp/venv/bin/python" -m pip freeze --exclude-editable; } > "$$tmp/lock"; \
+	if grep -qi '^torch' "$$tmp/lock"; then echo "make lock: torch was pulled in; lock unchanged" >&2; exit 1; fi; \
+	mv "$$tmp/lock" $(LOCK); \
+	echo "$(LOCK): $$(grep -vc '^#' $(LOCK)) packages pinned"
 
 run: $(STAMP) ## start the server on 127.0.0.1:8000 with embedded PostgreSQL and Redis (.data/)
 	$(BIN)/settlement serve --embedded
@@ -51,7 +72,7 @@ integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
 clean: ## remove the virtualenv and caches (keeps .data/)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
 
-bench: $(BENCH_STAMP) ## load test with a peer and baselines (wrk, pgbench); table + bench/results/<date>.json
+bench: $(BENCH_STAMP) ## load test with two peers and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
 
 chaos: $(STAMP) ## the long reliability run: CHAOS_DURATION (1200) s of load under random faults, then the checker

@@ -5,9 +5,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from bench.runner import Row, Runner
+from bench.peer_app import LAYERS
+from bench.runner import SERVED_GROUPS, Row, Runner
 from bench.session import NOISE_CORES, machine
 
 
@@ -15,12 +17,18 @@ def write(runner: Runner) -> dict[str, Any]:
     """Print the table, the ratios and the notes; write them to ``results/<date>.json``."""
     seconds = runner.session.seconds
     ratios = throughput_ratios(runner.rows)
+    cpu = cpu_ratios(runner.rows)
     print()
     print(table(runner.rows))
     print()
-    print("throughput ratios:")
+    print("throughput ratios (req/s; above 1: the first serves more):")
     for name, value in ratios.items():
-        print(f"  {name:<28} {'-' if value is None else f'{value:.3f}'}")
+        print(f"  {name:<36} {'-' if value is None else f'{value:.3f}'}")
+    print(
+        "CPU per request ratios (app workers + PostgreSQL + Redis; below 1: the first uses less):"
+    )
+    for name, value in cpu.items():
+        print(f"  {name:<36} {'-' if value is None else f'{value:.3f}'}")
     print()
     print("notes:")
     for row in runner.rows:
@@ -55,6 +63,7 @@ def write(runner: Runner) -> dict[str, Any]:
         "machine": machine(),
         "scenarios": {row.name: row.as_dict() for row in runner.rows},
         "ratios": ratios,
+        "cpu_per_request_ratios": cpu,
         "server_logs": runner.session.server_log_counts,
         "machine_busy_cores_before_run": round(runner.session.busy_before, 2),
         "total_seconds": round(seconds, 1),
@@ -63,19 +72,37 @@ def write(runner: Runner) -> dict[str, Any]:
     return document
 
 
+def _peer_pairs() -> list[tuple[str, str]]:
+    """The server's rows over each peer's: ``new / <layer>-new``, ``replay / <layer>-replay``."""
+    return [(mine, f"{layer}-{mine}") for layer in LAYERS for mine in ("new", "replay")]
+
+
+def _ratio(rows: list[Row], a: str, b: str, value: Callable[[Row], float]) -> float | None:
+    """``value`` of row ``a`` over that of row ``b`` (None where a side is missing or zero)."""
+    by_name = {row.name: row for row in rows}
+    if a not in by_name or b not in by_name or not value(by_name[b]):
+        return None
+    return round(value(by_name[a]) / value(by_name[b]), 3)
+
+
+def cpu_ratios(rows: list[Row]) -> dict[str, float | None]:
+    """CPU per request (app workers, PostgreSQL and Redis) of the server over each peer's: less
+    noisy than req/s on a shared machine."""
+    return {f"{a} / {b}": _ratio(rows, a, b, Row.cpu_ms_per_request) for a, b in _peer_pairs()}
+
+
 def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
-    """req/s of the server over its peer and its baselines (None where a side is missing or
+    """req/s of the server over its peers and its baselines (None where a side is missing or
     zero)."""
     by_name = {row.name: row for row in rows}
 
     def ratio(a: str, b: str) -> float | None:
-        if a not in by_name or b not in by_name or not by_name[b].result.rps:
-            return None
-        return round(by_name[a].result.rps / by_name[b].result.rps, 3)
+        return _ratio(rows, a, b, lambda row: row.result.rps)
 
-    ratios = {
-        "new / powertools-new": ratio("new", "powertools-new"),
-        "replay / powertools-replay": ratio("replay", "powertools-replay"),
+    ratios = {f"{a} / {b}": ratio(a, b) for a, b in _peer_pairs()}
+    ratios |= {
+        "replay / granian-replay": ratio("replay", "granian-replay"),
+        "new / granian-new": ratio("new", "granian-new"),
         "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),
@@ -93,10 +120,12 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
 
 
 def table(rows: list[Row]) -> str:
+    width = max([len("scenario"), *(len(row.name) for row in rows)])
     header = (
-        f"{'scenario':<17} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
+        f"{'scenario':<{width}} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7} "
         f"{'5xx':>5} {'peak RSS/worker MiB':>20} {'conns/worker':>12} "
-        f"{'cores app/pg/load/other':>24} {'CPU ms/req app/pg':>18}  target"
+        f"{'cores app/pg/load/other':>24} {'CPU ms/req app/pg/redis':>24} {'= sum':>6} "
+        f"{'redis/req':>9}  target"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
@@ -112,14 +141,18 @@ def table(rows: list[Row]) -> str:
         if row.name == "contention":
             errors = f"{r.failures - r.statuses.get('409', 0)}*"
         conns = row.usage.connection_split if row.usage and row.usage.worker_connections else "-"
-        per_request = "-"
+        per_request, total, commands = "-", "-", "-"
         if row.usage is not None and r.requests:
-            app, pg = (row.usage.cpu_seconds.get(g, 0.0) for g in ("workers", "postgres"))
-            per_request = f"{1000 * app / r.requests:.2f}/{1000 * pg / r.requests:.2f}"
+            per_request = "/".join(
+                f"{1000 * row.usage.cpu_seconds.get(g, 0.0) / r.requests:.2f}"
+                for g in SERVED_GROUPS
+            )
+            total = f"{row.cpu_ms_per_request():.2f}"
+            commands = f"{row.usage.redis_commands / r.requests:.2f}"
         lines.append(
-            f"{row.name:<17} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
+            f"{row.name:<{width}} {r.rps:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} "
             f"{errors:>7} {r.server_errors:>5} {rss:>20} {conns:>12} {cpu:>24} "
-            f"{per_request:>18}  {row.target}"
+            f"{per_request:>24} {total:>6} {commands:>9}  {row.target}"
         )
     lines.append(
         "errors: non-2xx answers + transport errors (wrk) or failed transactions (pgbench); "
@@ -129,6 +162,8 @@ def table(rows: list[Row]) -> str:
         "conns/worker: most client connections each worker held at once; cores: CPU used "
         "by the app workers / PostgreSQL / the load generator / anything else on the "
         "machine, averaged over the scenario; CPU ms/req: CPU time of the app workers / "
-        "of PostgreSQL per request (less noisy than req/s on a shared machine)"
+        "of PostgreSQL / of Redis per request, and their sum (less noisy than req/s on a "
+        "shared machine); redis/req: commands Redis processed per request, whoever sent them (a "
+        "Lua script: its EVALSHA and each command it runs)"
     )
     return "\n".join(lines)

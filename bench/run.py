@@ -7,9 +7,11 @@ Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, the
 * the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
   for ``bare`` and ``plain-transfer`` (and, with BENCH_LOG_COST=1, ``new`` at log levels INFO
   and WARNING in turn, twice: what the per-request log lines cost);
-* the peer (``python -m bench.peer_app``, same uvicorn options and workers): the same transfer
-  behind aws-lambda-powertools' idempotency on Redis, for ``powertools-replay`` and
-  ``powertools-new``;
+* the peers (``python -m bench.peer_app``, one server each, same uvicorn options and
+  workers): the same transfer behind aws-lambda-powertools' idempotency on Redis, for
+  ``powertools-replay``, ``powertools-new`` (and ``peer-plain-transfer``, without it), and
+  behind asgi-idempotency-header's middleware on Redis, for ``asgi-idem-replay`` and
+  ``asgi-idem-new``;
 * pgbench with the server's own SQL for ``pgbench-new`` and ``pgbench-read``, and the least
   SQL of a transfer for ``pgbench-min``.
 
@@ -17,8 +19,9 @@ One scenario at a time, nothing else of the bench running meanwhile. Prints one 
 the ratios and writes them to ``bench/results/<date>.json``; logs go to
 ``bench/results/<date>-logs/``.
 
-Scenarios: ``bench.scenarios``; the run loop: ``bench.runner``; the table and the JSON:
-``bench.report``; start-up shared with ``make soak``: ``bench.session``.
+Scenarios: ``bench.scenarios`` (the peers': ``bench.peer_scenarios``); the run loop:
+``bench.runner``; the table and the JSON: ``bench.report``; start-up shared with
+``make soak``: ``bench.session``.
 
 Environment: BENCH_WORKERS (2), BENCH_DURATION (10 s per scenario), BENCH_CONNECTIONS (32),
 BENCH_WARMUP (2 s before each wrk scenario), BENCH_CONTENTION_CLIENTS (200), BENCH_SEED

@@ -21,6 +21,9 @@ from bench.usage import Usage, process_cpu_seconds, sample
 # times an even share of the connections is measured again, at most BALANCE_RETRIES times.
 MAX_SKEW = 1.5
 BALANCE_RETRIES = 2
+# The process groups that serve a request, whose CPU per request is summed as SERVED.
+SERVED_GROUPS = ("workers", "postgres", "redis")
+SERVED = "workers+postgres+redis"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,10 @@ class Row:
                     group: round(1000 * seconds / self.result.requests, 3)
                     for group, seconds in self.usage.cpu_seconds.items()
                 }
+                out["cpu_ms_per_request"][SERVED] = round(self.cpu_ms_per_request(), 3)
+                out["redis_commands_per_request"] = round(
+                    self.usage.redis_commands / self.result.requests, 2
+                )
             if self.usage.worker_cpu_seconds:
                 out["cpu_cores_per_worker"] = self.usage.worker_cores
                 out["client_connections_per_worker"] = [
@@ -79,6 +86,14 @@ class Row:
         out["notes"] = self.notes
         out.update(self.extra)
         return out
+
+    def cpu_ms_per_request(self) -> float:
+        """CPU milliseconds per request of what serves it: the app workers, PostgreSQL and
+        Redis (not the load generator); 0.0 without usage or requests."""
+        if self.usage is None or not self.result.requests:
+            return 0.0
+        seconds = sum(self.usage.cpu_seconds.get(group, 0.0) for group in SERVED_GROUPS)
+        return 1000 * seconds / self.result.requests
 
 
 Scenario = Callable[["Runner", Stack, Fixture], None]
@@ -111,6 +126,7 @@ class Runner:
         run: Callable[[], LoadResult],
     ) -> tuple[LoadResult, Usage]:
         workers = server.worker_processes() if server is not None else []
+        commands = stack.redis_commands()
         with sample(
             workers,
             server.client_connections if server is not None else None,
@@ -123,6 +139,7 @@ class Runner:
         # the load generator's CPU: wrk / pgbench (reaped children of this process), and this
         # process (the contention client, the sampler)
         usage.cpu_seconds["loadgen"] = after - before
+        usage.redis_commands = stack.redis_commands() - commands
         return result, usage
 
     def wrk(

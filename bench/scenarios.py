@@ -1,23 +1,23 @@
 """The scenarios of ``make bench``, in the order they run (``ALL``): the production server's,
-then the baseline app's, then the peer's, then pgbench's. Each adds its rows to the runner.
+then the baseline app's, then the peers' (``bench.peer_scenarios``), then pgbench's. Each adds
+its rows to the runner.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import json
 
 import asyncpg
 
 from bench import fixtures
-from bench.client import ContentionRound, send_all
+from bench.client import ContentionRound
 from bench.client import contention as run_contention
 from bench.fixtures import ROUTE, TRANSFERS, Fixture
 from bench.loadgen import LoadResult, raw_request, run_pgbench, write_requests
-from bench.peer_app import PEER_PATH, PEER_PLAIN_PATH, PEER_ROUTE, validation_probe
+from bench.peer_scenarios import peers
 from bench.runner import Row, Runner, Scenario
-from bench.session import say, seed, send_seed
+from bench.session import say, seed
 from bench.stack import ServerProcess, Stack
 
 
@@ -74,6 +74,24 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
 
         contention(runner, stack, server, fixture)
         runner.session.server_errors(server, "production server")
+
+
+def granian(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """``granian-replay`` and ``granian-new``: the production app under granian, the same
+    requests as ``replay`` and ``new`` (the seeded keys are in the database already)."""
+    cfg = runner.config
+    logs = runner.session.log_dir
+    with stack.granian_server(cfg.workers) as server:
+        say(f"granian server up: {server.base_url}, {cfg.workers} worker(s)")
+        say("granian-replay: the replay requests, under granian")
+        requests = write_requests(logs / "granian-replay.requests", fixture.seed_requests)
+        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+        runner.add(Row("granian-replay", f"{ROUTE}, the app under granian", result, usage))
+        say("granian-new: fresh transfers, under granian")
+        args = fixture.fresh_args(TRANSFERS, "granian-new")
+        result, usage = runner.wrk(stack, server, "fresh.lua", args)
+        runner.add(Row("granian-new", f"{ROUTE}, unique keys, under granian", result, usage))
+        runner.session.server_errors(server, "granian server")
 
 
 def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
@@ -192,128 +210,6 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         runner.session.server_errors(server, "baseline server")
 
 
-def peer(runner: Runner, stack: Stack, fixture: Fixture) -> None:
-    """``powertools-replay`` and ``powertools-new`` on ``bench.peer_app``: the same transfer
-    and body behind aws-lambda-powertools' idempotency on Redis, with sync psycopg."""
-    cfg = runner.config
-    with stack.peer_server(cfg.workers, fixture.principal_id) as server:
-        say(f"peer server up: {server.base_url} (aws-lambda-powertools idempotency, psycopg)")
-        requests = fixture.seed_transfers(server.port, PEER_PATH, "powertools-replay", cfg.seed)
-        send_seed(server, requests)
-        notes = _peer_notes(stack, server, fixture)
-
-        say("powertools-replay: retries of completed transfers on the peer")
-        path = write_requests(runner.session.log_dir / "powertools-replay.requests", requests)
-        result, usage = runner.wrk(stack, server, "cycle.lua", [str(path)])
-        runner.add(
-            Row(
-                "powertools-replay",
-                f"POST {PEER_PATH}, {cfg.seed} completed keys",
-                result,
-                usage,
-                [
-                    f"wrk cycles through the {cfg.seed} keys seeded through the peer; "
-                    "each answer read from Powertools' Redis record",
-                    *notes,
-                ],
-            )
-        )
-
-        say("powertools-new: fresh transfers with unique keys on the peer")
-        tag = f"powertools-{fixture.run_token}"
-        args = fixture.fresh_args(PEER_PATH, "powertools")
-        result, usage = runner.wrk(stack, server, "fresh.lua", args)
-        check = asyncio.run(_peer_executions(stack.database_url, tag))
-        created = sum(r.statuses.get("201", 0) for r in runner.last_runs)
-        once = check["most_per_key"] <= 1 and check["transfers"] >= created
-        runner.add(
-            Row(
-                "powertools-new",
-                f"POST {PEER_PATH}, unique keys",
-                result,
-                usage,
-                [
-                    "Powertools' in-progress record (SET NX) -> the transaction -> its completed "
-                    "record; unique keys from Lua",
-                    f"{check['transfers']} transfers for {check['keys']} keys, at most "
-                    f"{check['most_per_key']} per key; wrk counted {created} x 201 over its "
-                    f"{len(runner.last_runs)} runs (warm-up included), "
-                    f"{check['transfers'] - created} more transfers were made for requests in "
-                    "flight when wrk stopped: "
-                    + ("one execution per key" if once else "NOT one execution per key"),
-                    *notes,
-                ],
-                {"executions": {**check, "answers_201": created, "one_per_key": once}},
-            )
-        )
-
-        say("peer-plain-transfer: the peer's transaction without Powertools")
-        args = fixture.fresh_args(PEER_PLAIN_PATH, "peerplain")
-        result, usage = runner.wrk(stack, server, "fresh.lua", args)
-        runner.add(
-            Row(
-                "peer-plain-transfer",
-                f"POST {PEER_PLAIN_PATH}",
-                result,
-                usage,
-                [
-                    "the peer's transaction (sync psycopg, a thread per request) with no "
-                    "idempotency layer and no authentication: what plain-transfer is compared to"
-                ],
-            )
-        )
-        runner.session.server_errors(server, "peer server")
-
-
-def _peer_notes(stack: Stack, server: ServerProcess, fixture: Fixture) -> list[str]:
-    """What the peer does and does not do, beside each of its rows. Why it runs without
-    payload validation is checked here, each run: Powertools' answer to an identical retry
-    with validation on (in this process, on the bench's Redis), and the peer's answer to a
-    changed body under a seeded key."""
-    probe = validation_probe(stack.redis_url)
-    changed = fixture.transfer_request(server.port, "powertools-replay-1", 1, PEER_PATH, 2)
-    [(status, _, body)] = asyncio.run(send_all(server.port, [changed], concurrency=1))
-    amount = json.loads(body).get("amount") if status == 201 else None
-    if status == 201 and amount == 1:
-        changed_answer = "silently answered 201 with the first body's result (amount 1)"
-    else:
-        changed_answer = f"answered {status} (amount {amount})"
-    return [
-        "peer: no API-key authentication (it does less work than the server); a Litestar "
-        "app under the server's uvicorn options and worker count; a sync handler in a thread, "
-        "a psycopg pool of SETTLEMENT_DB_POOL_SIZE connections per worker",
-        "peer: measured without payload validation: on the Redis layer, "
-        f"payload_validation_jmespath answered an identical retry of a completed key with "
-        f"{probe} (checked in this run); without it, a changed body (amount 2) under a "
-        f"seeded key was {changed_answer}; the server answers such a request 422",
-    ]
-
-
-async def _peer_executions(database_url: str, tag: str) -> dict[str, int]:
-    """Transfers the peer made for keys starting with ``tag``: keys, transfers, most per key.
-    Its operation rows hold ``<key>/<operation id>`` (``bench.peer_app``)."""
-    conn = await asyncpg.connect(database_url)
-    try:
-        row = await conn.fetchrow(
-            "SELECT count(*) AS keys, coalesce(sum(n), 0) AS transfers,"
-            " coalesce(max(n), 0) AS most FROM ("
-            "  SELECT left(o.idempotency_key, length(o.idempotency_key) - 37) AS key,"
-            "         count(*) AS n"
-            "    FROM transfers t JOIN operations o ON o.id = t.operation_id"
-            "   WHERE o.route = $1 AND o.idempotency_key LIKE $2 GROUP BY 1) AS per_key",
-            PEER_ROUTE,
-            f"{tag}-%",
-        )
-    finally:
-        await conn.close()
-    assert row is not None
-    return {
-        "keys": int(row["keys"]),
-        "transfers": int(row["transfers"]),
-        "most_per_key": int(row["most"]),
-    }
-
-
 def log_cost(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     """With BENCH_LOG_COST=1 only: ``new`` on the bench app at log level INFO, then WARNING,
     twice in turn: one run each is within run-to-run noise, alternating runs are not."""
@@ -401,4 +297,4 @@ def _per_request(log_bytes: int, result: LoadResult) -> float:
     return round(log_bytes / result.requests, 1) if result.requests else 0.0
 
 
-ALL: tuple[Scenario, ...] = (production, baselines, peer, log_cost, pgbench)
+ALL: tuple[Scenario, ...] = (production, granian, baselines, peers, log_cost, pgbench)

@@ -2,7 +2,7 @@
 
 ``bench.bare_app`` and ``bench.peer_app`` both start here, so a change to the production
 server's uvicorn options (``service.cli.uvicorn_options``) reaches the baselines and the
-peer in the same run.
+peers in the same run.
 """
 
 from __future__ import annotations

@@ -230,6 +230,16 @@ class Stack:
     def redis_processes(self) -> list[psutil.Process]:
         return [psutil.Process(self.redis_pid)]
 
+    def redis_commands(self) -> int:
+        """Commands Redis has processed since it started (``INFO stats``; this one counted)."""
+        import redis
+
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            return int(client.info("stats")["total_commands_processed"])
+        finally:
+            client.close()
+
     def server_env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
         env.update(
@@ -255,6 +265,26 @@ class Stack:
             log_path=self.log_dir / "server.log",
         )
 
+    def granian_server(self, workers: int) -> ServerProcess:
+        """The production app (``service.http.app:app_from_env``) under granian instead of
+        uvicorn, with the same event loop and workers: the server ``make bench`` compares
+        uvicorn with (the one ``settlement serve`` runs)."""
+        port = free_port()
+        argv = [
+            *(sys.executable, "-m", "granian", "--interface", "asgi", "--factory"),
+            *("--host", HOST, "--port", str(port), "--workers", str(workers)),
+            *("--loop", "uvloop", "--http", "1", "--no-log"),
+            "service.http.app:app_from_env",
+        ]
+        return GranianProcess(
+            "granian",
+            argv,
+            port=port,
+            workers=workers,
+            env=self.server_env(),
+            log_path=self.log_dir / "granian-server.log",
+        )
+
     def baseline_server(self, workers: int, *, log_level: str = "INFO") -> ServerProcess:
         """``python -m bench.bare_app``: the same app and uvicorn options, plus baselines."""
         return self._bench_app(
@@ -265,15 +295,16 @@ class Stack:
             f"baseline-server-{log_level.lower()}.log",
         )
 
-    def peer_server(self, workers: int, principal_id: str) -> ServerProcess:
-        """``python -m bench.peer_app``: the Powertools peer, under the same uvicorn options;
-        its operation rows name ``principal_id`` (it authenticates nobody)."""
+    def peer_server(self, workers: int, principal_id: str, layer: str) -> ServerProcess:
+        """``python -m bench.peer_app``: the peer with idempotency layer ``layer``, under the
+        same uvicorn options; its operation rows name ``principal_id`` (it authenticates
+        nobody)."""
         return self._bench_app(
             "bench.peer_app",
-            "bench.peer_app",
+            f"bench.peer_app ({layer})",
             workers,
-            self.server_env(BENCH_PEER_PRINCIPAL=principal_id),
-            "peer-server.log",
+            self.server_env(BENCH_PEER_PRINCIPAL=principal_id, BENCH_PEER_LAYER=layer),
+            f"peer-server-{layer}.log",
         )
 
     def _bench_app(
@@ -289,3 +320,11 @@ class Stack:
             env=env,
             log_path=self.log_dir / log_name,
         )
+
+
+class GranianProcess(ServerProcess):
+    """A granian server: its workers are its direct children (forked, not spawned)."""
+
+    def worker_processes(self) -> list[psutil.Process]:
+        main = psutil.Process(self.pid)
+        return main.children() if self.workers > 1 else [main]

@@ -40,6 +40,8 @@ class Usage:
     # most client connections each worker held at once (uvicorn's workers share one
     # listening socket: the kernel decides which worker accepts a connection)
     worker_connections: dict[int, int] = field(default_factory=dict)
+    # commands Redis processed meanwhile, whoever sent them (bench.runner counts them)
+    redis_commands: int = 0
 
     @property
     def worker_cores(self) -> list[float]:

@@ -8,13 +8,14 @@ import logging
 import os
 import signal
 import sys
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TypedDict
 
-from service.config import ConfigError, Settings, parse_feeds
+from service.config import SETTINGS, ConfigError, Settings, parse_feeds
+from service.embedded_dev import endpoints, require_devstack
 from service.logs import configure_logging
+from service.setting import config_lines, markdown_table
 
 __all__ = ["main"]
 
@@ -22,13 +23,9 @@ log = logging.getLogger("settlement.cli")
 
 # Where `serve --embedded` runs the provider simulator (DESIGN §10: make run starts it).
 PROVIDER_PORT = 8100
-# How long `serve --embedded` waits for the simulator to answer before giving up.
 
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
 GRACEFUL_SHUTDOWN = 10.0
-
-# The embedded servers and the provider simulator are not part of a production install.
-DEVSTACK_INSTALL = "pip install 'settlement[devstack]'"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser(
         "config", help="print the effective settings (secrets masked) and why each exists"
+    )
+    config.add_argument(
+        "--markdown", action="store_true", help="the README's table of every setting instead"
     )
     config.set_defaults(run=_config)
 
@@ -123,59 +123,10 @@ def _version() -> str:
 
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:
-    """One line per setting: VARIABLE=value, then its reason; secrets are masked."""
-    rows = settings.described()
-    width = max(len(f"{name}={shown}") for name, shown, _ in rows)
-    for name, shown, why in rows:
-        print(f"{f'{name}={shown}':<{width}}  # {why}")
+    """One line per setting: VARIABLE=value, then its reason (secrets masked); or the
+    README's table of every setting, its default and what it takes."""
+    print(markdown_table(SETTINGS) if args.markdown else config_lines(settings.described()))
     return 0
-
-
-@contextlib.contextmanager
-def _endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Iterator[Settings]:
-    """Yield settings whose URLs are set, starting embedded servers for the unset ones."""
-    need_pg = settings.database_url is None
-    need_redis = want_redis and settings.redis_url is None
-    if not (need_pg or need_redis):
-        yield settings
-        return
-    if not embedded:
-        missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
-        raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
-    _require_devstack("--embedded")
-    from devstack import EmbeddedServices
-
-    data_dir = Path(settings.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with EmbeddedServices(
-        data_dir, want_postgres=need_pg, want_redis=need_redis, durable=True
-    ) as services:
-        log.info(
-            "embedded services ready",
-            extra={"data_dir": str(data_dir), "seconds": round(time.monotonic() - started, 2)},
-        )
-        yield Settings.from_env(
-            database_url=services.database_url if need_pg else settings.database_url,
-            redis_url=services.redis_url if need_redis else settings.redis_url,
-        )
-
-
-def _require_devstack(what: str) -> None:
-    """Stop with one line, not a traceback, when the devstack extra is not installed."""
-    import importlib.util
-
-    if importlib.util.find_spec("devstack") is None:
-        missing = ["devstack"]
-    else:
-        from devstack import missing_extra
-
-        missing = missing_extra()
-    if missing:
-        sys.exit(
-            f"settlement: {what} needs the devstack extra, which is not installed"
-            f" (missing: {', '.join(missing)}); run: {DEVSTACK_INSTALL}"
-        )
 
 
 class _Terminated(BaseException):
@@ -201,14 +152,15 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.embedded_dev import embedded_provider, local_admin_key, observer_process
     from service.store.migrate import upgrade
     from service.telemetry import require_exporter
+    from service.telemetry.metrics_dir import server_metrics_dir
 
     require_exporter(settings.otel_exporter)  # a missing exporter package stops us here
     with (
         contextlib.suppress(_Terminated),
-        _endpoints(settings, args.embedded, want_redis=True) as ready,
+        endpoints(settings, args.embedded, want_redis=True) as ready,
         contextlib.ExitStack() as stack,
     ):
-        stack.enter_context(_metrics_dir(settings))
+        stack.enter_context(server_metrics_dir(settings.metrics_dir))
         assert ready.database_url is not None and ready.redis_url is not None
         if settings.database_url is None:
             # The embedded database belongs to this server: keep it at head. An external
@@ -253,30 +205,6 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _metrics_dir(settings: Settings) -> Iterator[None]:
-    """The directory this server's workers share for /metrics (service.telemetry.metrics):
-    SETTLEMENT_METRICS_DIR emptied of an earlier server's snapshots, or a fresh temporary
-    one, removed at exit."""
-    import shutil
-    import tempfile
-
-    if settings.metrics_dir:
-        shared = Path(settings.metrics_dir)
-        shared.mkdir(parents=True, exist_ok=True)
-        for old in shared.glob("*.snapshot"):
-            old.unlink(missing_ok=True)
-        yield
-        return
-    made = tempfile.mkdtemp(prefix="settlement-metrics-")
-    os.environ["SETTLEMENT_METRICS_DIR"] = made
-    try:
-        yield
-    finally:
-        os.environ.pop("SETTLEMENT_METRICS_DIR", None)
-        shutil.rmtree(made, ignore_errors=True)
-
-
 class UvicornOptions(TypedDict):
     loop: str
     http: str
@@ -289,17 +217,16 @@ def uvicorn_options(settings: Settings) -> UvicornOptions:
     """How every server process of ours runs under uvicorn (the bench's apps too).
 
     uvloop: measured 0.20 -> 0.09 ms CPU per bare request, 10.7 -> 7.7 ms per new operation.
-    httptools (through service.http.protocol, which keeps every bad header value and every
-    unparseable request a problem document): measured against h11 in one run, 0.23 -> 0.12 ms
-    of app CPU per bare request (6,810 -> 11,911 req/s), 0.71 -> 0.60 ms per replay. One write
-    per response (the header block held for the body), in two A/B pairs: bare 11,332/13,393
-    -> 12,308/14,465 req/s, replay 2,574/2,713 -> 2,631/2,910, wrk's CPU per request -20 %.
+    httptools: measured against h11 in one run, 0.23 -> 0.12 ms of app CPU per bare request
+    (6,810 -> 11,911 req/s), 0.71 -> 0.60 ms per replay. Its parser (llhttp, strict) answers a
+    request it cannot parse, or a header value with a control character, with uvicorn's own
+    plain-text 400 before the app runs.
     No uvicorn access log: with SETTLEMENT_ACCESS_LOG the app writes its own JSON line, with
     the request id (service.telemetry.asgi).
     """
     return UvicornOptions(
         loop="uvloop",
-        http="service.http.protocol:SettlementHttpProtocol",  # see above
+        http="httptools",  # see above
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
@@ -392,7 +319,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
             await redis.aclose()
             await engine.dispose()
 
-    with _endpoints(settings, args.embedded, want_redis=True) as ready:
+    with endpoints(settings, args.embedded, want_redis=True) as ready:
         assert ready.database_url is not None and ready.redis_url is not None
         demoted, purged = asyncio.run(once(ready.database_url, ready.redis_url))
     print(f"demoted {demoted} operation(s)")
@@ -404,7 +331,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _provider_sim(args: argparse.Namespace, settings: Settings) -> int:
-    _require_devstack("provider-sim")
+    require_devstack("provider-sim")
     from devstack.provider.__main__ import main as provider_main
 
     db = args.db or str(Path(settings.data_dir) / "provider.sqlite3")
@@ -415,7 +342,7 @@ def _provider_sim(args: argparse.Namespace, settings: Settings) -> int:
 def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     from service.store.migrate import head_revision, upgrade
 
-    with _endpoints(settings, args.embedded, want_redis=False) as ready:
+    with endpoints(settings, args.embedded, want_redis=False) as ready:
         assert ready.database_url is not None
         upgrade(ready.database_url)
     print(f"database at {head_revision()}")
@@ -457,7 +384,7 @@ def _create_principal(args: argparse.Namespace, settings: Settings) -> int:
             "api_key": key,
         }
 
-    with _endpoints(settings, args.embedded, want_redis=False) as ready:
+    with endpoints(settings, args.embedded, want_redis=False) as ready:
         assert ready.database_url is not None
         created = asyncio.run(create(ready.database_url))
     print(msgspec.json.encode(created).decode())

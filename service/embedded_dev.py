@@ -1,10 +1,12 @@
-"""What ``settlement serve --embedded`` starts beside the server on a development machine: the
-provider simulator, one feed observer process per feed, and the secrets it keeps under the
-data directory. Needs the ``devstack`` extra (imported inside the functions)."""
+"""What ``--embedded`` starts on a development machine: PostgreSQL and Redis for the URLs not
+set, and beside ``settlement serve`` the provider simulator, one feed observer process per
+feed, and the secrets it keeps under the data directory. Needs the ``devstack`` extra
+(imported inside the functions; :func:`require_devstack` says what is missing)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import time
@@ -13,10 +15,70 @@ from pathlib import Path
 
 from service.config import ConfigError, Settings
 
-__all__ = ["embedded_provider", "local_admin_key", "local_secret", "observer_process"]
+__all__ = [
+    "embedded_provider",
+    "endpoints",
+    "local_admin_key",
+    "local_secret",
+    "observer_process",
+    "require_devstack",
+]
+
+# the settlement command's log lines, wherever its commands start the servers
+log = logging.getLogger("settlement.cli")
+
+# The embedded servers and the provider simulator are not part of a production install.
+DEVSTACK_INSTALL = "pip install 'settlement[devstack]'"
 
 # How long the provider simulator may take to answer its health check (a loaded CI machine).
 PROVIDER_START_TIMEOUT = 30.0
+
+
+@contextlib.contextmanager
+def endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Iterator[Settings]:
+    """Yield settings whose URLs are set, starting embedded servers for the unset ones."""
+    need_pg = settings.database_url is None
+    need_redis = want_redis and settings.redis_url is None
+    if not (need_pg or need_redis):
+        yield settings
+        return
+    if not embedded:
+        missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
+        raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
+    require_devstack("--embedded")
+    from devstack import EmbeddedServices
+
+    data_dir = Path(settings.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with EmbeddedServices(
+        data_dir, want_postgres=need_pg, want_redis=need_redis, durable=True
+    ) as services:
+        log.info(
+            "embedded services ready",
+            extra={"data_dir": str(data_dir), "seconds": round(time.monotonic() - started, 2)},
+        )
+        yield Settings.from_env(
+            database_url=services.database_url if need_pg else settings.database_url,
+            redis_url=services.redis_url if need_redis else settings.redis_url,
+        )
+
+
+def require_devstack(what: str) -> None:
+    """Stop with one line, not a traceback, when the devstack extra is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("devstack") is None:
+        missing = ["devstack"]
+    else:
+        from devstack import missing_extra
+
+        missing = missing_extra()
+    if missing:
+        sys.exit(
+            f"settlement: {what} needs the devstack extra, which is not installed"
+            f" (missing: {', '.join(missing)}); run: {DEVSTACK_INSTALL}"
+        )
 
 
 @contextlib.contextmanager
@@ -77,8 +139,12 @@ def observer_process(feed: str) -> Iterator[None]:
 
     from devstack import die_with_parent
 
+    # the observer counts its own figures, as it does beside any server: not in the server's
+    # metrics directory, where the scrapes would sum them as a worker's
+    env = {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "observer", "run", "--feed", feed],
+        env=env,
         preexec_fn=die_with_parent(),
         start_new_session=True,
     )

@@ -21,7 +21,7 @@ from service.store.pool import HotPool
 from service.store.principals import BOOTSTRAP_TENANT, Principal, PrincipalStore, Role
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
-from service.store.worklist import BadCursor, WorkPage, list_operations
+from service.store.worklist import BadCursor, WorkPage, count_operations, list_operations
 
 __all__ = ["Admin", "PrincipalCreated", "PrincipalRequest", "SupersedeBody", "Superseded"]
 
@@ -200,23 +200,56 @@ class Admin:
         return await self._leases.remaining_many([scope.lease_name() for scope in scopes])
 
     async def work_list(
-        self, admin: Principal, state: str, tenant: str | None, limit: int, after: str | None
+        self,
+        admin: Principal,
+        state: str,
+        tenant: str | None,
+        limit: int,
+        after: str | None,
+        *,
+        route: str | None = None,
+        older_than: float | None = None,
     ) -> WorkPage | Problem:
-        if tenant is not None:
-            try:
-                tenant = msgspec.convert(tenant, Tenant)
-            except msgspec.ValidationError as exc:
-                return Problem("validation-error", f"tenant: {exc}")
-        if tenant is None and not admin.all_tenants:
-            tenant = admin.tenant
-        if tenant is not None and not admin.may_act_in(tenant):
-            return Problem("forbidden", f"this admin may not act in tenant {tenant!r}")
+        """``route`` and ``older_than`` (seconds since the row last changed) narrow the list
+        further (the console's filters)."""
+        scoped = _work_tenant(admin, tenant)
+        if isinstance(scoped, Problem):
+            return scoped
         try:
             return await list_operations(
-                self._reader, state=state, tenant=tenant, limit=limit, after=after
+                self._reader,
+                state=state,
+                tenant=scoped,
+                limit=limit,
+                after=after,
+                route=route,
+                older_than=older_than,
             )
         except BadCursor as exc:
             return Problem("validation-error", str(exc))
+
+    async def work_counts(
+        self, admin: Principal, tenant: str | None, route: str | None = None
+    ) -> dict[str, int] | Problem:
+        """How many operations each state of the work list holds, in the admin's reach."""
+        scoped = _work_tenant(admin, tenant)
+        if isinstance(scoped, Problem):
+            return scoped
+        return await count_operations(self._reader, tenant=scoped, route=route)
+
+
+def _work_tenant(admin: Principal, tenant: str | None) -> str | Problem | None:
+    """The tenant a work list reads (None: every tenant), or why it may not."""
+    if tenant is not None:
+        try:
+            tenant = msgspec.convert(tenant, Tenant)
+        except msgspec.ValidationError as exc:
+            return Problem("validation-error", f"tenant: {exc}")
+    if tenant is None and not admin.all_tenants:
+        tenant = admin.tenant
+    if tenant is not None and not admin.may_act_in(tenant):
+        return Problem("forbidden", f"this admin may not act in tenant {tenant!r}")
+    return tenant
 
 
 def _created(principal: Principal, key: str) -> PrincipalCreated:

@@ -29,7 +29,8 @@ from service.core.feed import FeedEvent, ReceiptState, Seen
 from service.domain.feeds import RawEvent, decode_signed
 from service.evidence import observation_of, verify
 from service.failpoints import Failpoints
-from service.store.feeds import FeedStore, Receipt
+from service.store.feed_receipts import Receipt
+from service.store.feeds import FeedStore
 from service.store.retention import RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore

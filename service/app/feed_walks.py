@@ -24,7 +24,8 @@ from service.app.feed_events import FeedEvents, event_digest, event_order
 from service.config import FeedSpec
 from service.core.feed import FeedEvent, Stop, check_cursor_page, check_timestamp_page
 from service.domain.feeds import FeedClient, FeedUnavailable
-from service.store.feeds import Checkpoint, FeedStore
+from service.store.feed_checkpoints import Checkpoint
+from service.store.feeds import FeedStore
 
 __all__ = ["MAX_PAGE", "WALK_FAILURES", "FeedWalks"]
 

@@ -13,7 +13,10 @@ import msgspec
 from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
-from service.store.feeds import Alarm, Checkpoint, FeedStore, Receipt
+from service.store.feed_alarms import Alarm
+from service.store.feed_checkpoints import Checkpoint
+from service.store.feed_receipts import Receipt
+from service.store.feeds import FeedStore
 from service.store.keyset import BadCursor
 from service.store.principals import Principal
 
@@ -112,6 +115,16 @@ class HoldDecided(msgspec.Struct):
     action: str
     state: str
     """the receipt's state after the decision (``held`` when a retry decided to hold)"""
+
+
+class FeedFigures(msgspec.Struct, frozen=True):
+    """What ``/metrics`` says of the feeds: events by (feed, receipt state), alarms by (feed,
+    kind), each feed's lag in seconds, and the oldest unknown external operation's age."""
+
+    events: list[tuple[str, str, int]]
+    alarms: list[tuple[str, str, int]]
+    lags: list[tuple[str, float]]
+    oldest_unknown: float
 
 
 class FeedAdmin:
@@ -224,39 +237,21 @@ class FeedAdmin:
         )
         return ConflictAccepted(feed=name, event_id=event_id, unpinned=accepted.unpinned)
 
-    async def metrics(self) -> str:
-        """The feeds' figures in the Prometheus text format, read from the database: the same
-        from every process, whichever observer did the work."""
-        lines = [
-            "# HELP settlement_feed_events Feed events by receipt state (ignored: a replay).",
-            "# TYPE settlement_feed_events gauge",
-        ]
-        for (feed, state), n in sorted((await self._store.counts()).items()):
-            lines.append(f'settlement_feed_events{{feed="{feed}",state="{state}"}} {n}')
-        lines += [
-            "# HELP settlement_feed_alarms_total Feed alarms raised, by kind.",
-            "# TYPE settlement_feed_alarms_total counter",
-        ]
-        for (feed, kind), n in sorted((await self._store.alarm_counts()).items()):
-            lines.append(f'settlement_feed_alarms_total{{feed="{feed}",kind="{kind}"}} {n}')
-        lines += [
-            "# HELP settlement_feed_lag_seconds Seconds since the feed's observer last found "
-            "nothing new.",
-            "# TYPE settlement_feed_lag_seconds gauge",
-        ]
+    async def figures(self) -> FeedFigures:
+        """The feeds' figures, read from the database: the same from every process, whichever
+        observer did the work (``/metrics`` renders them)."""
         now = self._clock()
-        for checkpoint in await self._store.checkpoints():
-            if checkpoint.caught_up_at is not None:
-                lag = max(0.0, now - checkpoint.caught_up_at.timestamp())
-                lines.append(f'settlement_feed_lag_seconds{{feed="{checkpoint.name}"}} {lag:g}')
-        lines += [
-            "# HELP settlement_feed_oldest_unknown_seconds Seconds since the longest-unknown "
-            "external operation became unknown (what the feeds should settle; 0: none).",
-            "# TYPE settlement_feed_oldest_unknown_seconds gauge",
-            f"settlement_feed_oldest_unknown_seconds "
-            f"{(await self._store.oldest_unknown(self._external)) or 0.0:g}",
-        ]
-        return "\n".join(lines) + "\n"
+        lags = {
+            checkpoint.name: max(0.0, now - checkpoint.caught_up_at.timestamp())
+            for checkpoint in await self._store.checkpoints()
+            if checkpoint.caught_up_at is not None
+        }
+        return FeedFigures(
+            events=sorted((f, s, n) for (f, s), n in (await self._store.counts()).items()),
+            alarms=sorted((f, k, n) for (f, k), n in (await self._store.alarm_counts()).items()),
+            lags=sorted(lags.items()),
+            oldest_unknown=(await self._store.oldest_unknown(self._external)) or 0.0,
+        )
 
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
         spec = self._specs.get(name)

@@ -50,7 +50,8 @@ from service.core.feed import (
 )
 from service.domain.feeds import FeedClient, FeedUnavailable
 from service.failpoints import Failpoints
-from service.store.feeds import Checkpoint, FeedStore
+from service.store.feed_checkpoints import Checkpoint
+from service.store.feeds import FeedStore
 from service.store.retention import RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.admin import Admin
 from service.app.attempts import Attempts
+from service.app.console import Console
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
 from service.app.feed_events import FeedEvents
@@ -148,6 +149,9 @@ class Settlement:
             leases=self.leases,
             routes=self.routes,
         )
+        self.console = Console(
+            engine, self.principals, session_lifetime=settings.console_session_lifetime
+        )
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval
         )
@@ -173,7 +177,6 @@ class Settlement:
         )
         self._sweeping: asyncio.Task[None] | None = None
         self._purging: asyncio.Task[None] | None = None
-        self._flushing: asyncio.Task[None] | None = None
 
     def observer(self, spec: FeedSpec) -> FeedObserver:
         """A feed observer of ``spec`` (its own HTTP client; close it when done)."""
@@ -199,9 +202,8 @@ class Settlement:
     async def open(
         cls, settings: Settings, *, background: bool = True, metrics: Metrics | None = None
     ) -> Settlement:
-        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper, the
-        retention purge and the metrics snapshots. ``metrics``: the process's (a new one by
-        default)."""
+        """Connect, check the schema, guarantee the bootstrap admin, start the sweeper and the
+        retention purge. ``metrics``: the process's (a new one by default)."""
         require_endpoints(settings)
         assert settings.database_url is not None and settings.redis_url is not None
         engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
@@ -230,13 +232,10 @@ class Settlement:
             settlement._purging = asyncio.create_task(
                 settlement.purger.run(), name="retention-purge"
             )
-            settlement._flushing = asyncio.create_task(
-                settlement.metrics.run(), name="metrics-snapshots"
-            )
         return settlement
 
     async def close(self) -> None:
-        for task in (self._sweeping, self._purging, self._flushing):
+        for task in (self._sweeping, self._purging):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

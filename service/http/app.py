@@ -15,8 +15,8 @@ from litestar.di import Provide
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
+from service.http.console import ConsoleHeaders, console_router, template_config
 from service.http.health import health, livez, metrics, readyz
-from service.http.lane import IdempotentLane
 from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
 from service.http.problems import exception_handlers
@@ -41,7 +41,7 @@ from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
 from service.telemetry import Metrics, RequestTelemetry, configure_tracing
 
-__all__ = ["IDEMPOTENT_PATHS", "app_from_env", "create_app"]
+__all__ = ["app_from_env", "create_app"]
 
 log = logging.getLogger("settlement.app")
 
@@ -56,14 +56,8 @@ class _Opened:
         return self.settlement
 
 
-# The POST routes served by the idempotent lane (service.http.lane), past Litestar's router:
-# each calls the answer its handler names in its opt.
-IDEMPOTENT_PATHS = ["/v1/accounts", "/v1/transfers", "/v1/payouts"]
-
-
-def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
-    """The application; ``lane=False`` leaves the idempotent routes to Litestar's router (the
-    tests compare the two answer for answer)."""
+def create_app(settings: Settings) -> Litestar:
+    """The application."""
     require_endpoints(settings)
     opened = _Opened()
     counted = Metrics(settings.metrics_dir, export=settings.otel_exporter)
@@ -71,6 +65,8 @@ def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         opened.settlement = await Settlement.open(settings, metrics=counted)
+        # the idempotent routes' guard reads it here (guards get no dependencies)
+        app.state.settlement = opened.settlement
         log.info("server ready")
         try:
             yield
@@ -102,7 +98,9 @@ def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
             list_holds,
             decide_hold,
             accept_conflict,
+            console_router(),
         ],
+        template_config=template_config(),
         dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
@@ -111,11 +109,10 @@ def create_app(settings: Settings, *, lane: bool = True) -> Litestar:
         logging_config=None,  # service.logs owns logging
         debug=False,
     )
-    inner = app.asgi_handler
-    if lane:
-        inner = IdempotentLane(app, inner, IDEMPOTENT_PATHS, opened.get)
+    # the console's security headers on every answer under /console, its 404s included
+    app.asgi_handler = ConsoleHeaders(app.asgi_handler)
     # outside the exception handlers, so every answer (404s too) has its Request-Id and counts
-    app.asgi_handler = RequestTelemetry(inner, counted, access_log=settings.access_log)
+    app.asgi_handler = RequestTelemetry(app.asgi_handler, counted, access_log=settings.access_log)
     return app
 
 

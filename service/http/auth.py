@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
+from typing import Any
+
+from litestar.connection import ASGIConnection
 
 from service.http.problems import ProblemError
-from service.http.reply import Call
 from service.store.principals import Principal, PrincipalStore, Role
+
+# any request or websocket of Litestar's: what authentication reads of it
+Connection = ASGIConnection[Any, Any, Any, Any]
 
 __all__ = ["AuthError", "authenticate", "bearer_key", "require_role", "unknown_key"]
 
@@ -19,14 +24,14 @@ class AuthError(ProblemError):
     """``unauthenticated`` (401) or ``forbidden`` (403)."""
 
 
-async def authenticate(request: Call, principals: PrincipalStore) -> Principal:
+async def authenticate(request: Connection, principals: PrincipalStore) -> Principal:
     principal = await principals.authenticate(bearer_key(request))
     if principal is None:
         raise unknown_key()
     return principal
 
 
-def bearer_key(request: Call) -> str:
+def bearer_key(request: Connection) -> str:
     """The API key of the ``Authorization: Bearer`` header (its syntax only; no lookup)."""
     header = request.headers.get("authorization")
     if header is None:
@@ -41,7 +46,7 @@ def unknown_key() -> AuthError:
     return AuthError("unauthenticated", "unknown or revoked API key")
 
 
-async def authenticate_admin(request: Call, principals: PrincipalStore) -> Principal:
+async def authenticate_admin(request: Connection, principals: PrincipalStore) -> Principal:
     """The caller, who must be an admin (401, 403 otherwise)."""
     admin = await authenticate(request, principals)
     require_role(admin, Role.ADMIN)

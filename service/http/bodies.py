@@ -10,15 +10,19 @@ recurses, and a 2 KB body can do that; it is a bad body like any other.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
+from litestar.dto import MsgspecDTO
+from litestar.openapi.spec import Reference, Schema
+from litestar.typing import FieldDefinition
 
 from service.http.problems import ProblemError
 
-__all__ = ["check_json_content_type", "decode_json"]
+__all__ = ["StrictJson", "check_json_content_type", "decode_json", "decode_strict"]
 
 T = TypeVar("T")
+S = TypeVar("S", bound=msgspec.Struct)
 
 
 def check_json_content_type(header: str | None) -> None:
@@ -43,9 +47,35 @@ def check_json_content_type(header: str | None) -> None:
 def decode_json(raw: bytes, schema: type[T], content_type: str | None) -> T:
     """``raw`` as a ``schema``; ProblemError ``unsupported-media-type`` or ``validation-error``."""
     check_json_content_type(content_type)
+    return decode_strict(raw, schema)
+
+
+def decode_strict(raw: bytes, schema: type[T]) -> T:
+    """``raw`` (JSON) as a ``schema``, no type coercion; ProblemError ``validation-error``."""
     try:
         return msgspec.json.decode(raw, type=schema)
     except RecursionError:
         raise ProblemError("validation-error", "JSON nested too deeply") from None
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ProblemError("validation-error", str(exc)) from None
+
+
+class StrictJson(MsgspecDTO[S], Generic[S]):
+    """A request body decoded strictly against its Struct (:func:`decode_strict`), once a
+    guard has checked its media type: no type coercion (Litestar's own decoding converts
+    ``"1"`` to ``1``), every failure a ``validation-error`` problem. Litestar documents the
+    body from the Struct."""
+
+    def decode_bytes(self, value: bytes) -> Any:
+        return decode_strict(value, self.model_type)
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: Any
+    ) -> Reference | Schema:
+        """The body's schema is the Struct's own (the DTO's transfer model would be a copy)."""
+        model = FieldDefinition.from_annotation(
+            cls.model_type, kwarg_definition=field_definition.kwarg_definition
+        )
+        schema: Reference | Schema = schema_creator.for_field_definition(model)
+        return schema

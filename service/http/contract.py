@@ -40,7 +40,6 @@ from service.domain.ledger import Account, AccountRequest, Transfer, TransferReq
 from service.domain.payouts import PayoutRequest
 from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
-from service.http.keys import MAX_KEY_LENGTH
 from service.http.pages import ProblemPage
 from service.http.problems import SLUGS
 from service.store.status import OperationView
@@ -70,7 +69,7 @@ class RouteDoc:
     status: int  # the success status
     response: type | None  # its JSON body (None: documented by hand below)
     problems: tuple[str, ...]  # slugs it may answer, SLUGS or BUSINESS_FAILURES
-    request: type | None = None  # its JSON body
+    request: type | None = None  # its JSON body (the handler's data type: checked, not set)
     auth: str = "bearer"  # "bearer", "none", or "optional" (GET /metrics)
     idempotent: bool = False  # Idempotency-Key, Prefer and the idempotency response headers
     html: bool = False  # the success answer is also text/html (the default one)
@@ -176,41 +175,6 @@ _UNHEALTHY = {
     "health": (503, "a dependency is down (the body names which)"),
     "readyz": (503, "the database is unreachable (the body says so)"),
 }
-
-# printable ASCII, no surrounding space; an sf-string ("...") form is accepted as well
-# (described, not in the pattern: a value starting with a quote is read as an sf-string)
-_KEY_PATTERN = r"^[\x21\x23-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
-_HEADER_PARAMETERS = [
-    {
-        "name": "Idempotency-Key",
-        "in": "header",
-        "required": True,
-        "description": (
-            "The client's key for this intended action, scoped to (tenant, principal, route):"
-            f" 1-{MAX_KEY_LENGTH} printable ASCII characters, bare or as an RFC 8941"
-            ' sf-string ("pay-42"). A retry with the same key and request replays the answer.'
-        ),
-        "schema": {
-            "type": "string",
-            "minLength": 1,
-            "maxLength": MAX_KEY_LENGTH,
-            "pattern": _KEY_PATTERN,
-        },
-        "example": "pay-42",
-    },
-    {
-        "name": "Prefer",
-        "in": "header",
-        "required": False,
-        "description": (
-            "`wait=N`: if another attempt is in progress, wait up to N seconds (capped by"
-            " SETTLEMENT_MAX_WAIT) for it to settle and replay its answer;"
-            " `Preference-Applied` says so."
-        ),
-        "schema": {"type": "string"},  # preferences it does not know are ignored (RFC 7240)
-        "example": "wait=5",
-    },
-]
 
 
 def _header(description: str, schema: dict[str, Any], *, required: bool = False) -> dict[str, Any]:
@@ -336,13 +300,10 @@ _IDEMPOTENT_SUCCESS = (
 )
 
 
-def _request_body(request: type) -> dict[str, Any]:
-    return {
-        "required": True,
-        "description": "JSON (application/json or application/*+json, UTF-8); anything else "
-        "is 415 unsupported-media-type.",
-        "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{request.__name__}"}}},
-    }
+_BODY_RULE = (
+    "JSON (application/json or application/*+json, UTF-8); anything else is 415 "
+    "unsupported-media-type."
+)
 
 
 def _components() -> dict[str, Any]:
@@ -447,10 +408,12 @@ def _complete_operation(operation_id: str, operation: dict[str, Any], doc: Route
         }
     responses.update(_problem_responses(doc))
     operation["responses"] = responses
-    if doc.request is not None:
-        operation["requestBody"] = _request_body(doc.request)
-    if doc.idempotent:
-        operation["parameters"] = [*operation.get("parameters", []), *_HEADER_PARAMETERS]
+    body = operation.get("requestBody")
+    documented = body and body["content"][JSON]["schema"].get("$ref", "").rpartition("/")[2]
+    if documented != (doc.request.__name__ if doc.request else None):
+        raise KeyError(f"{operation_id}: the handler takes {documented}, the table {doc.request}")
+    if body:  # Litestar documented the typed body; the media-type rule is ours
+        body["description"] = _BODY_RULE
     if doc.auth == "bearer":
         operation["security"] = [{BEARER: []}]
     elif doc.auth == "optional":  # open unless SETTLEMENT_METRICS_ROLE names a role

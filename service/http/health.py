@@ -21,6 +21,7 @@ from service.http.problems import problem_response
 from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
 from service.store.principals import Role
+from service.telemetry.metrics import feed_exposition
 
 __all__ = ["Health", "Liveness", "Readiness", "health", "livez", "metrics", "readyz"]
 
@@ -114,5 +115,5 @@ async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Resp
             require_role(principal, Role(wanted), Role.ADMIN)
         except AuthError as exc:
             return problem_response(exc.slug, exc.detail)
-    text = await settlement.metrics.scrape() + await settlement.feed_admin.metrics()
+    text = settlement.metrics.render() + feed_exposition(await settlement.feed_admin.figures())
     return Response(text.encode(), media_type="text/plain; version=0.0.4")

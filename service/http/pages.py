@@ -265,10 +265,8 @@ def _html(page: ProblemPage) -> bytes:
     return _HTML.format(**{**fields, "retry": html.escape(retry)}).encode()
 
 
-def _wants_json(accept: str) -> bool:
-    """JSON when the client names a JSON type and not HTML; HTML otherwise."""
-    accept = accept.lower()
-    return "json" in accept and "text/html" not in accept
+# What a problem page is served as, the first one the default (a browser's */*).
+_PAGE_TYPES = ["text/html", "application/json"]
 
 
 @get(
@@ -281,6 +279,7 @@ async def problem_page(request: Request[Any, Any, Any], slug: FromPath[str]) -> 
     page = PAGES.get(slug)
     if page is None:
         return problem_response("not-found", f"no problem type {slug[:64]!r}")
-    if _wants_json(request.headers.get("accept", "")):
+    # Accept's weights and wildcards, as Litestar reads them
+    if request.accept.best_match(_PAGE_TYPES, default="text/html") == "application/json":
         return Response(msgspec.json.encode(page), media_type="application/json")
     return Response(_html(page), media_type="text/html; charset=utf-8")

@@ -6,6 +6,7 @@ Core and store errors know nothing of HTTP; they are mapped here, and only here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -28,6 +29,7 @@ from service.store.settlement import OperationNotFound, RowLocked, SettlementCon
 from service.telemetry import note_problem
 
 __all__ = [
+    "IDEMPOTENT",
     "PROBLEM_CONTENT_TYPE",
     "ProblemError",
     "exception_handlers",
@@ -39,6 +41,8 @@ log = logging.getLogger("settlement.http")
 
 # Litestar's detail when a request body could not be read because the client went away.
 CLIENT_GONE = "client disconnected prematurely"
+# The key, in an idempotent route's handler ``opt``, of its spec (service.http.idempotent).
+IDEMPOTENT = "idempotent"
 
 
 # slug -> (status, title). DESIGN §6 is the contract; slugs and statuses are public API.
@@ -150,6 +154,8 @@ def _validation_detail(exc: ValidationException) -> str:
     extra = exc.extra
     if isinstance(extra, list) and extra:
         first = extra[0]
+        if isinstance(first, dict) and (first.get("source"), first.get("key")) == ("body", "data"):
+            return "the request has no body: send a JSON document"
         if isinstance(first, dict) and "message" in first:
             return str(first["message"])
     return str(exc.detail)
@@ -179,8 +185,26 @@ def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
     return problem_response("internal-error", "the server failed; the request may be retried")
 
 
+def _stamped(
+    answer: Callable[[Request[Any, Any, Any], Any], Response[bytes]],
+) -> Callable[[Request[Any, Any, Any], Any], Response[bytes]]:
+    """``answer``, and on an idempotent route a refusal (4xx) says it is no replay: the request
+    was refused before any operation was looked at, so a client can tell it from a stored
+    answer."""
+
+    def handle(request: Request[Any, Any, Any], exc: Any) -> Response[bytes]:
+        response = answer(request, exc)
+        route = request.scope.get("route_handler")
+        status = response.status_code or 0
+        if route is not None and IDEMPOTENT in route.opt and 400 <= status < 500:
+            response.headers["Idempotent-Replayed"] = "false"
+        return response
+
+    return handle
+
+
 exception_handlers: dict[int | type[Exception], Any] = {
-    HTTPException: _http_exception,
-    HTTP_500_INTERNAL_SERVER_ERROR: _layer_error,
-    Exception: _layer_error,
+    HTTPException: _stamped(_http_exception),
+    HTTP_500_INTERNAL_SERVER_ERROR: _stamped(_layer_error),
+    Exception: _stamped(_layer_error),
 }

@@ -7,6 +7,9 @@ a fresh read; it never assigns blindly. Claim, settle, supersede and sweep are t
 the one :class:`PhaseRunner`; a new claim and a local settlement take the hot path
 (:mod:`service.store.hot`), which keeps the same CAS (a local settlement first decides on
 the row as its claim wrote it, and the CAS proves it unmoved).
+
+The read side (:mod:`service.store.settlement_reads`) and what a commit reports to the hooks
+and the log (:mod:`service.store.settlement_reports`) are parts of the same store.
 """
 
 from __future__ import annotations
@@ -17,16 +20,12 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import (
     Claim,
-    ClaimKind,
     ClaimRequest,
-    Decision,
     Observation,
-    OperationState,
     Record,
     Refuse,
     Scope,
@@ -56,11 +55,11 @@ from service.store.outcomes import (
     SweepPage,
 )
 from service.store.phase import Phase, PhaseRunner, RowLocked, SettlementContention
-from service.store.principals import Principal
-from service.store.retention import Retention, Tombstone
-from service.store.rows import at, record_from_row
-from service.store.tables import operations
-from service.store.unit_of_work import UnitOfWork, scope_predicate
+from service.store.retention import Retention
+from service.store.rows import at
+from service.store.settlement_reads import SettlementReads
+from service.store.settlement_reports import SettlementReports
+from service.store.unit_of_work import UnitOfWork
 
 __all__ = [
     "AttemptRef",
@@ -81,7 +80,7 @@ __all__ = [
 log = logging.getLogger("settlement.store")
 
 
-class SettlementStore:
+class SettlementStore(SettlementReads, SettlementReports):
     def __init__(
         self,
         engine: AsyncEngine,
@@ -106,45 +105,6 @@ class SettlementStore:
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self._engine)
-
-    # -- reads (single statements, no lock) ---------------------------------------------------
-
-    async def get(self, operation_id: uuid.UUID) -> Record | None:
-        return await self._read_one(operations.c.id == operation_id)
-
-    async def get_by_scope(self, scope: Scope) -> Record | None:
-        """The scope's row, one indexed read without a lock (the request's first read is
-        ``identify``; this one is for re-reads: a 409's, a Prefer: wait's)."""
-        if self._hot is not None:
-            return await self._hot.by_scope(scope)
-        return await self._read_one(*scope_predicate(scope))
-
-    async def _read_one(self, *where: Any) -> Record | None:
-        async with self._reader.connect() as conn:
-            row = (await conn.execute(select(operations).where(*where))).mappings().first()
-        return None if row is None else record_from_row(row)
-
-    async def identify(
-        self, key_hash: bytes, route: str, idempotency_key: str
-    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
-        """The live principal whose key hashes to ``key_hash``, the row of its scope for
-        (``route``, ``idempotency_key``) and the scope's tombstone: one statement, no
-        transaction (the hot path)."""
-        if self._hot is None:
-            raise RuntimeError("identify needs the store's asyncpg pool")
-        return await self._hot.identify(key_hash, route, idempotency_key)
-
-    async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
-        """(tenant, route) of an operation, or None."""
-        async with self._reader.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(operations.c.tenant, operations.c.route).where(
-                        operations.c.id == operation_id
-                    )
-                )
-            ).first()
-        return None if row is None else (row.tenant, row.route)
 
     # -- observations that never reach a row ---------------------------------------------------
 
@@ -266,40 +226,6 @@ class SettlementStore:
             retention=self._retention,
         )
 
-    def report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
-        """Tell the hooks (metrics, wake-ups) about a settlement committed by such a caller."""
-        self._report(operation_id, before, settled)
-
-    def _report(
-        self,
-        operation_id: uuid.UUID,
-        before: Record,
-        settled: Settled,
-        seconds: float | None = None,
-    ) -> None:
-        observation, decision = settled.observation, settled.decision
-        _log_decision(operation_id, observation, decision)
-        self._hooks.on_settled(
-            observation.source.value, decision.stage.value, decision.disposition.value, seconds
-        )
-        after = settled.record.state
-        became_terminal = after.terminal and not before.state.terminal
-        left_progress = before.state is OperationState.IN_PROGRESS and after is not before.state
-        if became_terminal or left_progress:
-            self._hooks.on_progress_ended(str(operation_id), after.terminal)
-        if _stale_epoch_outcome(before, observation):
-            self._hooks.on_stale_epoch_outcome()
-            log.error(
-                "a verified outcome of a superseded epoch arrived: the effect may have "
-                "happened in both epochs",
-                extra={
-                    "operation_id": str(operation_id),
-                    "observed_generation": observation.reservation.binding_generation,
-                    "current_generation": before.reservation.binding_generation,
-                    "kind": observation.kind.value,
-                },
-            )
-
     # -- claim: a new attempt -----------------------------------------------------------------
 
     async def claim(
@@ -376,22 +302,6 @@ class SettlementStore:
         self._report(operation_id, decision.record, settled, time.perf_counter() - started)
         return outcome, settled
 
-    def _claimed(self, outcome: ClaimOutcome) -> ClaimOutcome:
-        if isinstance(outcome.decision, Claim):
-            self._hooks.on_claimed(outcome.decision.kind.value)
-            # a new operation is routine (DEBUG); taking over a stale or unknown one is news
-            routine = outcome.decision.kind is ClaimKind.NEW
-            log.log(
-                logging.DEBUG if routine else logging.INFO,
-                "operation claimed",
-                extra={
-                    "operation_id": outcome.decision.record.reservation.operation_id,
-                    "claim": outcome.decision.kind.value,
-                    "fencing_token": outcome.decision.record.fencing_token,
-                },
-            )
-        return outcome
-
     # -- supersede: a new reservation epoch ---------------------------------------------------
 
     async def supersede(
@@ -456,35 +366,3 @@ class SettlementStore:
         for _ in page.demoted:
             self._hooks.on_settled(Source.SWEEPER.value, Stage.RANK_MERGE.value, "applied")
         return page
-
-
-def _stale_epoch_outcome(record: Record, observation: Observation) -> bool:
-    return (
-        observation.verified
-        and observation.kind.terminal
-        and observation.fencing_token is None
-        and observation.reservation.operation_id == record.reservation.operation_id
-        and observation.reservation.binding_generation < record.reservation.binding_generation
-    )
-
-
-def _log_decision(operation_id: uuid.UUID, observation: Observation, decision: Decision) -> None:
-    level = logging.INFO
-    if decision.disposition.value == "conflict":
-        level = logging.ERROR
-    elif observation.source is Source.ATTEMPT and decision.disposition.value == "applied":
-        level = logging.DEBUG  # an attempt storing its own outcome is every request's routine
-    if not log.isEnabledFor(level):
-        return  # the fields below cost more than the check, on every request
-    log.log(
-        level,
-        "observation settled",
-        extra={
-            "operation_id": str(operation_id),
-            "source": observation.source.value,
-            "kind": observation.kind.value,
-            "stage": decision.stage.value,
-            "disposition": decision.disposition.value,
-            "reason": decision.reason.value,
-        },
-    )

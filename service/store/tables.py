@@ -29,6 +29,7 @@ __all__ = [
     "OPERATION_STATES",
     "accounts",
     "attempts",
+    "console_sessions",
     "feed_alarms",
     "feed_checkpoints",
     "feed_receipts",
@@ -368,6 +369,8 @@ feed_receipts = Table(
 Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)
 # the retention purge looks for the receipts decided longest ago (without reading the young)
 Index("ix_feed_receipts_decided_at", feed_receipts.c.decided_at)
+# the console's operation page lists the receipts that touched one operation
+Index("ix_feed_receipts_operation_id", feed_receipts.c.operation_id)
 Index(
     "ix_feed_receipts_held",
     feed_receipts.c.feed,
@@ -388,4 +391,23 @@ feed_alarms = Table(
     Column("count", BigInteger, nullable=False, server_default=text("1")),
     Column("first_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("last_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
+)
+
+# An operator's console session (service/store/console_sessions.py): found by the SHA-256 of
+# its random id; key_fingerprint (SHA-256 of the principal's key_hash at sign-in) stops
+# matching when the key is rotated or revoked, which ends the session at once.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("id_hash", LargeBinary(32), primary_key=True),
+    Column(
+        "principal_id",
+        UUID(as_uuid=True),
+        ForeignKey("principals.id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("key_fingerprint", LargeBinary(32), nullable=False),
+    Column("csrf_token", String(64), nullable=False),
+    _now(),
+    Column("expires_at", DateTime(timezone=True), nullable=False, index=True),
 )

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import keyset
 from service.store.keyset import BadCursor
 from service.store.tables import operations
 
-__all__ = ["BadCursor", "WorkItem", "WorkPage", "list_operations"]
+__all__ = ["BadCursor", "WorkItem", "WorkPage", "count_operations", "list_operations"]
+
+# The states of the work list, whose rows the open-work index covers.
+WORK_STATES = ("unknown", "conflict", "in_progress")
 
 
 class WorkItem(msgspec.Struct):
@@ -43,12 +46,24 @@ def _parse(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 async def list_operations(
-    engine: AsyncEngine, *, state: str, tenant: str | None, limit: int, after: str | None
+    engine: AsyncEngine,
+    *,
+    state: str,
+    tenant: str | None,
+    limit: int,
+    after: str | None,
+    route: str | None = None,
+    older_than: float | None = None,
 ) -> WorkPage:
-    """Oldest first; ``tenant`` None means every tenant (an all-tenant admin)."""
+    """Oldest first; ``tenant`` None means every tenant (an all-tenant admin); ``route``
+    one route only; ``older_than``: last changed at least that many seconds ago."""
     stmt = select(operations).where(operations.c.state == state)
     if tenant is not None:
         stmt = stmt.where(operations.c.tenant == tenant)
+    if route is not None:
+        stmt = stmt.where(operations.c.route == route)
+    if older_than is not None:
+        stmt = stmt.where(operations.c.updated_at <= func.now() - timedelta(seconds=older_than))
     if after is not None:
         created, ident = _parse(after)
         stmt = stmt.where(keyset.after(operations.c.created_at, operations.c.id, created, ident))
@@ -74,3 +89,21 @@ async def list_operations(
     return WorkPage(
         items=items, next=None if last is None else keyset.encode(last.created_at, str(last.id))
     )
+
+
+async def count_operations(
+    engine: AsyncEngine, *, tenant: str | None, route: str | None = None
+) -> dict[str, int]:
+    """How many operations each state of the work list holds (every state named, 0 too)."""
+    stmt = (
+        select(operations.c.state, func.count())
+        .where(operations.c.state.in_(WORK_STATES))
+        .group_by(operations.c.state)
+    )
+    if tenant is not None:
+        stmt = stmt.where(operations.c.tenant == tenant)
+    if route is not None:
+        stmt = stmt.where(operations.c.route == route)
+    async with engine.connect() as conn:
+        found = {state: int(n) for state, n in (await conn.execute(stmt)).all()}
+    return {state: found.get(state, 0) for state in WORK_STATES}

@@ -1,9 +1,10 @@
 """Telemetry: traces, metrics, and the request context of log lines. Only this package
-imports OpenTelemetry; the rest of the service calls these small hooks.
+imports OpenTelemetry and prometheus_client; the rest of the service calls these small hooks.
 
 * :func:`span` — a child span (a no-op object when ``SETTLEMENT_OTEL_EXPORTER=none``);
 * :class:`Metrics` — the process's instruments and their hooks, Prometheus text summed over
-  the server's workers (:mod:`service.telemetry.metrics`);
+  the server's workers by prometheus_client's multiprocess mode
+  (:mod:`service.telemetry.metrics`);
 * :func:`annotate`, :func:`note_problem` — what the current request learned, for its logs,
   span and metrics; :func:`log_fields` — those fields for a log line;
 * :class:`RequestTelemetry` — the ASGI wrapper that sets all of that up per request.

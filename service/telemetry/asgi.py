@@ -2,6 +2,9 @@
 access line. A plain ASGI wrapper (no web framework imported here), put around the
 application's handler, so 404s and every problem answer pass through it too.
 
+The caller's trace: its W3C ``traceparent`` and ``tracestate``, read by OpenTelemetry's
+TraceContext propagator; the request span is its child and keeps the ``tracestate``.
+
 Request-Id: the trace id of a valid incoming W3C ``traceparent``; else a sane incoming
 ``Request-Id`` (at most 128 characters of ``A-Za-z0-9._:/+=@-``); else, with tracing on, the
 request span's trace id; else 128 random bits in hex. Every response carries it.
@@ -47,14 +50,18 @@ class RequestTelemetry:
             return
         started = time.perf_counter()
         traceparent = incoming = None
+        tracestate: list[bytes] = []
         for name, value in scope["headers"]:
             if name == b"traceparent":
                 traceparent = value
+            elif name == b"tracestate":
+                tracestate.append(value)
             elif name == b"request-id":
                 incoming = value
-        trace_id = request_context.trace_id_of(traceparent)
+        caller = request_context.incoming_trace(traceparent, tracestate)
+        trace_id = None if caller is None else caller.trace_id
         method: str = scope["method"]
-        span = server_span(method, traceparent if trace_id else None)
+        span = server_span(method, None if caller is None else caller.context)
         if span is not None:
             trace_id = span.trace_id
         request_id = (
@@ -67,39 +74,17 @@ class RequestTelemetry:
         header = (b"request-id", request_id.encode())
         status = 500
         replayed = False
+        answered = False
 
-        async def send_with_id(message: Message) -> None:
-            nonlocal status, replayed
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = list(message.get("headers") or ())
-                for name, value in headers:
-                    if name == b"idempotent-replayed":
-                        replayed = value == b"true"
-                    elif name == b"operation-id" and ctx.operation_id is None:
-                        ctx.operation_id = value.decode("latin-1")
-                headers.append(header)
-                message["headers"] = headers
-            await send(message)
-
-        try:
-            await self._app(scope, receive, send_with_id)
-        finally:
-            request_context.unbind(token)
-            seconds = time.perf_counter() - started
+        def answer() -> None:
+            """Count the answer and write its access line: before its last byte is sent, so
+            a scrape or a log reader that follows the answer finds both."""
+            nonlocal answered
+            answered = True
             template = scope.get("path_template")
             route = f"{method} {template}" if template else UNMATCHED
+            seconds = time.perf_counter() - started
             self._metrics.on_request(route, status, ctx.problem, replayed, seconds)
-            if span is not None:
-                span.finish(
-                    method,
-                    template,
-                    status,
-                    operation_id=ctx.operation_id,
-                    attempt_number=ctx.attempt,
-                    replayed=replayed,
-                    problem=ctx.problem,
-                )
             if self._access_log:
                 fields = {
                     "request_id": request_id,
@@ -116,6 +101,39 @@ class RequestTelemetry:
                     "client": _client(scope),
                 }
                 access.info("request", extra={k: v for k, v in fields.items() if v is not None})
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, replayed
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                answer()
+            elif message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers") or ())
+                for name, value in headers:
+                    if name == b"idempotent-replayed":
+                        replayed = value == b"true"
+                    elif name == b"operation-id" and ctx.operation_id is None:
+                        ctx.operation_id = value.decode("latin-1")
+                headers.append(header)
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self._app(scope, receive, send_with_id)
+        finally:
+            request_context.unbind(token)
+            if not answered:  # no complete answer was sent
+                answer()
+            if span is not None:
+                span.finish(
+                    method,
+                    scope.get("path_template"),
+                    status,
+                    operation_id=ctx.operation_id,
+                    attempt_number=ctx.attempt,
+                    replayed=replayed,
+                    problem=ctx.problem,
+                )
 
 
 def _client(scope: Scope) -> str | None:

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NamedTuple
+
+from opentelemetry.context import Context
+from opentelemetry.trace import get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = [
     "REQUEST_ID_MAX",
+    "IncomingTrace",
     "RequestContext",
     "annotate",
     "current",
+    "incoming_trace",
     "log_fields",
     "new_request_id",
     "note_problem",
@@ -30,12 +37,6 @@ __all__ = [
 # at most this long, and only characters that need no quoting anywhere.
 REQUEST_ID_MAX = 128
 _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:/+=@-]{1,%d}" % REQUEST_ID_MAX)
-
-# W3C Trace Context: version-traceid-parentid-flags, lower-case hex. Version ff is invalid;
-# a later version may append fields after the flags.
-_TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
-_ZERO_TRACE = b"0" * 32
-_ZERO_PARENT = b"0" * 16
 
 
 class RequestContext:
@@ -100,19 +101,39 @@ def log_fields() -> dict[str, Any]:
     return fields
 
 
-def trace_id_of(traceparent: bytes | None) -> str | None:
-    """The trace id of a valid W3C ``traceparent`` header value, else None."""
+class IncomingTrace(NamedTuple):
+    """The caller's trace, from its W3C ``traceparent`` and ``tracestate`` headers."""
+
+    context: Context  # an OpenTelemetry context whose current span is the caller's
+    trace_id: str
+
+
+# The W3C Trace Context propagator, whatever OTEL_PROPAGATORS says: these two headers are
+# what the Request-Id and the server span join.
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+
+def incoming_trace(
+    traceparent: bytes | None, tracestate: Sequence[bytes] = ()
+) -> IncomingTrace | None:
+    """The caller's trace context (its ``tracestate`` kept, for the spans below and the
+    calls they make) when ``traceparent`` is valid, else None."""
     if not traceparent:
         return None
-    match = _TRACEPARENT.fullmatch(traceparent.strip())
-    if match is None:
+    carrier: dict[str, str | list[str]] = {"traceparent": traceparent.decode("latin-1")}
+    if tracestate:
+        carrier["tracestate"] = [value.decode("latin-1") for value in tracestate]
+    context = _PROPAGATOR.extract(carrier)
+    parent = get_current_span(context).get_span_context()
+    if not parent.is_valid:
         return None
-    version, trace_id, parent_id, _flags, rest = match.groups()
-    if version == b"ff" or (version == b"00" and rest is not None):
-        return None
-    if trace_id == _ZERO_TRACE or parent_id == _ZERO_PARENT:
-        return None
-    return trace_id.decode()
+    return IncomingTrace(context, format(parent.trace_id, "032x"))
+
+
+def trace_id_of(traceparent: bytes | None) -> str | None:
+    """The trace id of a valid W3C ``traceparent`` header value, else None."""
+    incoming = incoming_trace(traceparent)
+    return None if incoming is None else incoming.trace_id
 
 
 def sane_request_id(value: bytes | None) -> str | None:

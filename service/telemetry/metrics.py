@@ -1,34 +1,39 @@
-"""Metrics: OpenTelemetry instruments per process, summed over the server's workers at scrape.
+"""Metrics: each declared once (:data:`DECLARED`), recorded through one facade into
+prometheus_client and, with ``SETTLEMENT_OTEL_EXPORTER=otlp``, into OpenTelemetry too.
 
-**In a process.** Counters and the gauge are OpenTelemetry asynchronous instruments
-(``ObservableCounter``, ``ObservableGauge``) of this process's ``MeterProvider``; what they
-report is a tally that the hooks below add to (a dict increment, about 1.5 us). The SDK's
-synchronous instruments were measured at 11 us per ``Counter.add`` with attributes and 17 us
-per ``Histogram.record`` here, about 30 us per request: a quarter of a bare request's CPU.
-Histograms have no asynchronous instrument in OpenTelemetry, so they are tallied here (sum,
-count, explicit buckets :data:`LATENCY_BUCKETS`) and rendered beside what the SDK collects;
-with ``SETTLEMENT_OTEL_EXPORTER=otlp`` the counters and the gauge are also pushed with the
-OTLP exporter, the histograms are not.
+**Prometheus.** Every metric is a prometheus_client ``Counter``, ``Histogram`` or ``Gauge``;
+``GET /metrics`` is prometheus_client's text exposition. A server with several uvicorn
+workers answers a scrape from whichever worker the kernel hands the connection, so it uses
+prometheus_client's multiprocess mode: ``settlement serve`` makes one directory per server
+(``SETTLEMENT_METRICS_DIR``, a fresh temporary one unless set) and gives it to its workers as
+``PROMETHEUS_MULTIPROC_DIR``. Each recording writes the new value into the worker's
+memory-mapped files there; a scrape sums every file with ``MultiProcessCollector``, so
+whatever any worker recorded before the scrape is in it, and nothing waits.
 
-**Across workers.** A server with several uvicorn workers answers ``GET /metrics`` from
-whichever worker the kernel hands the connection, so one process's figures are not the
-server's. ``settlement serve`` makes one directory per server (``SETTLEMENT_METRICS_DIR``, a
-fresh temporary one unless set) and every worker writes its cumulative snapshot there as
-``<pid>.snapshot`` (msgpack, written under a temporary name then renamed, so no reader sees
-half a file): every :data:`FLUSH_INTERVAL` seconds when something was recorded since, else
-it only touches the file to say "still current". A scrape takes its own process's figures
-live and, for every other worker still alive, waits until that worker's file is newer than
-the scrape's start (at most :data:`FRESH_WAIT` seconds): every request answered before the
-scrape began is counted, whichever worker answers. A dead worker's last file keeps counting
-(its counters are part of the server's totals; what it recorded after its last flush is
-lost). Counters and histograms are summed; the gauge is the newest snapshot's value.
+**Dead workers.** Counters and histograms are summed over every file in the directory, a
+SIGKILLed worker's too: what it counted happened, and stays in the totals (it loses nothing:
+each recording is already in its file). A new worker that is given a dead one's pid opens
+the same files and counts on from their values, so a reused pid adds nothing twice. The one
+gauge uses ``multiprocess_mode="mostrecent"``: the value set last by any worker, dead or
+alive, which is what the gauge says (as of the latest purge pass of any worker); a dead
+worker's value gives way to the next pass of a live one. No gauge uses a ``live*`` mode, so
+no file would be removed by ``multiprocess.mark_process_dead`` (uvicorn has no hook that
+could call it, and a pid test cannot tell a dead worker from a reused pid): there is nothing
+to clean up while the server runs, and ``settlement serve`` removes the directory at exit.
 
-Why not the alternatives: prometheus_client's multiprocess mode would bypass the
-OpenTelemetry instruments (and the OTLP export with them); pushing every increment to Redis
-would put a round trip to a liveness store on every request and lose metrics whenever Redis
-is down. The cost here: per worker one snapshot (collect, encode, write: about 0.2 ms) at
-most twice a second while busy, a ``utime`` otherwise, and a scrape that waits up to one
-flush interval for the other workers.
+prometheus_client chooses its mode once, when it is first imported in a process, from
+``PROMETHEUS_MULTIPROC_DIR``; it is imported here only when the first :class:`Metrics` is
+made, so ``settlement serve`` can set the variable first even with one worker in its own
+process. Give a process one :class:`Metrics` in that mode: two would write the same file.
+
+**OpenTelemetry.** With ``export="otlp"`` the same counters, histograms (the same bucket
+bounds) and gauge are also OpenTelemetry SDK synchronous instruments of this process, pushed
+by the OTLP exporter; the facade (:class:`_Instrument`) records both from one call.
+
+**Cost per request** (``python -m tools.metrics_cost``: ``on_request``, a counter or three
+and a histogram): about 5 us in multiprocess mode (a counter's ``inc`` is about 1 us, an
+``mmap`` write; a histogram's ``observe`` two of them), about 2.5 us in one process; the
+OpenTelemetry instruments add about 20 us, so they are made only to export.
 
 Without a directory (tests, ``settlement sweep``, an observer process) the figures are the
 process's own.
@@ -36,35 +41,25 @@ process's own.
 
 from __future__ import annotations
 
-import asyncio
-import bisect
-import contextlib
-import logging
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
-from opentelemetry.sdk.metrics.export import Gauge, InMemoryMetricReader, MetricReader, Sum
-from opentelemetry.sdk.resources import Resource
+from service.config import ConfigError
 
-__all__ = ["FLUSH_INTERVAL", "FRESH_WAIT", "Metrics"]
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricReader
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.registry import Collector
 
-log = logging.getLogger("settlement.telemetry")
+__all__ = ["DECLARED", "LATENCY_BUCKETS", "MULTIPROC_VARIABLE", "Metrics", "feed_exposition"]
 
-# How often a busy worker writes its snapshot: the longest a scrape waits for another worker.
-FLUSH_INTERVAL = 0.5
-# A scrape never waits longer than this for a worker's snapshot (one stuck on a long CPU
-# burst): past it, that worker's last snapshot is used.
-FRESH_WAIT = 2.0
-# How often a waiting scrape looks at the other workers' files again.
-_POLL = 0.02
-_SUFFIX = ".snapshot"
+# prometheus_client's multiprocess directory variable (read when it is first imported)
+MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 # Request and settlement latencies, in seconds: a replay is a few ms, a provider call up to
 # the provider timeout (2 s) plus settlement.
@@ -77,16 +72,17 @@ Kind = Literal["counter", "histogram", "gauge"]
 class _Declared:
     kind: Kind
     help: str
+    # in alphabetical order: the order of the exposition in both modes
     labels: tuple[str, ...] = ()
 
 
-# name -> what it is. The Prometheus names are these, unchanged.
+# name -> what it is. The Prometheus names are these (a counter's ends in _total).
 DECLARED: dict[str, _Declared] = {
     "settlement_http_requests_total": _Declared(
         "counter",
         "HTTP requests answered, by route (method and path template; unmatched: no route), "
         "status class and outcome (ok, replayed, or the problem slug).",
-        ("route", "status_class", "outcome"),
+        ("outcome", "route", "status_class"),
     ),
     "settlement_http_replays_total": _Declared(
         "counter", "Idempotent requests answered by replaying a stored outcome.", ("route",)
@@ -94,7 +90,7 @@ DECLARED: dict[str, _Declared] = {
     "settlement_http_problems_total": _Declared(
         "counter",
         "Problem documents answered (409, 422, 503, 504, ...), by status and slug.",
-        ("status", "slug"),
+        ("slug", "status"),
     ),
     "settlement_http_request_duration_seconds": _Declared(
         "histogram",
@@ -112,7 +108,7 @@ DECLARED: dict[str, _Declared] = {
     "settlement_observations_total": _Declared(
         "counter",
         "Observations settled, by source, deciding stage (A, B, C) and disposition.",
-        ("source", "stage", "disposition"),
+        ("disposition", "source", "stage"),
     ),
     "settlement_conflicts_total": _Declared(
         "counter", "Operations that entered or grew a conflict (alert on any increase)."
@@ -155,143 +151,154 @@ DECLARED: dict[str, _Declared] = {
     ),
 }
 
-
-_NOT_A_GAUGE = _Declared("counter", "")
 _STATUS_CLASS = {1: "1xx", 2: "2xx", 3: "3xx", 4: "4xx", 5: "5xx"}
-_Labels = tuple[tuple[str, str], ...]
+_Write = Callable[[float], None]
+# the prometheus_client method that records a value of each kind
+_WRITE: dict[Kind, str] = {"counter": "inc", "histogram": "observe", "gauge": "set"}
 
 
-class _Series(msgspec.Struct, array_like=True, frozen=True):
-    """One series of a snapshot: a counter's or gauge's value, or a histogram's sum, count
-    and per-bucket counts."""
+class _Instrument:
+    """One declared metric: its prometheus_client metric and, when exporting, its
+    OpenTelemetry instrument. :meth:`record` is the one place a value is recorded."""
 
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    value: float
-    count: int = 0
-    buckets: tuple[int, ...] = ()
+    __slots__ = ("_labels", "_otel", "_prometheus", "_series", "kind")
 
+    def __init__(
+        self, name: str, declared: _Declared, registry: CollectorRegistry, meter: Meter | None
+    ) -> None:
+        from prometheus_client import Counter, Gauge, Histogram
 
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(list[_Series])
+        self.kind = declared.kind
+        self._labels = declared.labels
+        self._prometheus: Any
+        otel: Any = None
+        if declared.kind == "counter":
+            self._prometheus = Counter(name, declared.help, declared.labels, registry=registry)
+            if meter is not None:
+                otel = meter.create_counter(name, description=declared.help).add
+        elif declared.kind == "histogram":
+            self._prometheus = Histogram(
+                name, declared.help, declared.labels, registry=registry, buckets=LATENCY_BUCKETS
+            )
+            if meter is not None:
+                otel = meter.create_histogram(
+                    name,
+                    unit="s",
+                    description=declared.help,
+                    explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+                ).record
+        else:
+            self._prometheus = Gauge(
+                name,
+                declared.help,
+                declared.labels,
+                registry=registry,
+                multiprocess_mode="mostrecent",
+            )
+            if meter is not None:
+                otel = meter.create_gauge(name, unit="s", description=declared.help).set
+        self._otel: Callable[[float, dict[str, str]], None] | None = otel
+        # label values -> (the prometheus child's write, the OpenTelemetry attributes)
+        self._series: dict[tuple[str, ...], tuple[_Write, dict[str, str]]] = {}
+
+    def record(self, amount: float, values: tuple[str, ...] = ()) -> None:
+        """Add ``amount`` (a counter), observe it (a histogram) or set it (the gauge), for
+        the label ``values`` in the declared order."""
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = self._new_series(values)
+        write, attributes = series
+        write(amount)
+        if self._otel is not None:
+            self._otel(amount, attributes)
+
+    def _new_series(self, values: tuple[str, ...]) -> tuple[_Write, dict[str, str]]:
+        child = self._prometheus.labels(*values) if values else self._prometheus
+        write: _Write = getattr(child, _WRITE[self.kind])
+        return write, dict(zip(self._labels, values, strict=True))
 
 
 class Metrics:
     """This process's instruments, and the hooks the rest of the service calls."""
 
-    def __init__(self, shared_dir: str | None = None, *, export: str = "none") -> None:
-        """``shared_dir``: the server's snapshot directory (see the module docstring).
-        ``export``: ``otlp`` also pushes this process's counters and gauge with the OTLP
-        exporter."""
-        # the tallies behind the instruments: series labels (sorted pairs) -> value, and for
-        # a histogram [sum, count, per-bucket counts...]
-        self._counts: dict[str, dict[_Labels, float]] = {}
-        self._gauges: dict[str, float] = {}
-        self._histograms: dict[str, dict[_Labels, list[float]]] = {}
-        self._reader = InMemoryMetricReader()
-        readers: list[MetricReader] = [self._reader]
-        if export == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
-                OTLPMetricExporter,
+    def __init__(
+        self,
+        shared_dir: str | None = None,
+        *,
+        export: str = "none",
+        otel_readers: Sequence[MetricReader] = (),
+    ) -> None:
+        """``shared_dir``: the server's multiprocess directory (see the module docstring),
+        which must be this process's ``PROMETHEUS_MULTIPROC_DIR``. ``export``: ``otlp`` also
+        records into OpenTelemetry instruments pushed with the OTLP exporter;
+        ``otel_readers``: more OpenTelemetry readers of them (tests, the cost script)."""
+        from prometheus_client import CollectorRegistry
+
+        if shared_dir is not None and os.environ.get(MULTIPROC_VARIABLE) != shared_dir:
+            raise ConfigError(
+                f"the metrics directory {shared_dir} must be {MULTIPROC_VARIABLE} before "
+                "prometheus_client is imported (settlement serve sets both)"
             )
-            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-            readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
-        self._provider = MeterProvider(
-            metric_readers=readers,
-            resource=Resource.create(
-                {"service.name": "settlement", "service.instance.id": str(os.getpid())}
-            ),
-            shutdown_on_exit=False,
-            exemplar_filter=AlwaysOffExemplarFilter(),
-        )
-        meter = self._provider.get_meter("settlement")
-        for name, declared in DECLARED.items():
-            if declared.kind == "counter":
-                self._counts[name] = {}
-                meter.create_observable_counter(
-                    name, callbacks=[self._observe_counter(name)], description=declared.help
+        self._registry = CollectorRegistry()
+        self._provider = _meter_provider(export, otel_readers)  # kept for its readers' life
+        meter = None if self._provider is None else self._provider.get_meter("settlement")
+        self._instruments = {
+            name: _Instrument(name, declared, self._registry, meter)
+            for name, declared in DECLARED.items()
+        }
+        self._scraped = self._registry
+        if shared_dir is not None:
+            if not any(Path(shared_dir).glob(f"*_{os.getpid()}.db")):
+                raise ConfigError(
+                    f"prometheus_client was imported before {MULTIPROC_VARIABLE} was set: "
+                    "this process's metrics would not reach the other workers' scrapes"
                 )
-            elif declared.kind == "gauge":
-                meter.create_observable_gauge(
-                    name, callbacks=[self._observe_gauge(name)], description=declared.help
-                )
-            else:
-                self._histograms[name] = {}
-        self._dir = Path(shared_dir) if shared_dir else None
-        self._pid = os.getpid()
-        self._dirty = True
-
-    def _observe_counter(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
-        def observe(options: CallbackOptions) -> list[Observation]:
-            return [Observation(v, dict(k)) for k, v in list(self._counts[name].items())]
-
-        return observe
-
-    def _observe_gauge(self, name: str) -> Callable[[CallbackOptions], list[Observation]]:
-        def observe(options: CallbackOptions) -> list[Observation]:
-            value = self._gauges.get(name)
-            return [] if value is None else [Observation(value)]
-
-        return observe
+            self._scraped = CollectorRegistry()
+            self._scraped.register(_workers_collector(shared_dir, self._registry))
+        self._requests = self._instruments["settlement_http_requests_total"]
+        self._replays = self._instruments["settlement_http_replays_total"]
+        self._problems = self._instruments["settlement_http_problems_total"]
+        self._durations = self._instruments["settlement_http_request_duration_seconds"]
 
     # -- recording ----------------------------------------------------------------------------
 
     def inc(self, name: str, amount: float = 1.0, **labels: str) -> None:
-        self._add(name, tuple(sorted(labels.items())), amount)
-
-    def _add(self, name: str, labels: _Labels, amount: float = 1.0) -> None:
-        series = self._counts.get(name)
-        if series is None:
-            raise KeyError(f"undeclared metric {name}")
-        series[labels] = series.get(labels, 0.0) + amount
-        self._dirty = True
+        self._recorded(name, "counter").record(amount, self._values(name, labels))
 
     def set(self, name: str, value: float) -> None:
-        if DECLARED.get(name, _NOT_A_GAUGE).kind != "gauge":
-            raise KeyError(f"undeclared gauge {name}")
-        self._gauges[name] = value
-        self._dirty = True
+        self._recorded(name, "gauge").record(value)
 
     def observe(self, name: str, seconds: float, **labels: str) -> None:
-        self._record(name, tuple(sorted(labels.items())), seconds)
+        self._recorded(name, "histogram").record(seconds, self._values(name, labels))
 
-    def _record(self, name: str, labels: _Labels, seconds: float) -> None:
-        series = self._histograms.get(name)
-        if series is None:
-            raise KeyError(f"undeclared histogram {name}")
-        tally = series.get(labels)
-        if tally is None:
-            tally = series[labels] = [0.0] * (len(LATENCY_BUCKETS) + 3)
-        tally[0] += seconds
-        tally[1] += 1
-        tally[2 + bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self._dirty = True
+    def _recorded(self, name: str, kind: Kind) -> _Instrument:
+        instrument = self._instruments.get(name)
+        if instrument is None or instrument.kind != kind:
+            raise KeyError(f"undeclared {kind} {name}")
+        return instrument
+
+    @staticmethod
+    def _values(name: str, labels: dict[str, str]) -> tuple[str, ...]:
+        declared = DECLARED[name].labels
+        if labels.keys() != set(declared):
+            raise KeyError(f"{name} has the labels {declared}, not {sorted(labels)}")
+        return tuple(labels[label] for label in declared)
 
     # -- hooks --------------------------------------------------------------------------------
 
     def on_request(
         self, route: str, status: int, problem: str | None, replayed: bool, seconds: float
     ) -> None:
-        """One HTTP answer (the request middleware). Label tuples are built in sorted order
-        here: this runs on every request."""
+        """One HTTP answer (the request middleware). Label values are passed in the declared
+        order here: this runs on every request."""
         status_class = _STATUS_CLASS.get(status // 100, "other")
         outcome = problem or ("replayed" if replayed else "ok" if status < 400 else "error")
-        self._add(
-            "settlement_http_requests_total",
-            (("outcome", outcome), ("route", route), ("status_class", status_class)),
-        )
+        self._requests.record(1.0, (outcome, route, status_class))
         if replayed:
-            self._add("settlement_http_replays_total", (("route", route),))
+            self._replays.record(1.0, (route,))
         if problem is not None:
-            self._add(
-                "settlement_http_problems_total", (("slug", problem), ("status", str(status)))
-            )
-        self._record(
-            "settlement_http_request_duration_seconds",
-            (("route", route), ("status_class", status_class)),
-            seconds,
-        )
+            self._problems.record(1.0, (problem, str(status)))
+        self._durations.record(seconds, (route, status_class))
 
     def on_settled(
         self, source: str, stage: str, disposition: str, seconds: float | None = None
@@ -329,192 +336,105 @@ class Metrics:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def snapshot(self) -> list[_Series]:
-        """This process's cumulative figures: counters and the gauge as OpenTelemetry
-        collects them, histograms from their tallies."""
-        out: list[_Series] = []
-        data = self._reader.get_metrics_data()
-        if data is not None:
-            for resource in data.resource_metrics:
-                for scope in resource.scope_metrics:
-                    for metric in scope.metrics:
-                        out.extend(_series_of(metric.name, metric.data))
-        for name, series in self._histograms.items():
-            for labels, tally in list(series.items()):
-                buckets = tuple(int(n) for n in tally[2:])
-                out.append(_Series(name, labels, tally[0], int(tally[1]), buckets))
-        return out
-
     def value(self, name: str, **labels: str) -> float:
         """This process's figure of one series (a histogram's: its count)."""
-        wanted = tuple(sorted(labels.items()))
-        for series in self.snapshot():
-            if series.name == name and series.labels == wanted:
-                return float(series.count) if series.buckets else series.value
-        return 0.0
+        sample = name + "_count" if DECLARED[name].kind == "histogram" else name
+        return self._registry.get_sample_value(sample, labels) or 0.0
 
     def render(self) -> str:
-        """The server's figures as Prometheus text, from the snapshots as they are now."""
-        return _render(_merge([*self._others(), self.snapshot()]))
+        """Prometheus text: the server's figures (every worker's) with a shared directory,
+        else this process's."""
+        from prometheus_client import generate_latest
 
-    async def scrape(self) -> str:
-        """The server's figures, once every live worker has written a snapshot newer than
-        this call (at most :data:`FRESH_WAIT`): whatever was answered before counts."""
-        if self._dir is not None:
-            started = time.time()
-            deadline = time.monotonic() + FRESH_WAIT
-            # other processes' files: nothing to wait on but their modification times
-            while time.monotonic() < deadline and self._stale_workers(started):  # noqa: ASYNC110
-                await asyncio.sleep(_POLL)
-        return self.render()
+        return generate_latest(self._scraped).decode()
 
-    # -- the shared directory -----------------------------------------------------------------
 
-    def flush(self) -> None:
-        """Write this process's snapshot (or, with nothing new, touch it)."""
-        if self._dir is None:
-            return
-        path = self._dir / f"{self._pid}{_SUFFIX}"
-        if not self._dirty and path.exists():
-            os.utime(path)
-            return
-        self._dirty = False
-        temporary = self._dir / f".{self._pid}.tmp"
-        temporary.write_bytes(_encoder.encode(self.snapshot()))
-        os.replace(temporary, path)
+def _workers_collector(shared_dir: str, declared: CollectorRegistry) -> Collector:
+    """Every worker's figures (``MultiProcessCollector``), in the declared order, with the
+    metrics no worker has a series of yet as this process declares them (no samples), as a
+    scrape of one process shows them."""
+    from prometheus_client import Metric
+    from prometheus_client.multiprocess import MultiProcessCollector
+    from prometheus_client.registry import Collector
 
-    async def run(self) -> None:
-        """Flush every :data:`FLUSH_INTERVAL` seconds until cancelled (then once more)."""
-        if self._dir is None:
-            return
-        try:
-            while True:
-                try:
-                    self.flush()
-                except OSError as exc:
-                    log.warning("metrics snapshot not written", extra={"error": repr(exc)})
-                await asyncio.sleep(FLUSH_INTERVAL)
-        finally:
-            with contextlib.suppress(OSError):
-                self.flush()
+    class Workers(Collector):
+        def __init__(self) -> None:
+            # prometheus_client leaves this constructor unannotated; None: not registered
+            self._files = MultiProcessCollector(None, path=shared_dir)  # type: ignore[no-untyped-call]
 
-    def _files(self) -> list[tuple[int, Path]]:
-        assert self._dir is not None
-        found = []
-        for path in self._dir.glob(f"*{_SUFFIX}"):
-            with contextlib.suppress(ValueError):
-                pid = int(path.name.removesuffix(_SUFFIX))
-                if pid != self._pid:
-                    found.append((pid, path))
-        return found
-
-    def _stale_workers(self, since: float) -> bool:
-        for pid, path in self._files():
-            try:
-                stale = path.stat().st_mtime < since
-            except FileNotFoundError:
-                continue
-            if stale and _alive(pid):
-                return True
-        return False
-
-    def _others(self) -> list[list[_Series]]:
-        """The other workers' snapshots, oldest first."""
-        if self._dir is None:
-            return []
-        read: list[tuple[float, list[_Series]]] = []
-        for _pid, path in self._files():
-            try:
-                written = path.stat().st_mtime
-                read.append((written, _decoder.decode(path.read_bytes())))
-            except (OSError, msgspec.DecodeError) as exc:
-                log.warning(
-                    "metrics snapshot unreadable", extra={"path": str(path), "error": repr(exc)}
+        def collect(self) -> Iterable[Metric]:
+            files = self._files.collect()  # type: ignore[no-untyped-call]  # as above
+            found = {metric.name: metric for metric in files}
+            for family in declared.collect():
+                yield found.pop(family.name, None) or Metric(
+                    family.name, family.documentation, family.type, family.unit
                 )
-        return [series for _, series in sorted(read, key=lambda item: item[0])]
+            yield from found.values()
+
+    return Workers()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _meter_provider(export: str, readers: Sequence[MetricReader]) -> MeterProvider | None:
+    """The OpenTelemetry side: none unless exporting (or given readers)."""
+    if export != "otlp" and not readers:
+        return None
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
+    from opentelemetry.sdk.resources import Resource
+
+    all_readers = list(readers)
+    if export == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        all_readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
+    return MeterProvider(
+        metric_readers=all_readers,
+        resource=Resource.create(
+            {"service.name": "settlement", "service.instance.id": str(os.getpid())}
+        ),
+        # the OTLP exporter pushes a last time at exit; test readers leave nothing behind
+        shutdown_on_exit=export == "otlp",
+        exemplar_filter=AlwaysOffExemplarFilter(),
+    )
 
 
-def _series_of(name: str, data: Any) -> list[_Series]:
-    out = []
-    if isinstance(data, Sum | Gauge):
-        for point in data.data_points:
-            labels = tuple(sorted((k, str(v)) for k, v in (point.attributes or {}).items()))
-            out.append(_Series(name, labels, float(point.value)))
-    return out
+def feed_exposition(figures: Any) -> str:
+    """The feeds' figures (:class:`service.app.feeds.FeedFigures`, read from the database at
+    scrape time) in the Prometheus text format, by prometheus_client's metric families."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.registry import Collector
 
+    events = GaugeMetricFamily(
+        "settlement_feed_events",
+        "Feed events by receipt state (ignored: a replay).",
+        labels=["feed", "state"],
+    )
+    for feed, state, n in figures.events:
+        events.add_metric([feed, state], n)
+    alarms = CounterMetricFamily(
+        "settlement_feed_alarms", "Feed alarms raised, by kind.", labels=["feed", "kind"]
+    )
+    for feed, kind, n in figures.alarms:
+        alarms.add_metric([feed, kind], n)
+    lag = GaugeMetricFamily(
+        "settlement_feed_lag_seconds",
+        "Seconds since the feed's observer last found nothing new.",
+        labels=["feed"],
+    )
+    for feed, seconds in figures.lags:
+        lag.add_metric([feed], seconds)
+    oldest = GaugeMetricFamily(
+        "settlement_feed_oldest_unknown_seconds",
+        "Seconds since the longest-unknown external operation became unknown (what the feeds "
+        "should settle; 0: none).",
+        value=figures.oldest_unknown,
+    )
 
-def _merge(snapshots: list[list[_Series]]) -> dict[str, dict[tuple[tuple[str, str], ...], _Series]]:
-    """Sum counters and histograms over ``snapshots``; a gauge keeps the last one's value
-    (they come oldest first)."""
-    merged: dict[str, dict[tuple[tuple[str, str], ...], _Series]] = {}
-    for snapshot in snapshots:
-        for series in snapshot:
-            declared = DECLARED.get(series.name)
-            if declared is None:
-                continue
-            by_labels = merged.setdefault(series.name, {})
-            seen = by_labels.get(series.labels)
-            if seen is None or declared.kind == "gauge":
-                by_labels[series.labels] = series
-            elif declared.kind == "histogram":
-                by_labels[series.labels] = _Series(
-                    series.name,
-                    series.labels,
-                    seen.value + series.value,
-                    seen.count + series.count,
-                    tuple(a + b for a, b in zip(seen.buckets, series.buckets, strict=True)),
-                )
-            else:
-                by_labels[series.labels] = _Series(
-                    series.name, series.labels, seen.value + series.value
-                )
-    return merged
+    class Feeds(Collector):
+        def collect(self) -> Iterable[Any]:
+            return [events, alarms, lag, oldest]
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(labels: tuple[tuple[str, str], ...], *extra: tuple[str, str]) -> str:
-    pairs = labels + extra
-    if not pairs:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}"
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if value.is_integer() else repr(value)
-
-
-def _render(merged: dict[str, dict[tuple[tuple[str, str], ...], _Series]]) -> str:
-    lines: list[str] = []
-    for name, declared in DECLARED.items():
-        lines.append(f"# HELP {name} {declared.help}")
-        lines.append(f"# TYPE {name} {declared.kind}")
-        series = merged.get(name, {})
-        if not series and not declared.labels:
-            if declared.kind != "histogram":
-                lines.append(f"{name} 0")
-            continue
-        for labels, one in sorted(series.items()):
-            if declared.kind != "histogram":
-                lines.append(f"{name}{_labels(labels)} {_number(one.value)}")
-                continue
-            cumulative = 0
-            for bound, count in zip((*LATENCY_BUCKETS, None), one.buckets, strict=False):
-                cumulative += count
-                le = "+Inf" if bound is None else _number(bound)
-                lines.append(f"{name}_bucket{_labels(labels, ('le', le))} {cumulative}")
-            lines.append(f"{name}_sum{_labels(labels)} {_number(one.value)}")
-            lines.append(f"{name}_count{_labels(labels)} {one.count}")
-    return "\n".join(lines) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Feeds())
+    return generate_latest(registry).decode()

@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import os
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.config import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
 
 __all__ = [
     "OTLP_PACKAGE",
@@ -107,13 +110,9 @@ class ServerSpan:
 
     __slots__ = ("_span", "_token", "trace_id")
 
-    def __init__(self, method: str, traceparent: bytes | None) -> None:
+    def __init__(self, method: str, parent: Context | None) -> None:
         from opentelemetry import context, trace
-        from opentelemetry.propagate import extract
 
-        parent = None
-        if traceparent is not None:
-            parent = extract({"traceparent": traceparent.decode("latin-1")})
         self._span = _tracer.start_span(method, context=parent, kind=trace.SpanKind.SERVER)
         self._token = context.attach(trace.set_span_in_context(self._span))
         self.trace_id = format(self._span.get_span_context().trace_id, "032x")
@@ -134,12 +133,13 @@ class ServerSpan:
         context.detach(self._token)
 
 
-def server_span(method: str, traceparent: bytes | None) -> ServerSpan | None:
-    """The request's span (joining the caller's trace on a valid ``traceparent``), or None
-    when tracing is off."""
+def server_span(method: str, parent: Context | None) -> ServerSpan | None:
+    """The request's span, a child of ``parent`` (the caller's trace context from its
+    ``traceparent`` and ``tracestate``, :func:`service.telemetry.context.incoming_trace`),
+    or None when tracing is off."""
     if _tracer is None:
         return None
-    return ServerSpan(method, traceparent)
+    return ServerSpan(method, parent)
 
 
 def require_exporter(exporter: str) -> None:

@@ -214,7 +214,7 @@ def test_late_success_of_the_old_epoch_is_quarantined(
     )
     assert late == "quarantined"
     stale = httpx.get(f"{base}/metrics").text
-    assert "settlement_stale_epoch_outcomes_total 1" in stale.splitlines()
+    assert "settlement_stale_epoch_outcomes_total 1.0" in stale.splitlines()
 
     paid = httpx.post(f"{base}/v1/payouts", json=body, headers=headers, timeout=30)
     assert paid.status_code == 201, paid.text

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import tempfile
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -12,10 +17,13 @@ from datetime import datetime
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, new_account, new_principal, transfer
+from tests.e2e.client import ADMIN_KEY, PATIENCE, auth, new_account, new_principal, transfer
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -71,8 +79,8 @@ def test_metrics_count_every_workers_answers_whichever_worker_is_scraped(
         expected = Counter((f"{r.status_code // 100}xx", _outcome(r)) for r in answers)
         assert expected[("2xx", "ok")] == 7 and expected[("4xx", "fingerprint-mismatch")] == 6
         scrapes = [httpx.get(f"{base}/metrics").text for _ in range(SCRAPES)]
-        snapshots = sorted(p.name for p in tmp_path.glob("*.snapshot"))
-    assert len(snapshots) == 2, snapshots  # both workers keep a snapshot
+        writers = _worker_pids(tmp_path)
+    assert len(writers) == 2, writers  # both workers write their figures there
     for text in scrapes:
         requests = _series(text, "settlement_http_requests_total")
         counted = Counter[tuple[str, str]]()
@@ -101,6 +109,103 @@ def test_metrics_count_every_workers_answers_whichever_worker_is_scraped(
         # a late one of the concurrent requests may take the lease, then replay
         leases = _series(text, "settlement_leases_acquired_total")
         assert leases["settlement_leases_acquired_total"] >= 7 + 2
+
+
+def _worker_pids(shared: Path) -> set[int]:
+    """The processes that write figures into a server's metrics directory: its workers
+    (prometheus_client names each file after its process)."""
+    return {int(path.stem.rsplit("_", 1)[1]) for path in shared.glob("counter_*.db")}
+
+
+def _wait_for_workers(shared: Path, count: int) -> set[int]:
+    deadline = time.monotonic() + PATIENCE
+    while len(pids := _worker_pids(shared)) < count:
+        assert time.monotonic() < deadline, pids
+        time.sleep(0.05)
+    return pids
+
+
+def _transfers_counted(shared: Path, pid: int, scratch: Path) -> float:
+    """The transfers one worker has counted: its own files, summed alone."""
+    scratch.mkdir()
+    for path in shared.glob(f"*_{pid}.db"):
+        shutil.copy(path, scratch / path.name)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(scratch))
+    return sum(
+        sample.value
+        for metric in registry.collect()
+        for sample in metric.samples
+        if sample.name == "settlement_http_requests_total" and sample.labels["route"] == TRANSFERS
+    )
+
+
+def _kill_and_wait(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, f"worker {pid} still runs"
+        time.sleep(0.05)
+
+
+def _scrape(base: str) -> str:
+    """/metrics, from whichever worker answers (a killed one's connection is retried)."""
+    deadline = time.monotonic() + PATIENCE
+    while True:
+        try:
+            return httpx.get(f"{base}/metrics").raise_for_status().text
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def _transfers_in(text: str) -> float:
+    requests = _series(text, "settlement_http_requests_total")
+    return sum(v for labels, v in requests.items() if f'route="{TRANSFERS}"' in labels)
+
+
+def test_a_sigkilled_workers_counts_stay_in_the_totals(
+    services: Services, migrated_url: str, tmp_path: Path
+) -> None:
+    shared = tmp_path / "metrics"
+    with ServerProcess(
+        migrated_url,
+        services.redis_url,
+        workers=2,
+        env=_env(SETTLEMENT_METRICS_DIR=str(shared)),
+    ) as server:
+        base = server.base_url
+        key = new_principal(base)["api_key"]
+        source, destination = new_account(base, key, 1000), new_account(base, key, 0)
+        sent = 12
+        for _ in range(sent):
+            assert transfer(base, key, uuid.uuid4().hex, source, destination, 1).status_code == 201
+        workers = _wait_for_workers(shared, 2)
+        counted = {pid: _transfers_counted(shared, pid, tmp_path / str(pid)) for pid in workers}
+        assert sum(counted.values()) == sent, counted
+        victim = max(counted, key=lambda pid: counted[pid])  # it answered some of them
+        _kill_and_wait(victim)
+        assert _transfers_in(_scrape(base)) == sent
+        assert transfer(base, key, uuid.uuid4().hex, source, destination, 1).status_code == 201
+        assert _transfers_in(_scrape(base)) == sent + 1
+
+
+def test_the_metrics_directory_is_gone_after_the_server_stops(
+    services: Services, migrated_url: str
+) -> None:
+    server = ServerProcess(migrated_url, services.redis_url, workers=2, env=_env())
+    with server:
+        assert server.proc is not None
+        [shared] = Path(tempfile.gettempdir()).glob(f"settlement-metrics-{server.proc.pid}-*")
+        first, _ = sorted(_wait_for_workers(shared, 2))
+        _kill_and_wait(first)  # a worker killed leaves its files; the server removes them
+        assert _scrape(server.base_url)
+    assert not shared.exists()
 
 
 def test_every_answer_carries_a_request_id(server_with_logs: ServerProcess) -> None:
@@ -155,6 +260,29 @@ def test_log_lines_are_json_with_the_request_fields(server_with_logs: ServerProc
     assert len(mine) == 1, access[-3:]
     assert mine[0]["operation_id"] == operation_id and mine[0]["attempt"] == 1
     assert mine[0]["route"] == TRANSFERS and mine[0]["status"] == 201
+
+
+def test_the_request_span_joins_the_callers_trace_with_its_tracestate(
+    services: Services, migrated_url: str
+) -> None:
+    server = ServerProcess(
+        migrated_url, services.redis_url, env=_env(SETTLEMENT_OTEL_EXPORTER="console")
+    )
+    with server:
+        traced = httpx.get(
+            f"{server.base_url}/livez",
+            headers={
+                "traceparent": f"00-{TRACE}-00f067aa0ba902b7-01",
+                "tracestate": "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+            },
+        )
+        assert traced.headers["request-id"] == TRACE
+        server.stop()  # the span processor flushes at exit
+        output = server.output()
+    assert f'"trace_id": "0x{TRACE}"' in output
+    assert '"parent_id": "0x00f067aa0ba902b7"' in output
+    state = "['{key=congo, value=t61rcWkgMzE}', '{key=rojo, value=00f067aa0ba902b7}']"
+    assert f'"trace_state": "{state}"' in output
 
 
 def test_console_exporter_prints_the_stages_of_a_retried_transfer(

@@ -19,6 +19,7 @@ from service.store.feeds import FeedStore
 from service.store.pool import make_pool
 from service.store.settlement import SettlementStore
 from tests.conftest import Services
+from tests.integration.asgi import Asgi
 from tests.integration.factories import Clock, Scope, make_principal, make_scope
 
 # Socket timeout of the test Redis clients: small, so unreachable-Redis cases finish quickly.
@@ -138,3 +139,18 @@ def feed_store(engine: AsyncEngine, store: SettlementStore) -> FeedStore:
 def feed_name() -> str:
     """A feed of the test's own."""
     return "f" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture
+async def app(services: Services, migrated_url: str) -> AsyncIterator[Asgi]:
+    """The whole application over ASGI in this process (its lifespan started), on the
+    migrated database and the test Redis: what a server process runs, without the server."""
+    from service.http.app import create_app
+
+    settings = Settings.from_env(
+        {}, database_url=migrated_url, redis_url=services.redis_url, sweep_interval=3600.0
+    )
+    driven = Asgi(create_app(settings))
+    await driven.start()
+    yield driven
+    await driven.stop()

@@ -1,13 +1,13 @@
 """The telemetry package without a server: request ids, traceparent, log lines, spans and
-the metrics merge over several workers' snapshots."""
+the metrics summed over several worker processes."""
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.trace import get_current_span
 
 from service.config import ConfigError
 from service.logs import JsonFormatter, TextFormatter
 from service.telemetry import Metrics, annotate, span, tracing_enabled
 from service.telemetry import context as request_context
-from service.telemetry.metrics import _decoder, _encoder
+from service.telemetry.metrics import LATENCY_BUCKETS
 from service.telemetry.tracing import require_exporter
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -133,10 +135,19 @@ def test_otlp_without_its_package_is_a_config_error_naming_it(
     require_exporter("none")
 
 
+def _series_key(series: str) -> tuple[str, frozenset[str]]:
+    """A series' name and its labels, in any order (the exposition's order is not ours)."""
+    name, _, labels = series.partition("{")
+    return name, frozenset(re.findall(r'\w+="(?:[^"\\]|\\.)*"', labels))
+
+
 def _value(text: str, series: str) -> float:
+    wanted = _series_key(series)
     for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.rsplit(" ", 1)[1])
+        if not line.startswith("#") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            if _series_key(name) == wanted:
+                return float(value)
     raise AssertionError(f"{series} not in\n{text}")
 
 
@@ -185,36 +196,101 @@ def test_settlements_are_counted_by_source_stage_and_disposition() -> None:
     assert metrics.value("settlement_conflicts_total") == 1
 
 
-def _dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
+# A worker of a server: its own process, recording into the shared directory, then exiting.
+_WORKER = """
+import os
+from service.telemetry import Metrics
+metrics = Metrics(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+"""
 
 
-def test_render_sums_every_workers_snapshot_and_keeps_the_newest_gauge(tmp_path: Path) -> None:
-    other = Metrics()
-    other.on_request("POST /v1/transfers", 201, None, False, 0.004)
-    other.inc("settlement_claims_total", kind="new")
-    other.set("settlement_oldest_open_operation_age_seconds", 7)
-    dead = tmp_path / f"{_dead_pid()}.snapshot"
-    dead.write_bytes(_encoder.encode(other.snapshot()))
-    os.utime(dead, (1, 1))  # long ago: a worker that has died
-    mine = Metrics(str(tmp_path))
-    mine.on_request("POST /v1/transfers", 201, None, False, 0.02)
-    mine.set("settlement_oldest_open_operation_age_seconds", 3)
-    text = asyncio.run(mine.scrape())  # a dead worker's snapshot is not waited for
+def _worker(shared: Path, code: str) -> str:
+    """Run ``code`` (with ``metrics``) in a new process that shares ``shared``; its stdout."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(shared)}
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER + code], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_a_scrape_sums_every_workers_figures_an_exited_ones_too_and_the_latest_gauge(
+    tmp_path: Path,
+) -> None:
+    _worker(
+        tmp_path,
+        "metrics.on_request('POST /v1/transfers', 201, None, False, 0.004)\n"
+        "metrics.inc('settlement_claims_total', kind='new')\n"
+        "metrics.set('settlement_oldest_open_operation_age_seconds', 7)\n",
+    )
+    text = _worker(
+        tmp_path,
+        "metrics.on_request('POST /v1/transfers', 201, None, False, 0.02)\n"
+        "metrics.set('settlement_oldest_open_operation_age_seconds', 3)\n"
+        "print(metrics.render())\n",
+    )
     route = 'route="POST /v1/transfers"'
     assert (
         _value(text, f'settlement_http_requests_total{{outcome="ok",{route},status_class="2xx"}}')
         == 2
     )
-    assert (
-        _value(
-            text, f'settlement_http_request_duration_seconds_count{{{route},status_class="2xx"}}'
-        )
-        == 2
-    )
+    histogram = "settlement_http_request_duration_seconds"
+    assert _value(text, f'{histogram}_count{{{route},status_class="2xx"}}') == 2
+    assert _value(text, f'{histogram}_bucket{{{route},status_class="2xx",le="0.005"}}') == 1
+    assert _value(text, f'{histogram}_bucket{{{route},status_class="2xx",le="0.025"}}') == 2
     assert _value(text, 'settlement_claims_total{kind="new"}') == 1
-    assert _value(text, "settlement_oldest_open_operation_age_seconds") == 3
-    mine.flush()
-    assert len(_decoder.decode((tmp_path / f"{os.getpid()}.snapshot").read_bytes())) > 0
+    assert _value(text, "settlement_oldest_open_operation_age_seconds") == 3  # the later one
+
+
+def test_a_shared_directory_that_prometheus_client_does_not_write_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    with pytest.raises(ConfigError, match="PROMETHEUS_MULTIPROC_DIR"):
+        Metrics(str(tmp_path))
+
+
+def test_with_an_opentelemetry_reader_the_same_figures_reach_it() -> None:
+    reader = InMemoryMetricReader()
+    metrics = Metrics(otel_readers=[reader])
+    metrics.on_request("POST /v1/transfers", 201, None, True, 0.004)
+    metrics.on_settled("attempt", "C", "applied", 0.01)
+    metrics.set("settlement_oldest_open_operation_age_seconds", 5)
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        metric.name: list(metric.data.data_points)
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+    }
+    [requests] = points["settlement_http_requests_total"]
+    assert dict(requests.attributes or {}) == {
+        "outcome": "replayed",
+        "route": "POST /v1/transfers",
+        "status_class": "2xx",
+    }
+    assert requests.value == 1
+    [duration] = points["settlement_http_request_duration_seconds"]
+    assert duration.count == 1 and tuple(duration.explicit_bounds) == LATENCY_BUCKETS
+    assert duration.bucket_counts[LATENCY_BUCKETS.index(0.005)] == 1
+    [settled] = points["settlement_observations_total"]
+    assert dict(settled.attributes or {}) == {
+        "disposition": "applied",
+        "source": "attempt",
+        "stage": "C",
+    }
+    assert points["settlement_oldest_open_operation_age_seconds"][0].value == 5
+    assert metrics.value("settlement_http_replays_total", route="POST /v1/transfers") == 1
+
+
+def test_tracestate_travels_with_a_valid_traceparent() -> None:
+    incoming = request_context.incoming_trace(
+        f"00-{TRACE}-00f067aa0ba902b7-01".encode(),
+        [b"congo=t61rcWkgMzE", b"rojo=00f067aa0ba902b7"],
+    )
+    assert incoming is not None and incoming.trace_id == TRACE
+    parent = get_current_span(incoming.context).get_span_context()
+    assert parent.span_id == 0x00F067AA0BA902B7 and parent.is_remote
+    assert dict(parent.trace_state) == {"congo": "t61rcWkgMzE", "rojo": "00f067aa0ba902b7"}
+    assert request_context.incoming_trace(b"garbage", [b"congo=t61rcWkgMzE"]) is None

@@ -6,15 +6,16 @@ import uuid
 from typing import Annotated, Any, Literal
 
 from litestar import Request, Response, get, post
-from litestar.params import FromPath, FromQuery, QueryParameter
+from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from service.app.admin import PrincipalRequest, SupersedeBody
 from service.http.auth import authenticate_admin
-from service.http.bodies import decode_json
+from service.http.bodies import StrictJson
 from service.http.deps import Services
-from service.http.problems import ProblemError, problem_response
+from service.http.guards import caller, caller_of
+from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
-from service.store.principals import Principal
+from service.store.principals import Principal, Role
 
 __all__ = [
     "create_principal",
@@ -40,18 +41,14 @@ async def _admin(request: Request[Any, Any, Any], settlement: Services) -> Princ
     status_code=201,
     operation_id="createPrincipal",
     summary="Create a principal (admin)",
+    guards=[caller(Role.ADMIN, body=True)],
+    dto=StrictJson[PrincipalRequest],
+    return_dto=None,
 )
 async def create_principal(
-    request: Request[Any, Any, Any], settlement: Services
+    request: Request[Any, Any, Any], settlement: Services, data: JSONBody[PrincipalRequest]
 ) -> Response[bytes]:
-    admin = await _admin(request, settlement)
-    try:
-        body = decode_json(
-            await request.body(), PrincipalRequest, request.headers.get("content-type")
-        )
-    except ProblemError as exc:
-        return problem_response(exc.slug, exc.detail)
-    created = await settlement.admin.create_principal(admin, body)
+    created = await settlement.admin.create_principal(caller_of(request), data)
     return render_json_or_problem(created, status_code=201)
 
 
@@ -86,16 +83,18 @@ async def revoke_principal(
     status_code=200,
     operation_id="supersedeOperation",
     summary="Start a new reservation epoch (admin)",
+    guards=[caller(Role.ADMIN, body=True)],
+    dto=StrictJson[SupersedeBody],
+    return_dto=None,
 )
 async def supersede_operation(
-    request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    operation_id: FromPath[uuid.UUID],
+    data: JSONBody[SupersedeBody],
 ) -> Response[bytes]:
-    admin = await _admin(request, settlement)
-    try:
-        body = decode_json(await request.body(), SupersedeBody, request.headers.get("content-type"))
-    except ProblemError as exc:
-        return problem_response(exc.slug, exc.detail)
-    return render_json_or_problem(await settlement.admin.supersede(admin, operation_id, body))
+    superseded = await settlement.admin.supersede(caller_of(request), operation_id, data)
+    return render_json_or_problem(superseded)
 
 
 @get(
@@ -113,5 +112,6 @@ async def list_work(
 ) -> Response[bytes]:
     """``state``, ``tenant`` and ``limit`` are checked (400) by their declared types."""
     admin = await _admin(request, settlement)
+    refuse_undeclared_query(request)
     page = await settlement.admin.work_list(admin, op_state, tenant, limit, after)
     return render_json_or_problem(page)

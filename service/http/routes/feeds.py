@@ -7,13 +7,16 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from litestar import Request, Response, get, post
-from litestar.params import Parameter
+from litestar.params import JSONBody, Parameter, QueryParameter
 
 from service.app.feeds import ConflictAction, HoldAction
 from service.http.auth import authenticate_admin
-from service.http.bodies import decode_json
+from service.http.bodies import StrictJson
 from service.http.deps import Services
+from service.http.guards import caller, caller_of
+from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
+from service.store.principals import Role
 
 __all__ = ["accept_conflict", "decide_hold", "get_feed", "list_feeds", "list_holds"]
 
@@ -50,11 +53,12 @@ async def list_holds(
     request: Request[Any, Any, Any],
     settlement: Services,
     name: FeedName,
-    limit: Annotated[int, Parameter(ge=1, le=MAX_HOLDS_PAGE)] = 100,
-    after: Annotated[str | None, Parameter(max_length=512)] = None,
+    limit: Annotated[int, QueryParameter(ge=1, le=MAX_HOLDS_PAGE)] = 100,
+    after: Annotated[str | None, QueryParameter(max_length=512)] = None,
 ) -> Response[bytes]:
     """``limit`` and ``after`` are checked (400) by their declared types."""
     admin = await authenticate_admin(request, settlement.principals)
+    refuse_undeclared_query(request)
     return render_json_or_problem(await settlement.feed_admin.holds(admin, name, limit, after))
 
 
@@ -63,13 +67,19 @@ async def list_holds(
     status_code=200,
     operation_id="decideFeedHold",
     summary="Decide a held feed event: quarantine or retry (admin)",
+    guards=[caller(Role.ADMIN, body=True)],
+    dto=StrictJson[HoldAction],
+    return_dto=None,
 )
 async def decide_hold(
-    request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    name: FeedName,
+    event_id: EventId,
+    data: JSONBody[HoldAction],
 ) -> Response[bytes]:
-    admin = await authenticate_admin(request, settlement.principals)
-    body = decode_json(await request.body(), HoldAction, request.headers.get("content-type"))
-    return render_json_or_problem(await settlement.feed_admin.decide(admin, name, event_id, body))
+    decided = await settlement.feed_admin.decide(caller_of(request), name, event_id, data)
+    return render_json_or_problem(decided)
 
 
 @post(
@@ -77,11 +87,16 @@ async def decide_hold(
     status_code=200,
     operation_id="acceptFeedConflict",
     summary="Accept a feed's conflicting identity after review (admin)",
+    guards=[caller(Role.ADMIN, body=True)],
+    dto=StrictJson[ConflictAction],
+    return_dto=None,
 )
 async def accept_conflict(
-    request: Request[Any, Any, Any], settlement: Services, name: FeedName, event_id: EventId
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    name: FeedName,
+    event_id: EventId,
+    data: JSONBody[ConflictAction],
 ) -> Response[bytes]:
-    admin = await authenticate_admin(request, settlement.principals)
-    body = decode_json(await request.body(), ConflictAction, request.headers.get("content-type"))
-    accepted = await settlement.feed_admin.accept_conflict(admin, name, event_id, body)
+    accepted = await settlement.feed_admin.accept_conflict(caller_of(request), name, event_id, data)
     return render_json_or_problem(accepted)

@@ -6,23 +6,26 @@ import uuid
 from typing import Any
 
 from litestar import Request, Response, get, post
-from litestar.params import FromPath
+from litestar.params import FromPath, JSONBody
+from litestar.response.base import ASGIResponse
 
-from service.app.root import Settlement
 from service.domain import ledger
 from service.http.auth import authenticate, require_role
+from service.http.bodies import StrictJson
 from service.http.deps import Services
-from service.http.idempotent import IDEMPOTENT_DESCRIPTION, answer_idempotent
+from service.http.idempotent import (
+    IDEMPOTENT_DESCRIPTION,
+    IdempotencyKey,
+    Prefer,
+    answer,
+    idempotent_opt,
+    identify_caller,
+)
 from service.http.problems import problem_response
 from service.http.render import json_response
-from service.http.reply import LANE_ANSWER, Call, Reply, to_response
 from service.store.principals import Role
 
-__all__ = ["answer_account", "answer_transfer", "get_account", "post_account", "post_transfer"]
-
-
-async def answer_account(call: Call, settlement: Settlement) -> Reply:
-    return await answer_idempotent(call, settlement, settlement.accounts)
+__all__ = ["get_account", "post_account", "post_transfer"]
 
 
 @post(
@@ -31,14 +34,19 @@ async def answer_account(call: Call, settlement: Settlement) -> Reply:
     operation_id="createAccount",
     summary="Open an account (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
-    opt={LANE_ANSWER: answer_account},
+    before_request=identify_caller,
+    dto=StrictJson[ledger.AccountRequest],
+    return_dto=None,
+    opt=idempotent_opt(lambda settlement: settlement.accounts),
 )
-async def post_account(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    return to_response(await answer_account(request, settlement))
-
-
-async def answer_transfer(call: Call, settlement: Settlement) -> Reply:
-    return await answer_idempotent(call, settlement, settlement.transfers)
+async def post_account(
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    data: JSONBody[ledger.AccountRequest],
+    idempotency_key: IdempotencyKey,
+    prefer: Prefer = "",
+) -> ASGIResponse:
+    return await answer(request, settlement, data, prefer)
 
 
 @post(
@@ -47,10 +55,19 @@ async def answer_transfer(call: Call, settlement: Settlement) -> Reply:
     operation_id="createTransfer",
     summary="Move money between accounts (idempotent)",
     description=IDEMPOTENT_DESCRIPTION,
-    opt={LANE_ANSWER: answer_transfer},
+    before_request=identify_caller,
+    dto=StrictJson[ledger.TransferRequest],
+    return_dto=None,
+    opt=idempotent_opt(lambda settlement: settlement.transfers),
 )
-async def post_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    return to_response(await answer_transfer(request, settlement))
+async def post_transfer(
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    data: JSONBody[ledger.TransferRequest],
+    idempotency_key: IdempotencyKey,
+    prefer: Prefer = "",
+) -> ASGIResponse:
+    return await answer(request, settlement, data, prefer)
 
 
 @get(

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.params import JSONBody
 
 from service.evidence import SignedEvidence
-from service.http.auth import authenticate, require_role
-from service.http.bodies import decode_json
+from service.http.bodies import StrictJson
 from service.http.deps import Services
-from service.http.problems import ProblemError, problem_response
+from service.http.guards import caller, caller_of
 from service.http.render import render_json_or_problem
 from service.store.principals import Role
 
@@ -22,18 +22,12 @@ __all__ = ["post_observation"]
     status_code=202,
     operation_id="postObservation",
     summary="Deliver signed evidence (observer)",
+    guards=[caller(Role.OBSERVER, body=True)],
+    dto=StrictJson[SignedEvidence],
+    return_dto=None,
 )
 async def post_observation(
-    request: Request[Any, Any, Any], settlement: Services
+    request: Request[Any, Any, Any], settlement: Services, data: JSONBody[SignedEvidence]
 ) -> Response[bytes]:
-    principal = await authenticate(request, settlement.principals)
-    require_role(principal, Role.OBSERVER)
-    try:
-        signed = decode_json(
-            await request.body(), SignedEvidence, request.headers.get("content-type")
-        )
-    except ProblemError as exc:
-        return problem_response(exc.slug, exc.detail)
-    return render_json_or_problem(
-        await settlement.evidence.deliver(principal, signed), status_code=202
-    )
+    delivered = await settlement.evidence.deliver(caller_of(request), data)
+    return render_json_or_problem(delivered, status_code=202)

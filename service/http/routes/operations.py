@@ -11,6 +11,7 @@ from litestar.params import FromPath, QueryParameter
 from service.http.auth import authenticate
 from service.http.deps import Services
 from service.http.problems import problem_response
+from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
 
 __all__ = ["get_operation", "get_operation_by_key"]
@@ -43,6 +44,7 @@ async def get_operation_by_key(
     route: Annotated[str | None, QueryParameter(max_length=256, pattern=NO_NUL)] = None,
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
+    refuse_undeclared_query(request)
     if not 1 <= len(key) <= 255 or "\x00" in key or (route is not None and "\x00" in route):
         return problem_response("validation-error", "key must be 1-255 characters, no NUL")
     if route is not None and len(route) > 256:

@@ -1,0 +1,331 @@
+"""A local attempt: the effect runs inside its settlement transaction while a heartbeat
+keeps the scope's lease (DESIGN §5 steps 5-6).
+
+A lost lease cancels it, possibly mid-commit, so the answer then comes from the row: only a
+commit under this attempt's own fencing token is this attempt's outcome. A scope with no
+row may claim, run and settle in one statement (:meth:`LocalAttempts.run_new_local`).
+
+A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
+
+A database integrity error raised by a local effect (a CHECK, unique, foreign-key,
+not-null or exclusion constraint refusing its writes) is not an outcome either: the
+effect's transaction rolled back, so nothing of it was written. The attempt gives up
+(``unknown``, or no row at all for a new operation's one statement) and the client gets
+409 ``effect-refused``, safe to retry with the same key. It means an effect's own rules let
+through a write its table refuses, so it is logged as an error naming the constraint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any
+
+import asyncpg
+
+from service.app.answers import Answer, Problem, answer_of
+from service.app.attempt_lease import LeaseKeeper
+from service.app.attempt_self import answer_after, attempt_observation, attempt_of, settle_attempt
+from service.app.effects import ExecutionContext, IdempotentRoute, LocalHandler, business_outcome
+from service.core import (
+    ClaimRequest,
+    Observation,
+    ObservationKind,
+    Record,
+    Scope,
+    Unsettled,
+    attempt_answer,
+)
+from service.domain.ledger import BusinessFailure
+from service.failpoints import Failpoints
+from service.leases import Lease
+from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
+from service.store.outcomes import KeyExpired
+from service.store.principals import Principal
+from service.store.settlement import (
+    AttemptRef,
+    ClaimOutcome,
+    EffectStatement,
+    RowLocked,
+    Settled,
+    SettlementStore,
+)
+from service.telemetry import Metrics, annotate, span
+
+__all__ = ["LocalAttempts"]
+
+log = logging.getLogger("settlement.attempts")
+
+
+# What a local attempt meets when the database is busy or away, not broken: a row lock not
+# granted in the lock timeout, no pooled connection within the connect timeout, a deadlock
+# PostgreSQL broke by aborting this transaction (two attempts of one operation after a lease
+# takeover), or a connection lost (a restart). A retry with the same key is safe after each:
+# it replays whatever committed, or runs the operation again if nothing did.
+BUSY = (
+    RowLocked,
+    TimeoutError,
+    PoolTimeout,
+    asyncpg.exceptions.DeadlockDetectedError,
+    *DATABASE_GONE,
+)
+
+
+class LocalAttempts:
+    """Runs local effects in their settlement transactions, under a kept lease."""
+
+    def __init__(
+        self,
+        *,
+        store: SettlementStore,
+        keeper: LeaseKeeper,
+        failpoints: Failpoints,
+        metrics: Metrics,
+    ) -> None:
+        self._store = store
+        self._keeper = keeper
+        self._failpoints = failpoints
+        self._metrics = metrics
+
+    async def run_new_local(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        request: ClaimRequest,
+        body: Any,
+        lease: Lease,
+    ) -> Answer | None:
+        """A scope with no row, a local route with a statement form: claim, run and settle in
+        one statement while holding ``lease`` (nothing is ever left ``in_progress``: a crash or
+        a lost connection leaves either the whole settled operation or nothing). None when
+        nothing was written and the caller should claim and run the attempt the general
+        way (the guard refused, a row appeared). ``KeyExpired`` when the key's tombstone
+        stands (written by a purge that committed while this statement ran)."""
+        assert spec.statement is not None
+        statement_of = spec.statement
+        started = time.perf_counter()
+
+        def build(claimed: ClaimOutcome) -> EffectStatement:
+            attempt, context = attempt_of(claimed, principal)
+            guard, apply, args, produced = statement_of(context, body)
+            observation = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
+            return EffectStatement(guard, apply, args, observation)
+
+        op = request.new_operation_id
+        # claim, effect and settlement are one statement: their spans nest around it
+        with (
+            span("settlement.claim", operation_route=spec.route, operation_id=op, claim_kind="new"),
+            span("settlement.effect", operation_id=op, operation_route=spec.route),
+            span("settlement.settle", operation_id=op, attempt_number=1) as traced,
+        ):
+            # No heartbeat: the statement is bounded by the lock and statement timeouts, and
+            # the lease is not what keeps it single. Were the lease to run out meanwhile, a
+            # second request's insert of this scope would wait for this statement's, then
+            # find its row: PostgreSQL's unique scope decides.
+            try:
+                done = await self._store.claim_and_settle_local(
+                    scope, request, build, lease_token=lease.token, route=spec.route
+                )
+            except (RowLocked, asyncpg.exceptions.DeadlockDetectedError):
+                # a lock not granted: nothing was written; the general way claims first and
+                # waits once more (a lock freed meanwhile runs the transfer after all)
+                return None
+            except KeyExpired:
+                raise  # the key's operation was purged: 410, nothing written
+            except Exception as exc:
+                return self._unwritten(op, exc)
+            if done is None:
+                return None
+            claimed, settled = done
+            traced.set(
+                settlement_stage=settled.decision.stage.value,
+                settlement_disposition=settled.decision.disposition.value,
+            )
+        self._metrics.on_attempt(spec.route, time.perf_counter() - started)
+        attempt, _ = attempt_of(claimed, principal)
+        annotate(operation_id=op, attempt=attempt.fencing_token)
+        await self._failpoints.hit("effect.after_commit")
+        await self._failpoints.hit("settle.after")
+        return answer_of(answer_after(settled, attempt))
+
+    def _unwritten(self, operation_id: str, exc: Exception) -> Answer:
+        """The one statement of a new operation failed: it wrote nothing, or (a connection
+        lost at COMMIT) everything; a retry with the same key runs it or replays it."""
+        if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+            return _refused(operation_id, exc, state=None)
+        if isinstance(exc, BUSY) or database_gone(exc):
+            log.warning(
+                "new operation found the database busy or away",
+                extra={"operation_id": operation_id, "error": type(exc).__name__},
+            )
+            return Problem(
+                "service-unavailable",
+                f"the database was busy or unreachable ({type(exc).__name__}); retry with "
+                "the same key",
+                operation_id,
+                retry_after=True,
+            )
+        log.error(
+            "new operation failed",
+            exc_info=(type(exc), exc, exc.__traceback__),
+            extra={"operation_id": operation_id},
+        )
+        return Problem(
+            "internal-error",
+            "the attempt failed before its outcome was known; safe to retry",
+            operation_id,
+        )
+
+    async def run(
+        self,
+        spec: IdempotentRoute,
+        execute: LocalHandler,
+        context: ExecutionContext,
+        attempt: AttemptRef,
+        body: Any,
+        lease: Lease,
+    ) -> Answer:
+        op = str(context.operation_id)
+        number = attempt.fencing_token
+
+        async def effect(conn: asyncpg.Connection, current: Record) -> Observation:
+            with span(
+                "settlement.effect",
+                operation_id=op,
+                operation_route=spec.route,
+                attempt_number=number,
+            ):
+                try:
+                    produced = await execute(conn, context, body)
+                    kind = ObservationKind.COMPLETED
+                except BusinessFailure as failure:
+                    produced = business_outcome(failure, context.operation_id)
+                    kind = ObservationKind.FAILED
+            return attempt_observation(attempt, kind, produced)
+
+        statement = None
+        if spec.statement is not None:
+            guard, apply, args, produced = spec.statement(context, body)
+            observation = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
+            statement = EffectStatement(guard, apply, args, observation)
+
+        async def settle() -> Settled:
+            # the local effect runs inside its settlement's transaction: its span is a child
+            with span("settlement.settle", operation_id=op, attempt_number=number) as traced:
+                settled = await self._store.settle_local(
+                    context.operation_id,
+                    attempt,
+                    effect,
+                    route=spec.route,
+                    before_commit=lambda: self._failpoints.hit("effect.before_commit"),
+                    statement=statement,
+                )
+                traced.set(
+                    settlement_stage=settled.decision.stage.value,
+                    settlement_disposition=settled.decision.disposition.value,
+                )
+                return settled
+
+        work = asyncio.create_task(settle())
+        if not await self._keeper.kept_lease(lease, work):
+            return await self._after_lost_lease(attempt)
+        try:
+            settled = work.result()
+        except BUSY as exc:
+            return await self._busy(attempt, context, exc)
+        except asyncpg.IntegrityConstraintViolationError as exc:
+            await self._give_up(attempt)
+            return _refused(str(context.operation_id), exc, state="unknown")
+        except Exception as exc:
+            if database_gone(exc):  # wrapped where BUSY cannot see it: busy, not a bug
+                return await self._busy(attempt, context, exc)
+            log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
+            await self._give_up(attempt)
+            op = str(context.operation_id)
+            return Problem(
+                "internal-error",
+                "the attempt failed before its outcome was known; safe to retry",
+                op,
+                state="unknown",
+            )
+        await self._failpoints.hit("effect.after_commit")
+        await self._failpoints.hit("settle.after")
+        return answer_of(answer_after(settled, attempt))
+
+    async def _busy(
+        self, attempt: AttemptRef, context: ExecutionContext, exc: BaseException
+    ) -> Answer:
+        """A row the effect needs stayed locked, no connection came free, or the connection
+        was lost: the attempt gives up so a retry runs (or replays what a COMMIT in flight may
+        have written)."""
+        op = str(context.operation_id)
+        log.warning(
+            "attempt found the database busy or away",
+            extra={"operation_id": op, "error": type(exc).__name__},
+        )
+        try:  # the give-up needs the database too; if it is away, the sweeper demotes later
+            await self._give_up(attempt)
+        except Exception as failed:
+            if not isinstance(failed, BUSY) and not database_gone(failed):
+                raise
+        return Problem(
+            "service-unavailable",
+            f"the database was busy or unreachable ({type(exc).__name__}); retry with the same key",
+            op,
+            state="unknown",
+            retry_after=True,
+        )
+
+    async def _after_lost_lease(self, attempt: AttemptRef) -> Answer:
+        """The lease was lost and the attempt cancelled, possibly mid-commit: say what the row
+        says. Only a commit under this attempt's own fencing token is this attempt's outcome."""
+        op = attempt.reservation.operation_id
+        log.warning("lease lost during execution", extra={"operation_id": op})
+        record = None
+        with contextlib.suppress(Exception):
+            record = await self._store.get(uuid.UUID(op))
+        if record is not None:
+            answer = attempt_answer(
+                record,
+                stored_by_attempt=record.fencing_token == attempt.fencing_token,
+                epoch=attempt.reservation.binding_generation,
+            )
+            if not isinstance(answer, Unsettled):
+                return answer_of(answer)
+        await self._give_up(attempt)  # ignored if another attempt took over
+        return Problem(
+            "lease-unavailable",
+            "this attempt lost its lease before its outcome committed; retry",
+            op,
+            retry_after=True,
+        )
+
+    async def _give_up(self, attempt: AttemptRef) -> None:
+        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
+        with contextlib.suppress(Exception):
+            await settle_attempt(self._store, attempt, attempt_observation(attempt))
+
+
+def _refused(
+    operation_id: str, exc: asyncpg.IntegrityConstraintViolationError, *, state: str | None
+) -> Problem:
+    """A local effect's writes refused by a constraint of their tables: nothing was written
+    (its transaction rolled back); a retry with the same key runs the effect again."""
+    constraint = getattr(exc, "constraint_name", None) or type(exc).__name__
+    log.error(
+        "effect refused by the database",
+        exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"operation_id": operation_id, "constraint": constraint},
+    )
+    return Problem(
+        "effect-refused",
+        f"the database refused the effect's writes ({constraint}); nothing was written, "
+        "retry with the same key",
+        operation_id,
+        state=state,
+        retry_after=True,
+    )

@@ -1,0 +1,50 @@
+"""The operator console: server-rendered pages under ``/console`` for reconciliation
+(work list, operation timelines, supersede), feed holds and principals, on the same use cases
+as the admin API. HTML pages only, so they are left out of the OpenAPI document."""
+
+from __future__ import annotations
+
+from litestar import Router
+
+from service.http.console.actions import (
+    create_principal,
+    decide_hold,
+    principal_action,
+    sign_in,
+    sign_out,
+    supersede,
+)
+from service.http.console.pages import (
+    feeds_page,
+    operation_page,
+    principals_page,
+    sign_in_page,
+    stylesheet,
+    work_page,
+)
+from service.http.console.render import template_config
+from service.http.console.security import CONSOLE_PATH, ConsoleHeaders, SignInRequired, to_sign_in
+
+__all__ = ["ConsoleHeaders", "console_router", "template_config"]
+
+
+def console_router() -> Router:
+    return Router(
+        path=CONSOLE_PATH,
+        route_handlers=[
+            stylesheet,
+            sign_in_page,
+            sign_in,
+            sign_out,
+            work_page,
+            operation_page,
+            supersede,
+            feeds_page,
+            decide_hold,
+            principals_page,
+            create_principal,
+            principal_action,
+        ],
+        include_in_schema=False,
+        exception_handlers={SignInRequired: to_sign_in},
+    )

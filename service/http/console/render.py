@@ -1,0 +1,94 @@
+"""How a console page is answered: a template with the operator and the session's form
+token, or a refusal page; Jinja's filters for times and durations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from litestar.datastructures import Cookie
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.response import Template
+from litestar.template.config import TemplateConfig
+
+from service.app.answers import Problem
+from service.http.problems import SLUGS
+from service.store.console_sessions import ConsoleSession
+
+__all__ = ["page", "problem_page", "refusal", "template_config"]
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+
+
+def page(
+    name: str,
+    session: ConsoleSession | None,
+    *,
+    status: int = 200,
+    cookies: list[Cookie] | None = None,
+    **context: Any,
+) -> Template:
+    """``name`` rendered for the operator of ``session`` (None: signed out)."""
+    return Template(
+        template_name=name,
+        context={
+            "user": None if session is None else session.principal,
+            "csrf": "" if session is None else session.csrf_token,
+            **context,
+        },
+        status_code=status,
+        cookies=cookies,
+        media_type="text/html",
+    )
+
+
+def refusal(session: ConsoleSession | None, status: int, title: str, detail: str) -> Template:
+    """A page saying what was refused and why; nothing was done."""
+    return page("refused.html", session, status=status, title=title, detail=detail)
+
+
+def problem_page(session: ConsoleSession | None, problem: Problem) -> Template:
+    """A use case's refusal as a page, with the status the API answers it with."""
+    status, title = SLUGS.get(problem.slug, (400, "Refused"))
+    return refusal(session, status, title, problem.detail)
+
+
+def _when(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _instant(value: datetime) -> str:
+    """A timeline's moment, to the millisecond (its entries are often the same second)."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} days"
+
+
+def _age(value: datetime | None) -> str:
+    if value is None:
+        return ""
+    return _duration((datetime.now(UTC) - value).total_seconds())
+
+
+def _configure(engine: JinjaTemplateEngine) -> None:
+    engine.engine.filters.update(when=_when, instant=_instant, duration=_duration, age=_age)
+
+
+def template_config() -> TemplateConfig[JinjaTemplateEngine]:
+    return TemplateConfig(
+        directory=TEMPLATES, engine=JinjaTemplateEngine, engine_callback=_configure
+    )

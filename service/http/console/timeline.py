@@ -1,0 +1,152 @@
+"""An operation's history as one timeline for the console: what the status resource knows
+(attempts with their fencing tokens, observations, epochs, the lease, the final answer) and
+the feed receipts that touched it, in the order it happened. Pure: views in, entries out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import msgspec
+
+from service.store.console_reads import ReceiptRow
+from service.store.status import OperationView
+
+__all__ = ["Entry", "timeline"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    at: datetime
+    kind: str
+    """attempt, observation, epoch, receipt or operation: the entry's marker"""
+    title: str
+    facts: list[tuple[str, str]] = field(default_factory=list)
+    tone: str = "neutral"
+    """neutral, good, bad or warn: how the marker is drawn"""
+
+
+_TONES = {
+    "completed": "good",
+    "applied": "good",
+    "strengthened": "good",
+    "failed": "bad",
+    "conflict": "bad",
+    "quarantined": "warn",
+    "unknown": "warn",
+    "held": "warn",
+}
+
+
+def _tone(*words: str | None) -> str:
+    for word in words:
+        if word in _TONES:
+            return _TONES[word]
+    return "neutral"
+
+
+def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Entry]:
+    """Every entry, oldest first (ties keep the order listed here)."""
+    entries = [
+        Entry(
+            view.created_at,
+            "operation",
+            "Operation created",
+            [("route", view.route), ("key", view.key), ("tenant", view.tenant)],
+        )
+    ]
+    for attempt in view.attempts:
+        entries.append(
+            Entry(
+                attempt.started_at,
+                "attempt",
+                f"Attempt started (fencing token {attempt.fencing_token})",
+                [
+                    ("attempt", str(attempt.id)),
+                    ("epoch", str(attempt.binding_generation)),
+                    ("fencing token", str(attempt.fencing_token)),
+                ],
+            )
+        )
+        if attempt.finished_at is not None:
+            facts = [("outcome", attempt.outcome or "none")]
+            if attempt.response_status is not None:
+                facts.append(("answered", str(attempt.response_status)))
+            if attempt.error:
+                facts.append(("error", attempt.error))
+            entries.append(
+                Entry(
+                    attempt.finished_at,
+                    "attempt",
+                    f"Attempt ended: {attempt.outcome or 'no outcome'} "
+                    f"(fencing token {attempt.fencing_token})",
+                    facts,
+                    _tone(attempt.outcome),
+                )
+            )
+    for seen in view.observations:
+        facts = [
+            ("source", seen.source),
+            ("stage", seen.stage),
+            ("disposition", seen.disposition),
+            ("verified", "yes" if seen.verified else "no"),
+        ]
+        if seen.reason:
+            facts.append(("reason", seen.reason))
+        if seen.revision_before is not None or seen.revision_after is not None:
+            facts.append(("revision", f"{seen.revision_before} -> {seen.revision_after}"))
+        entries.append(
+            Entry(
+                seen.created_at,
+                "observation",
+                f"Observation from {seen.source}: {seen.kind}, {seen.disposition}",
+                facts,
+                # an applied observation is as good or bad as what it reported
+                _tone(seen.kind if seen.disposition == "applied" else seen.disposition),
+            )
+        )
+    for epoch in view.epochs:
+        facts = [
+            ("closed epoch", str(epoch.binding_generation)),
+            ("its final state", epoch.final_state),
+            ("reason", epoch.reason),
+        ]
+        if epoch.result_digest:
+            facts.append(("result digest", epoch.result_digest))
+        if epoch.superseded_by is not None:
+            facts.append(("by admin", str(epoch.superseded_by)))
+        entries.append(
+            Entry(
+                epoch.superseded_at,
+                "epoch",
+                f"Epoch {epoch.binding_generation} superseded: "
+                f"epoch {epoch.binding_generation + 1} began",
+                facts,
+                "warn",
+            )
+        )
+    for receipt in receipts or []:
+        entries.append(
+            Entry(
+                receipt.first_seen_at,
+                "receipt",
+                f"Feed {receipt.feed}: event {receipt.event_id} {receipt.state}",
+                [
+                    ("feed", receipt.feed),
+                    ("event", receipt.event_id),
+                    ("place in feed", str(receipt.event_order)),
+                    ("reason", receipt.reason),
+                    ("decided at", receipt.decided_at.isoformat(timespec="seconds")),
+                ],
+                _tone(receipt.state),
+            )
+        )
+    entries.sort(key=lambda entry: entry.at)
+    return entries
+
+
+def pretty_body(body: object) -> str:
+    """A stored answer's body as a person reads it."""
+    if isinstance(body, str):
+        return body
+    return msgspec.json.format(msgspec.json.encode(body), indent=2).decode()

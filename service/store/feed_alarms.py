@@ -1,0 +1,136 @@
+"""A feed's alarms (DESIGN §8): what an operator must look at, counted per event, and
+accepting a conflicting identity after review. The alarm part of
+:class:`service.store.feeds.FeedStore`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
+
+__all__ = ["Accepted", "Alarm", "FeedAlarms"]
+
+
+class Alarm(msgspec.Struct, frozen=True):
+    feed: str
+    kind: str
+    event_id: str
+    detail: str
+    count: int
+    first_at: datetime
+    last_at: datetime
+    event_order: int | None = None
+    """where the page served the event (conflicting identities)"""
+
+
+class Accepted(msgspec.Struct, frozen=True):
+    """What accepting a conflicting identity did: the receipts it unpinned."""
+
+    unpinned: list[str]
+
+
+class FeedAlarms:
+    """Alarms: raised (or repeated), listed, counted; a conflicting identity accepted."""
+
+    _engine: AsyncEngine
+    _reader: AsyncEngine
+
+    async def alarm(
+        self,
+        feed: str,
+        kind: str,
+        event_id: str,
+        detail: str,
+        now: datetime,
+        order: int | None = None,
+    ) -> None:
+        """Raise (or repeat) an alarm: one row per (feed, kind, event), counted; ``order``:
+        where the page served the event."""
+        async with self._engine.begin() as conn:
+            await conn.execute(_raise(feed, kind, event_id, detail, now, order))
+
+    async def accept_conflict(self, feed: str, event_id: str, now: datetime) -> Accepted | None:
+        """An operator accepts the conflicting identity alarmed for ``event_id`` after review,
+        in one transaction: the event's receipt is unpinned, and on a cursor feed so is the
+        receipt holding the place the page served it at; the alarm becomes a
+        ``conflict-accepted`` alarm (the trail). None: no such alarm."""
+        a, r = feed_alarms.c, feed_receipts.c
+        async with self._engine.begin() as conn:
+            alarm = (
+                await conn.execute(
+                    delete(feed_alarms)
+                    .where(a.feed == feed, a.kind == "conflicting-identity", a.event_id == event_id)
+                    .returning(a.detail, a.event_order)
+                )
+            ).first()
+            if alarm is None:
+                return None
+            kind = (
+                await conn.execute(
+                    select(feed_checkpoints.c.kind).where(feed_checkpoints.c.name == feed)
+                )
+            ).scalar_one_or_none()
+            involved = r.event_id == event_id
+            if kind == "cursor" and alarm.event_order is not None:
+                involved = or_(involved, r.event_order == alarm.event_order)
+            unpinned = (
+                await conn.execute(
+                    update(feed_receipts)
+                    .where(r.feed == feed, involved, r.pinned)
+                    .values(pinned=False)
+                    .returning(r.event_id)
+                )
+            ).scalars()
+            accepted = Accepted(sorted(unpinned))
+            detail = f"accepted by an operator; unpinned {accepted.unpinned}: {alarm.detail}"
+            await conn.execute(
+                _raise(feed, "conflict-accepted", event_id, detail, now, alarm.event_order)
+            )
+        return accepted
+
+    async def alarms(self, feed: str | None = None) -> list[Alarm]:
+        a = feed_alarms.c
+        stmt = select(feed_alarms).order_by(a.last_at.desc()).limit(100)
+        if feed is not None:
+            stmt = stmt.where(a.feed == feed)
+        async with self._reader.connect() as conn:
+            return [Alarm(**dict(row)) for row in (await conn.execute(stmt)).mappings()]
+
+    async def alarm_counts(self) -> dict[tuple[str, str], int]:
+        a = feed_alarms.c
+        async with self._reader.connect() as conn:
+            rows = await conn.execute(
+                select(a.feed, a.kind, func.sum(a.count)).group_by(a.feed, a.kind)
+            )
+            return {(row[0], row[1]): int(row[2]) for row in rows}
+
+
+def _raise(
+    feed: str, kind: str, event_id: str, detail: str, now: datetime, order: int | None
+) -> Any:
+    a = feed_alarms.c
+    statement = pg_insert(feed_alarms).values(
+        feed=feed,
+        kind=kind,
+        event_id=event_id,
+        detail=detail[:1000],
+        first_at=now,
+        last_at=now,
+        event_order=order,
+    )
+    return statement.on_conflict_do_update(
+        index_elements=[a.feed, a.kind, a.event_id],
+        set_={
+            "count": a.count + 1,
+            "last_at": now,
+            "detail": statement.excluded.detail,
+            "event_order": statement.excluded.event_order,
+        },
+    )

@@ -1,0 +1,154 @@
+"""A feed's progress (DESIGN §8): its checkpoint, and the lag its source cannot fake.
+
+A checkpoint moves only by a CAS on its version and the value it was read with
+(:meth:`FeedCheckpoints.promote_cursor`, :meth:`FeedCheckpoints.close_through`); a losing
+observer rereads, and never writes older progress over newer. The checkpoint part of
+:class:`service.store.feeds.FeedStore`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.store.tables import feed_checkpoints, operations
+
+__all__ = ["Checkpoint", "FeedCheckpoints"]
+
+
+class Checkpoint(msgspec.Struct, frozen=True):
+    name: str
+    kind: str
+    resume_cursor: str
+    applied_position: int | None
+    closed_through_timestamp: int | None
+    version: int
+    updated_at: datetime
+    caught_up_at: datetime | None
+    walk_cursor: str | None = None
+    """where a cursor feed's reconciliation pass reads next (None: a new pass)"""
+    walk_after: int | None = None
+    """where a timestamp feed's audit walk reads next (None: a new walk; -1: the start)"""
+
+
+class FeedCheckpoints:
+    """Checkpoints: created, read, moved by CAS; and the age of the oldest ``unknown``."""
+
+    _engine: AsyncEngine
+    _reader: AsyncEngine
+
+    async def checkpoint(self, name: str, kind: str) -> Checkpoint:
+        """The feed's checkpoint, created at the start of the feed if it has none."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                pg_insert(feed_checkpoints)
+                .values(name=name, kind=kind)
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            row = (
+                (
+                    await conn.execute(
+                        select(feed_checkpoints).where(feed_checkpoints.c.name == name)
+                    )
+                )
+                .mappings()
+                .one()
+            )
+        found = Checkpoint(**dict(row))
+        if found.kind != kind:
+            raise ValueError(f"feed {name} is a {found.kind} feed, not {kind}")
+        return found
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        async with self._reader.connect() as conn:
+            rows = (
+                await conn.execute(select(feed_checkpoints).order_by(feed_checkpoints.c.name))
+            ).mappings()
+            return [Checkpoint(**dict(row)) for row in rows]
+
+    async def promote_cursor(
+        self, current: Checkpoint, cursor: str, applied_position: int | None, now: datetime
+    ) -> bool:
+        """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read."""
+        return await self._cas(
+            current, now, resume_cursor=cursor, applied_position=applied_position
+        )
+
+    async def walk_to(self, name: str, *, cursor: str | None, after: int | None) -> None:
+        """Where the feed's walk behind its checkpoint reads next (None: a new walk). A
+        progress marker every observer of the feed shares: no version, no CAS."""
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(feed_checkpoints)
+                .where(c.name == name)
+                .values(walk_cursor=cursor, walk_after=after)
+            )
+
+    async def close_through(self, current: Checkpoint, timestamp: int, now: datetime) -> bool:
+        """Move a timestamp feed's checkpoint, if nobody moved it since ``current``."""
+        return await self._cas(current, now, closed_through_timestamp=timestamp)
+
+    async def _cas(self, current: Checkpoint, now: datetime, **values: Any) -> bool:
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            moved = await conn.execute(
+                update(feed_checkpoints)
+                .where(
+                    c.name == current.name,
+                    c.version == current.version,
+                    c.resume_cursor == current.resume_cursor,
+                    c.closed_through_timestamp.is_not_distinct_from(
+                        current.closed_through_timestamp
+                    ),
+                )
+                .values(version=c.version + 1, updated_at=now, **values)
+            )
+        return moved.rowcount == 1
+
+    async def advance_cursor(self, current: Checkpoint, cursor: str, now: datetime) -> bool:
+        """An empty page's new cursor: kept (if nobody moved the checkpoint since
+        ``current``), without a new version (nothing was passed), and the feed noted caught
+        up, in one statement."""
+        c = feed_checkpoints.c
+        async with self._engine.begin() as conn:
+            moved = await conn.execute(
+                update(feed_checkpoints)
+                .where(
+                    c.name == current.name,
+                    c.version == current.version,
+                    c.resume_cursor == current.resume_cursor,
+                )
+                .values(resume_cursor=cursor, caught_up_at=now)
+            )
+        return moved.rowcount == 1
+
+    async def caught_up(self, name: str, now: datetime) -> None:
+        """Note that a page came back with nothing new (for the lag shown to operators)."""
+        async with self._engine.begin() as conn:
+            await conn.execute(
+                update(feed_checkpoints)
+                .where(feed_checkpoints.c.name == name)
+                .values(caught_up_at=now)
+            )
+
+    async def oldest_unknown(self, routes: Sequence[str]) -> float | None:
+        """Seconds (the database's clock) since the longest-``unknown`` operation of
+        ``routes`` became unknown: what the feeds exist to settle, which a feed's own pages
+        cannot fake. None when there is none."""
+        if not routes:
+            return None
+        o = operations.c
+        async with self._reader.connect() as conn:
+            age = await conn.scalar(
+                select(
+                    func.extract("epoch", func.clock_timestamp() - func.min(o.updated_at))
+                ).where(o.state == "unknown", o.route.in_(list(routes)))
+            )
+        return None if age is None else max(0.0, float(age))

@@ -1,0 +1,68 @@
+"""The settlement store's read side: single statements, no lock, no transaction.
+
+An operation's row by id or by scope, the request's first read (``identify``: the
+principal, the scope's row and its tombstone in one statement on the hot path), and an
+operation's owner. The read part of :class:`service.store.settlement.SettlementStore`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from service.core import Record, Scope
+from service.store.hot import HotPath
+from service.store.principals import Principal
+from service.store.retention import Tombstone
+from service.store.rows import record_from_row
+from service.store.tables import operations
+from service.store.unit_of_work import scope_predicate
+
+__all__ = ["SettlementReads"]
+
+
+class SettlementReads:
+    """Reads of operation rows (single statements, no lock)."""
+
+    _hot: HotPath | None
+    _reader: AsyncEngine
+
+    async def get(self, operation_id: uuid.UUID) -> Record | None:
+        return await self._read_one(operations.c.id == operation_id)
+
+    async def get_by_scope(self, scope: Scope) -> Record | None:
+        """The scope's row, one indexed read without a lock (the request's first read is
+        ``identify``; this one is for re-reads: a 409's, a Prefer: wait's)."""
+        if self._hot is not None:
+            return await self._hot.by_scope(scope)
+        return await self._read_one(*scope_predicate(scope))
+
+    async def _read_one(self, *where: Any) -> Record | None:
+        async with self._reader.connect() as conn:
+            row = (await conn.execute(select(operations).where(*where))).mappings().first()
+        return None if row is None else record_from_row(row)
+
+    async def identify(
+        self, key_hash: bytes, route: str, idempotency_key: str
+    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
+        """The live principal whose key hashes to ``key_hash``, the row of its scope for
+        (``route``, ``idempotency_key``) and the scope's tombstone: one statement, no
+        transaction (the hot path)."""
+        if self._hot is None:
+            raise RuntimeError("identify needs the store's asyncpg pool")
+        return await self._hot.identify(key_hash, route, idempotency_key)
+
+    async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
+        """(tenant, route) of an operation, or None."""
+        async with self._reader.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(operations.c.tenant, operations.c.route).where(
+                        operations.c.id == operation_id
+                    )
+                )
+            ).first()
+        return None if row is None else (row.tenant, row.route)
