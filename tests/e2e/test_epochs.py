@@ -201,20 +201,26 @@ def test_late_success_of_the_old_epoch_is_quarantined(
     superseded = admin(base, path, {"reason": "new epoch", "force": True})
     assert superseded.status_code == 200, superseded.text
     assert superseded.json()["effect_may_run_again"] is True
-    time.sleep(PROVIDER_TIMEOUT * 3 + 0.7)  # the first epoch's payment answers late
+    # the first epoch's payment answers late: wait until its observation is written and
+    # counted (the provider's delay is 3 x the timeout)
+    late_row = (
+        "SELECT max(disposition) FROM observations WHERE operation_id = :op"
+        " AND source = 'late_response'"
+    )
+    counted = "settlement_stale_epoch_outcomes_total 1.0"
+    deadline = time.monotonic() + PROVIDER_TIMEOUT * 3 + 10
+    while scalar(app_database, late_row, op=operation_id) is None or counted not in (
+        httpx.get(f"{base}/metrics").text.splitlines()
+    ):
+        assert time.monotonic() < deadline, "the late answer was never observed"
+        time.sleep(0.05)
 
     view = status(base, key, operation_id)
     assert view["state"] == "unknown"
     assert view["binding_generation"] == 2
-    late = scalar(
-        app_database,
-        "SELECT disposition FROM observations WHERE operation_id = :op"
-        " AND source = 'late_response'",
-        op=operation_id,
-    )
-    assert late == "quarantined"
+    assert scalar(app_database, late_row, op=operation_id) == "quarantined"
     stale = httpx.get(f"{base}/metrics").text
-    assert "settlement_stale_epoch_outcomes_total 1.0" in stale.splitlines()
+    assert counted in stale.splitlines()
 
     paid = httpx.post(f"{base}/v1/payouts", json=body, headers=headers, timeout=30)
     assert paid.status_code == 201, paid.text

@@ -67,8 +67,8 @@ class Asgi:
             if chunks:
                 chunk = chunks.pop(0)
                 return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
-            if not hang_up:
-                await asyncio.sleep(30)
+            if not hang_up:  # a client that neither sends more nor leaves: until cancelled
+                await asyncio.Event().wait()
             return {"type": "http.disconnect"}
 
         sent: list[dict[str, Any]] = []
