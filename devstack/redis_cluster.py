@@ -26,7 +26,13 @@ from typing import Any
 
 import redis
 
-from devstack.redis import EmbeddedRedis
+from devstack.redis import (
+    REDIS_DEATH_SIGNAL,
+    REDIS_PING_TIMEOUT,
+    REDIS_START_TIMEOUT,
+    REDIS_STOP_TIMEOUT,
+    EmbeddedRedis,
+)
 from devstack.supervise import (
     HOST,
     POLL_INTERVAL,
@@ -52,16 +58,14 @@ CLUSTER_READY_TIMEOUT = 30.0
 BUS_PORT_OFFSET = 10_000
 # Node ports are picked here, so that every bus port is a valid port too.
 NODE_PORTS = range(20_000, 30_000)
-# One PING must not eat the whole start deadline when the socket accepts but stalls.
-PING_TIMEOUT = 0.5
 
 
 class _ClusterNode(ChildServer):
     _name = "Redis cluster node"
-    _death_signal = signal.SIGTERM
+    _death_signal = REDIS_DEATH_SIGNAL
     _stop_signal = signal.SIGTERM
-    _start_timeout = 15.0  # as EmbeddedRedis: no persistence, answers PING within ms of exec
-    _stop_timeout = 5.0
+    _start_timeout = REDIS_START_TIMEOUT  # as EmbeddedRedis: no persistence
+    _stop_timeout = REDIS_STOP_TIMEOUT
 
     def __init__(self, directory: Path, config_file: Path, password: str) -> None:
         super().__init__(directory / "redis-server.log")
@@ -101,8 +105,8 @@ class _ClusterNode(ChildServer):
             host=HOST,
             port=self.port,
             password=self._password,
-            socket_timeout=PING_TIMEOUT,
-            socket_connect_timeout=PING_TIMEOUT,
+            socket_timeout=REDIS_PING_TIMEOUT,
+            socket_connect_timeout=REDIS_PING_TIMEOUT,
         )
 
     def _ready(self, port: int) -> bool:
@@ -110,8 +114,8 @@ class _ClusterNode(ChildServer):
             host=HOST,
             port=port,
             password=self._password,
-            socket_timeout=PING_TIMEOUT,
-            socket_connect_timeout=PING_TIMEOUT,
+            socket_timeout=REDIS_PING_TIMEOUT,
+            socket_connect_timeout=REDIS_PING_TIMEOUT,
         )
         try:
             return bool(client.ping())

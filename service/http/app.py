@@ -46,33 +46,26 @@ __all__ = ["app_from_env", "create_app"]
 log = logging.getLogger("settlement.app")
 
 
-class _Opened:
-    """The process's Settlement once the lifespan has opened it."""
-
-    settlement: Settlement | None = None
-
-    def get(self) -> Settlement:
-        assert self.settlement is not None, "the application has not started"
-        return self.settlement
-
-
 def create_app(settings: Settings) -> Litestar:
     """The application."""
     require_endpoints(settings)
-    opened = _Opened()
     counted = Metrics(settings.metrics_dir, export=settings.otel_exporter)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        opened.settlement = await Settlement.open(settings, metrics=counted)
-        # the idempotent routes' guard reads it here (guards get no dependencies)
-        app.state.settlement = opened.settlement
+        # kept in the app's state: for the handlers' dependency and for what gets no
+        # dependencies (guards, before_request hooks: service.http.deps.settlement_of)
+        settlement = app.state.settlement = await Settlement.open(settings, metrics=counted)
         log.info("server ready")
         try:
             yield
         finally:
-            await opened.settlement.close()
-            opened.settlement = None
+            await settlement.close()
+
+    def opened() -> Settlement:
+        """The Settlement the lifespan opened (handlers get it as ``settlement``)."""
+        found: Settlement = app.state.settlement
+        return found
 
     app = Litestar(
         route_handlers=[
@@ -101,7 +94,7 @@ def create_app(settings: Settings) -> Litestar:
             console_router(),
         ],
         template_config=template_config(),
-        dependencies={"settlement": Provide(opened.get, sync_to_thread=False)},
+        dependencies={"settlement": Provide(opened, sync_to_thread=False)},
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,

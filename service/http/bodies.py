@@ -19,7 +19,7 @@ from litestar.typing import FieldDefinition
 
 from service.http.problems import ProblemError
 
-__all__ = ["StrictJson", "check_json_content_type", "decode_json", "decode_strict"]
+__all__ = ["StrictJson", "check_json_content_type", "decode_strict"]
 
 T = TypeVar("T")
 S = TypeVar("S", bound=msgspec.Struct)
@@ -42,12 +42,6 @@ def check_json_content_type(header: str | None) -> None:
             "utf8",
         ):
             raise ProblemError("unsupported-media-type", "a JSON body must be UTF-8")
-
-
-def decode_json(raw: bytes, schema: type[T], content_type: str | None) -> T:
-    """``raw`` as a ``schema``; ProblemError ``unsupported-media-type`` or ``validation-error``."""
-    check_json_content_type(content_type)
-    return decode_strict(raw, schema)
 
 
 def decode_strict(raw: bytes, schema: type[T]) -> T:
