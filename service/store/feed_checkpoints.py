@@ -77,7 +77,11 @@ class FeedCheckpoints:
     ) -> bool:
         """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read."""
         return await self._cas(
-            current, now, resume_cursor=cursor, applied_position=applied_position
+            current,
+            new_version=True,
+            updated_at=now,
+            resume_cursor=cursor,
+            applied_position=applied_position,
         )
 
     async def walk_to(self, name: str, *, cursor: str | None, after: int | None) -> None:
@@ -93,10 +97,22 @@ class FeedCheckpoints:
 
     async def close_through(self, current: Checkpoint, timestamp: int, now: datetime) -> bool:
         """Move a timestamp feed's checkpoint, if nobody moved it since ``current``."""
-        return await self._cas(current, now, closed_through_timestamp=timestamp)
+        return await self._cas(
+            current, new_version=True, updated_at=now, closed_through_timestamp=timestamp
+        )
 
-    async def _cas(self, current: Checkpoint, now: datetime, **values: Any) -> bool:
+    async def advance_cursor(self, current: Checkpoint, cursor: str, now: datetime) -> bool:
+        """An empty page's new cursor: kept (if nobody moved the checkpoint since
+        ``current``), without a new version (nothing was passed), and the feed noted caught
+        up, in one statement."""
+        return await self._cas(current, new_version=False, resume_cursor=cursor, caught_up_at=now)
+
+    async def _cas(self, current: Checkpoint, *, new_version: bool, **values: Any) -> bool:
+        """Write ``values`` if the checkpoint is still as ``current`` read it (its version,
+        cursor and closed timestamp); ``new_version``: a position was passed."""
         c = feed_checkpoints.c
+        if new_version:
+            values["version"] = c.version + 1
         async with self._engine.begin() as conn:
             moved = await conn.execute(
                 update(feed_checkpoints)
@@ -108,24 +124,7 @@ class FeedCheckpoints:
                         current.closed_through_timestamp
                     ),
                 )
-                .values(version=c.version + 1, updated_at=now, **values)
-            )
-        return moved.rowcount == 1
-
-    async def advance_cursor(self, current: Checkpoint, cursor: str, now: datetime) -> bool:
-        """An empty page's new cursor: kept (if nobody moved the checkpoint since
-        ``current``), without a new version (nothing was passed), and the feed noted caught
-        up, in one statement."""
-        c = feed_checkpoints.c
-        async with self._engine.begin() as conn:
-            moved = await conn.execute(
-                update(feed_checkpoints)
-                .where(
-                    c.name == current.name,
-                    c.version == current.version,
-                    c.resume_cursor == current.resume_cursor,
-                )
-                .values(resume_cursor=cursor, caught_up_at=now)
+                .values(**values)
             )
         return moved.rowcount == 1
 
