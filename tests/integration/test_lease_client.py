@@ -8,7 +8,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from opentelemetry.instrumentation.redis import RedisInstrumentor
@@ -22,6 +21,7 @@ from redis.asyncio import Redis
 from service.config import Settings
 from service.leases import LeaseManager, LeaseUnavailable, make_lease_redis
 from tests.conftest import Services
+from tests.integration.redis_relay import RedisRelay
 
 pytestmark = pytest.mark.integration
 
@@ -37,66 +37,14 @@ def _prefix() -> str:
     return f"test:{uuid.uuid4().hex}:"
 
 
-class _MutingRelay:
-    """A TCP relay in front of Redis that stops passing Redis's answers back on the
-    connection that carried a command naming ``marker`` (the command still reaches Redis):
-    one connection of a client goes silent, the others keep working."""
-
-    def __init__(self, url: str, marker: str) -> None:
-        self._target = urlsplit(url)
-        self._marker = marker.encode()
-        self.muted = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        credentials, _, _ = self._target.netloc.rpartition("@")
-        netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
-        return urlunsplit(self._target._replace(netloc=netloc))
-
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(
-            self._target.hostname, self._target.port
-        )
-        self._writers += [writer, up_writer]
-        muted = [False]
-
-        async def upstream() -> None:
-            while data := await reader.read(65_536):
-                if self._marker in data:
-                    muted[0] = True
-                    self.muted.set()
-                up_writer.write(data)
-                await up_writer.drain()
-
-        async def downstream() -> None:
-            while data := await up_reader.read(65_536):
-                if not muted[0]:
-                    writer.write(data)
-                    await writer.drain()
-
-        await asyncio.gather(upstream(), downstream(), return_exceptions=True)
-        writer.close()
-        up_writer.close()
-
-
 @asynccontextmanager
-async def _muting(url: str, marker: str) -> AsyncIterator[tuple[_MutingRelay, str]]:
-    relay = _MutingRelay(url, marker)
+async def _muting(url: str, marker: str) -> AsyncIterator[tuple[RedisRelay, str]]:
+    relay = RedisRelay(url, mute_on=marker)
     relayed = await relay.start()
     try:
         yield relay, relayed
     finally:
-        await relay.stop()
+        await relay.cut()
 
 
 async def test_a_command_that_times_out_fails_alone_while_the_others_go_on(

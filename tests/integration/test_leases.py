@@ -8,7 +8,6 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, closing
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from redis import exceptions as redis_errors
@@ -17,6 +16,7 @@ from redis.asyncio import Redis
 from service.config import Settings
 from service.leases import Lease, LeaseManager, LeaseUnavailable, make_lease_redis
 from tests.conftest import Services
+from tests.integration.redis_relay import RedisRelay
 
 pytestmark = pytest.mark.integration
 
@@ -53,48 +53,6 @@ async def _steal(redis: Redis, lease: Lease, token: str = "thief") -> None:
 
 def _no_pending_tasks() -> bool:
     return asyncio.all_tasks() == {asyncio.current_task()}
-
-
-class _Relay:
-    """A TCP relay in front of Redis that can be cut, taking Redis away from a live client."""
-
-    def __init__(self, url: str) -> None:
-        self._target = urlsplit(url)
-        self._writers: list[asyncio.StreamWriter] = []
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        port = self._server.sockets[0].getsockname()[1]
-        credentials, _, _ = self._target.netloc.rpartition("@")  # the password, if any
-        netloc = f"{credentials}@127.0.0.1:{port}" if credentials else f"127.0.0.1:{port}"
-        return urlunsplit(self._target._replace(netloc=netloc))
-
-    async def cut(self) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.close()
-        await self._server.wait_closed()
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        host, port = self._target.hostname, self._target.port
-        up_reader, up_writer = await asyncio.open_connection(host, port)
-        self._writers += [writer, up_writer]
-        await asyncio.gather(
-            _pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True
-        )
-
-
-async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-    try:
-        while data := await source.read(65_536):
-            sink.write(data)
-            await sink.drain()
-    except OSError:
-        pass
-    finally:
-        sink.close()
 
 
 class _LogSignal(logging.Handler):
@@ -263,7 +221,7 @@ async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_t
 ) -> None:
     name = _name()
     calls: list[None] = []
-    relay = _Relay(services.redis_url)
+    relay = RedisRelay(services.redis_url)
     failed_beat = _LogSignal("not extended")
     relayed = connect_leases(await relay.start(), ttl=TTL)
     async with failed_beat.watch():
