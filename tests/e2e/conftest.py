@@ -6,6 +6,7 @@ import pytest
 
 from tests.conftest import Services, fresh_database
 from tests.e2e.client import ADMIN_KEY
+from tests.e2e.provider import ProviderProcess
 from tests.e2e.server import ServerProcess
 
 
@@ -24,4 +25,11 @@ def server(services: Services, app_database: str) -> Iterator[ServerProcess]:
     with ServerProcess(
         app_database, services.redis_url, env={"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY}
     ) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[ProviderProcess]:
+    """The payout provider's simulator, one process per test module."""
+    with ProviderProcess() as proc:
         yield proc

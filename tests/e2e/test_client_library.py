@@ -10,7 +10,6 @@ import socket
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -277,12 +276,6 @@ def test_the_retry_budget_stops_a_storm_against_a_failing_server(app_database: s
         shutil.rmtree(data_dir, ignore_errors=True)
     assert len(events.seen) == calls + 3  # one request per call, and the budget's 3 retries
     assert {(e.status, e.slug) for e in events.seen} == {(503, "lease-unavailable")}
-
-
-@pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
 
 
 def test_a_lost_payout_answer_is_settled_by_the_feed_and_followed(

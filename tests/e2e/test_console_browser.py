@@ -64,12 +64,6 @@ class Case:
 
 
 @pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
 def server(
     services: Services, app_database: str, provider: ProviderProcess
 ) -> Iterator[ServerProcess]:

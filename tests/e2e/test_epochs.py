@@ -29,12 +29,6 @@ ENV = {
 
 
 @pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
 def epoch_server(
     services: Services, app_database: str, provider: ProviderProcess
 ) -> Iterator[ServerProcess]:

@@ -48,12 +48,6 @@ def server_env(provider: ProviderProcess) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
 def server(
     services: Services, app_database: str, provider: ProviderProcess
 ) -> Iterator[ServerProcess]:

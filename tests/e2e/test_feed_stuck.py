@@ -31,12 +31,6 @@ STUCK_FOR = 3.0
 
 
 @pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
 def server(
     services: Services, app_database: str, provider: ProviderProcess
 ) -> Iterator[ServerProcess]:

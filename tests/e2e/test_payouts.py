@@ -54,12 +54,6 @@ def _env(provider: ProviderProcess, **extra: str) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def provider() -> Iterator[ProviderProcess]:
-    with ProviderProcess() as proc:
-        yield proc
-
-
 @pytest.fixture(autouse=True)
 def paid(provider: ProviderProcess) -> Iterator[Callable[[], int]]:
     """Payments made during this test, over every sink key; no armed fault leaks out."""
