@@ -53,9 +53,10 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on service/, devstack/ and the Python client
+typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client and the chaos harness
 	$(BIN)/mypy --strict service devstack
 	$(BIN)/mypy --strict clients/python/settlement_client
+	MYPYPATH=clients/python $(BIN)/mypy --strict tests/reliability
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase

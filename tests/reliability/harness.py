@@ -48,9 +48,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import redis
@@ -59,8 +60,10 @@ from settlement_client import (
     Answer,
     AttemptEvent,
     Client,
+    Payout,
     Problem,
     RetryPolicy,
+    Transfer,
     TransportFailed,
 )
 from sqlalchemy import text
@@ -152,6 +155,8 @@ OBSERVER_POLL = 0.05
 HOLD_SLACK = 10.0
 HOLD_LIMIT = UNKNOWN_GRACE + OBSERVER_POLL + HOLD_SLACK
 CRASH_POINTS = ["claim.after", "effect.before_commit", "effect.after_commit", "settle.after"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -507,7 +512,7 @@ class Clients:
         action.calls += 1
         wait = ACTION_WAIT if action.wait else 0
         try:
-            answer: Answer[object]
+            answer: Answer[Transfer] | Answer[Payout]
             if action.kind == "transfer":
                 answer = client.create_transfer(
                     **action.body, key=action.key, prefer_wait=wait, policy=policy
@@ -755,7 +760,8 @@ class Ledger:
 
     def between(self, account: str, opening: int, start: float, end: float) -> set[int]:
         """The balances ``account`` had at some moment from ``start`` to ``end``."""
-        balance, seen = opening, set()
+        balance = opening
+        seen: set[int] = set()
         for at, source, destination, amount in self.moves:
             if at > end:
                 break
@@ -791,8 +797,8 @@ def _final_balances(database_url: str) -> dict[str, int]:
     return _on(database_url, query)
 
 
-def _on(database_url: str, query: Any) -> Any:
-    async def go() -> Any:
+def _on(database_url: str, query: Callable[[Any], Awaitable[T]]) -> T:
+    async def go() -> T:
         engine = create_async_engine(async_url(database_url))
         try:
             async with engine.connect() as conn:
