@@ -21,7 +21,7 @@ __all__ = ["main"]
 
 log = logging.getLogger("settlement.cli")
 
-# Where `serve --embedded` runs the provider simulator (DESIGN §10: make run starts it).
+# Where `serve --embedded` runs the provider simulator (docs/design.md §10: make run starts it).
 PROVIDER_PORT = 8100
 
 # uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.

@@ -1,4 +1,4 @@
-"""One claimed attempt, from its effect to its answer (DESIGN §5 steps 5-6).
+"""One claimed attempt, from its effect to its answer (docs/design.md §5 steps 5-6).
 
 Local and external effects run the same way: the work is a task, a heartbeat extends the
 scope's lease while it runs, and the attempt waits for whichever comes first of the work

@@ -1,5 +1,5 @@
 """An external attempt: the provider is called while a heartbeat keeps the scope's lease
-(DESIGN §5 steps 5-6).
+(docs/design.md §5 steps 5-6).
 
 The call is bounded by the late-response window. Past the provider timeout (or a lost
 lease) the attempt settles ``unknown`` (504) and hands the call to the late answer keeper,

@@ -1,4 +1,4 @@
-"""One feed event's outcome (DESIGN §8): what the observer decides for each event of a page,
+"""One feed event's outcome (docs/design.md §8): what the observer decides for each event of a page,
 for each hold it decides again on its own, and for an operator's ``retry`` of a hold.
 
 An event's outcome, each committed with its receipt in one transaction:

@@ -1,4 +1,4 @@
-"""The walks behind a feed's checkpoint (DESIGN §8): what the main pages can no longer show.
+"""The walks behind a feed's checkpoint (docs/design.md §8): what the main pages can no longer show.
 
 * **Reconciliation pass** (cursor feeds): the feed read again up to the applied position,
   ``MAX_PAGE`` events a page: from its start for a source that may backfill anywhere, from

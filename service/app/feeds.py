@@ -1,4 +1,4 @@
-"""Feed administration (DESIGN §8): what each feed observer has done, and operator decisions
+"""Feed administration (docs/design.md §8): what each feed observer has done, and operator decisions
 on held events. Feeds span tenants, so only an all-tenant admin may read or act on them."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A local attempt: the effect runs inside its settlement transaction while a heartbeat
-keeps the scope's lease (DESIGN §5 steps 5-6).
+keeps the scope's lease (docs/design.md §5 steps 5-6).
 
 A lost lease cancels it, possibly mid-commit, so the answer then comes from the row: only a
 commit under this attempt's own fencing token is this attempt's outcome. A scope with no

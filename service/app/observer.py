@@ -1,4 +1,5 @@
-"""The feed observer (DESIGN §8): one worker per feed, ``run()`` and ``run_once()`` (a page).
+"""The feed observer (docs/design.md §8): one worker per feed, ``run()`` and ``run_once()``
+(a page).
 
 Each page: read the checkpoint, fetch the page it names, check the page against the
 receipts (:mod:`service.core.feed`), give every new event one durable outcome, then move the

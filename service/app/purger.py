@@ -1,4 +1,4 @@
-"""The retention purge (DESIGN §9): expired terminal operations become tombstones,
+"""The retention purge (docs/design.md §9): expired terminal operations become tombstones,
 tombstones past their own retention are forgotten, and so are a feed's final receipts out of
 every page's reach and its alarms not raised again.
 

@@ -1,4 +1,4 @@
-"""The idempotent request (DESIGN §5 steps 2-7), with no HTTP and no SQL.
+"""The idempotent request (docs/design.md §5 steps 2-7), with no HTTP and no SQL.
 
 Given an authenticated principal, a parsed key and a validated body:
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app.accounts import AccountQueries
 from service.app.admin import Admin
 from service.app.attempts import Attempts
 from service.app.console import Console
@@ -141,6 +142,7 @@ class Settlement:
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
         )
         self.status = StatusQueries(pool, self.leases, self.tombstones, clock=clock)
+        self.account_queries = AccountQueries(pool)
         self.admin = Admin(
             principals=self.principals,
             store=self.store,

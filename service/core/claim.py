@@ -1,6 +1,6 @@
 """What a new client request does against the operation row found for its scope.
 
-Rules (DESIGN §5 steps 2 and 4), first match wins:
+Rules (docs/design.md §5 steps 2 and 4), first match wins:
 
     no row                                   -> Claim NEW (first attempt, fencing token 1)
     fingerprint differs from the reservation -> FingerprintMismatch (422)

@@ -1,4 +1,5 @@
-"""The feed observer's barrier rules (DESIGN §8), pure: pages and receipts in, a verdict out.
+"""The feed observer's barrier rules (docs/design.md §8), pure: pages and receipts in, a
+verdict out.
 
 A provider feed serves events, each with signed evidence of one operation's outcome. The
 observer gives every event exactly one durable outcome (a *receipt*: applied, ignored as a

@@ -1,6 +1,6 @@
 """The tuple-gated three-stage merge: ``settle(record, observation, now) -> Decision``.
 
-Rules (DESIGN §4), applied in this order to one observation against the locked row:
+Rules (docs/design.md §4), applied in this order to one observation against the locked row:
 
 Stage A, tuple gate (every kind)
     A1. unverified evidence, or a reservation tuple other than the record's

@@ -1,4 +1,4 @@
-"""A provider's event feeds (DESIGN §8): the configuration and the HTTP client.
+"""A provider's event feeds (docs/design.md §8): the configuration and the HTTP client.
 
 Two kinds of feed serve the same events, each with signed evidence of one payment:
 

@@ -1,5 +1,5 @@
-"""The idempotent routes' request: caller, key and body checked, then the use case (DESIGN §5
-step 1).
+"""The idempotent routes' request: caller, key and body checked, then the use case
+(docs/design.md §5 step 1).
 
 Each idempotent route is an ordinary Litestar handler. What it reads is declared in its
 signature, so Litestar decodes it and the OpenAPI document shows it:

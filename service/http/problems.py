@@ -45,7 +45,7 @@ CLIENT_GONE = "client disconnected prematurely"
 IDEMPOTENT = "idempotent"
 
 
-# slug -> (status, title). DESIGN §6 is the contract; slugs and statuses are public API.
+# slug -> (status, title). docs/design.md §6 is the contract; slugs and statuses are public API.
 SLUGS: dict[str, tuple[int, str]] = {
     "unauthenticated": (401, "Authentication required"),
     "forbidden": (403, "Forbidden"),

@@ -1,4 +1,4 @@
-"""A feed's alarms (DESIGN §8): what an operator must look at, counted per event, and
+"""A feed's alarms (docs/design.md §8): what an operator must look at, counted per event, and
 accepting a conflicting identity after review. The alarm part of
 :class:`service.store.feeds.FeedStore`.
 """

@@ -1,4 +1,4 @@
-"""A feed's progress (DESIGN §8): its checkpoint, and the lag its source cannot fake.
+"""A feed's progress (docs/design.md §8): its checkpoint, and the lag its source cannot fake.
 
 A checkpoint moves only by a CAS on its version and the value it was read with
 (:meth:`FeedCheckpoints.promote_cursor`, :meth:`FeedCheckpoints.close_through`); a losing

@@ -1,4 +1,4 @@
-"""A feed's receipts (DESIGN §8): one per event, what became of it, and the open holds.
+"""A feed's receipts (docs/design.md §8): one per event, what became of it, and the open holds.
 
 * Every event's outcome commits with its receipt in one transaction
   (:meth:`FeedReceipts.settle_event`, :meth:`FeedReceipts.refuse_event`): the receipt row

@@ -1,4 +1,4 @@
-"""The feed observer's durable state (DESIGN §8): checkpoints, receipts, alarms.
+"""The feed observer's durable state (docs/design.md §8): checkpoints, receipts, alarms.
 
 One store over three tables, each part in its own module:
 

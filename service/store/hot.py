@@ -13,7 +13,7 @@
 
 The SQL is in :mod:`service.store.hot_sql`.
 
-The rules are the store's (DESIGN §4): the row is locked before the core decides, every
+The rules are the store's (docs/design.md §4): the row is locked before the core decides, every
 authoritative write is a CAS on the reservation tuple and revision, and what the core did
 not apply never commits (the transaction is rolled back; the caller then records the
 observation through the general settle path, without the effect).

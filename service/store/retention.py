@@ -1,4 +1,4 @@
-"""Retention (DESIGN §9): terminal results are kept for a while, then only a tombstone is.
+"""Retention (docs/design.md §9): terminal results are kept for a while, then only a tombstone is.
 
 * :class:`Retention`: how long a route's terminal results are kept, and how long a tombstone
   remembers the key afterwards.

@@ -312,7 +312,7 @@ transfers = Table(
 )
 
 
-# -- the feed observer (DESIGN §8) -----------------------------------------------------------
+# -- the feed observer (docs/design.md §8) ----------------------------------------------------
 
 FEED_KINDS = ("cursor", "timestamp")
 RECEIPT_STATES = ("applied", "ignored", "quarantined", "held")

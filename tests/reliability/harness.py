@@ -105,7 +105,7 @@ REQUEST_TIMEOUT = 10.0
 GAVE_UP_PAUSE = (0.2, 1.0)
 # Prefer: wait asked from the first request by a third of the actions.
 ACTION_WAIT = 2
-# The 5xx answers the contract documents (DESIGN §6); anything else is a violation.
+# The 5xx answers the contract documents (docs/design.md §6); anything else is a violation.
 DOCUMENTED_5XX = {
     (503, "service-unavailable"),
     (503, "lease-unavailable"),

@@ -1,5 +1,6 @@
 """What an attempt answers once it is done (``attempt_answer``), how a lease's liveness in
-Redis reaches the core (``with_lease``), and the scope's lease name (DESIGN §5 step 6)."""
+Redis reaches the core (``with_lease``), and the scope's lease name
+(docs/design.md §5 steps 3 and 6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""What a client request does with the row of its scope (``decide_claim``, DESIGN §5 steps 2 and 4).
+"""What a client request does with the row of its scope (``decide_claim``, docs/design.md §5
+steps 2 and 4).
 
 First match wins: no row -> NEW claim; fingerprint differs -> FingerprintMismatch; binding
 differs -> BindingMismatch; conflict -> OperationConflict; completed/failed -> Replay;

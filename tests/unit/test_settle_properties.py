@@ -1,4 +1,4 @@
-"""Properties of the settlement merge that must hold for every input (DESIGN §4).
+"""Properties of the settlement merge that must hold for every input (docs/design.md §4).
 
 "Applying" a decision means what the shell does: on Apply the row becomes ``decision.record``,
 otherwise it stays as it was. Clocks are drawn around ``NOW`` so leases are sometimes valid,

@@ -1,4 +1,5 @@
-"""The settlement merge as a transition table (DESIGN §4, rules in ``service/core/settle.py``).
+"""The settlement merge as a transition table (docs/design.md §4, rules in
+``service/core/settle.py``).
 
 Every expected value below follows from these rules:
 
@@ -431,7 +432,7 @@ def test_tuple_gate_decides_before_any_merge(
     assert apply_decision(record, decision) is record
 
 
-# Named behaviours (DESIGN §4 and the settle.py rules), one scenario each.
+# Named behaviours (docs/design.md §4 and the settle.py rules), one scenario each.
 
 
 def test_timeout_then_matching_success_upgrades_unknown() -> None:

@@ -21,8 +21,7 @@ from service.http.idempotent import (
     idempotent_opt,
     identify_caller,
 )
-from service.http.problems import problem_response
-from service.http.render import json_response
+from service.http.render import render_json_or_problem
 from service.store.principals import Role
 
 __all__ = ["get_account", "post_account", "post_transfer"]
@@ -80,8 +79,4 @@ async def get_account(
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
     require_role(principal, Role.CLIENT, Role.ADMIN)
-    async with settlement.pool.acquire() as conn:
-        account = await ledger.get_account(conn, principal.tenant, account_id)
-    if account is None:
-        return problem_response("not-found", f"no account {account_id}")
-    return json_response(account)
+    return render_json_or_problem(await settlement.account_queries.by_id(principal, account_id))
