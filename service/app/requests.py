@@ -277,7 +277,8 @@ class IdempotentRequests:
                 if answered is not None:
                     await release(announced())
                     return answered
-            # nothing was written (the guard refused, or a row appeared): the general way
+            # nothing was written (a row appeared, a lock was not granted): claim, then
+            # settle under the row's lock
         with span("settlement.claim", operation_route=spec.route) as traced:
             claimed = await self._store.claim(
                 scope,

@@ -17,7 +17,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "leases": ("service.app", "service.http", "service.store", "litestar", "sqlalchemy"),
     "domain": ("service.app", "service.http", "litestar", "redis"),
     "telemetry": ("service.app", "service.http", "service.store", "litestar"),
-    "app": ("service.http", "litestar"),
+    "app": ("service.http", "litestar", "asyncpg"),
     "http": ("sqlalchemy", "redis"),
 }
 # what a layer may import although a prefix above forbids it
