@@ -121,6 +121,7 @@ class LocalAttempts:
             # second request's insert of this scope would wait for this statement's, then
             # find its row: PostgreSQL's unique scope decides.
             try:
+                await self._failpoints.hit("effect.before_statement")  # nothing written yet
                 done = await self._store.claim_and_settle_local(
                     scope, request, build, lease_token=lease.token, route=spec.route
                 )
