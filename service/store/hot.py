@@ -63,8 +63,8 @@ __all__ = ["Fallback", "HotPath"]
 
 
 class Fallback(msgspec.Struct, frozen=True):
-    """The hot path settled nothing (its transaction rolled back): ``observation`` is what
-    the attempt reports instead, to be recorded through the general settle path."""
+    """The hot path wrote nothing: ``observation`` is what the attempt reports instead, to
+    be recorded through the general settle path (which records what the core decided)."""
 
     observation: Observation
 
@@ -205,9 +205,10 @@ class HotPath:
         with database_refusals():
             async with self._pool.acquire() as conn:
                 done = await write(observation, (statement.guard, statement.apply, statement.args))
-                if done is not None and done[0]["refusal"] is not None:
-                    observation = statement.refused(*done[0]["refusal"])
-                    done = await write(observation, (NO_EFFECT_GUARD, "", ()))
+                refusal = None if done is None else done[0]["refusal"]
+                if refusal is not None:  # the guard refused: its problem is the outcome
+                    observation = statement.refused(*refusal)
+                    done = await write(observation, _NO_EFFECT)
         if done is None or done[0]["observation_id"] is None:
             return None
         row, decision = done
@@ -271,9 +272,10 @@ class HotPath:
                 if not _owns(attempt, record):
                     return Fallback(attempt.probe())  # the effect does not run
                 done = await write(observation, (statement.guard, statement.apply, statement.args))
-                if done is not None and done[0]["refusal"] is not None:
-                    observation = statement.refused(*done[0]["refusal"])
-                    done = await write(observation, (NO_EFFECT_GUARD, "", ()))
+                refusal = None if done is None else done[0]["refusal"]
+                if refusal is not None:  # the guard refused: its problem is the outcome
+                    observation = statement.refused(*refusal)
+                    done = await write(observation, _NO_EFFECT)
                 if done is None:
                     return Fallback(observation)  # the core did not apply it: nothing written
                 row, decision = done
@@ -292,6 +294,8 @@ class HotPath:
 
 # an effect's SQL: its guard, its writes and the values of their $E<n> placeholders
 _Sql = tuple[str, str, tuple[object, ...]]
+# what settles an outcome without an effect: a guard that never refuses, no writes
+_NO_EFFECT: _Sql = (NO_EFFECT_GUARD, "", ())
 
 
 def _owns(attempt: AttemptRef, record: Record) -> bool:
