@@ -29,6 +29,7 @@ __all__ = [
     "NO_EFFECT_GUARD",
     "claim_settle_with",
     "finish_with",
+    "with_effect",
 ]
 
 _RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
@@ -112,13 +113,18 @@ _ANSWER = """SELECT (SELECT id FROM recorded) AS observation_id,
 NO_EFFECT_GUARD = "verdict AS (SELECT NULL::text[] AS refusal)"
 
 
-def _placed(sql: str, offset: int) -> str:
-    """``$E<n>`` as ``$<offset + n>``."""
-    return _EFFECT_PLACEHOLDER.sub(lambda m: f"${offset + int(m[1])}", sql)
+def with_effect(guard: str, written: str, apply: str, *rest: str, offset: int) -> str:
+    """The common table expressions of a statement carrying an effect's SQL (an
+    ``EffectStatement``'s guard and writes): the guard, ``effect_ok`` (the guard's verdict
+    when it lets the effect through), ``written`` (a write gated on ``effect_ok``, which
+    gates the effect's writes), the writes, then ``rest``; ``$E<n>`` becomes
+    ``$<offset + n>``."""
 
+    def placed(sql: str) -> str:
+        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${offset + int(m[1])}", sql)
 
-def _with(*parts: str) -> str:
-    return "WITH " + ",\n".join(part for part in parts if part) + "\n" + _ANSWER
+    parts = (placed(guard), _EFFECT_OK, written, placed(apply), *rest)
+    return "WITH " + ",\n".join(part for part in parts if part)
 
 
 @functools.lru_cache(maxsize=32)
@@ -126,13 +132,7 @@ def finish_with(guard: str, apply: str) -> str:
     """The finishing statement carrying an :class:`EffectStatement`'s SQL: its guard gates
     the CAS, the CAS gates its writes; ``$E<n>`` becomes ``$<32 + n>``."""
     written = _WRITTEN.format(gate="AND EXISTS (SELECT 1 FROM effect_ok)")
-    return _with(
-        _placed(guard, FINISH_PARAMS),
-        _EFFECT_OK,
-        written,
-        _placed(apply, FINISH_PARAMS),
-        _RECORDED,
-    )
+    return with_effect(guard, written, apply, _RECORDED, offset=FINISH_PARAMS) + "\n" + _ANSWER
 
 
 # A new operation claimed, its effect run and its outcome settled, in one statement: the row
@@ -174,10 +174,5 @@ def claim_settle_with(guard: str, apply: str) -> str:
     """The one statement of a new operation with an :class:`EffectStatement`: its guard gates
     the insert of the settled row, the insert gates its writes; ``$E<n>`` becomes
     ``$<38 + n>``."""
-    return _with(
-        _placed(guard, CLAIM_SETTLE_PARAMS),
-        _EFFECT_OK,
-        _CLAIMED_SETTLED,
-        _placed(apply, CLAIM_SETTLE_PARAMS),
-        _BEGUN_ENDED,
-    )
+    claimed = with_effect(guard, _CLAIMED_SETTLED, apply, _BEGUN_ENDED, offset=CLAIM_SETTLE_PARAMS)
+    return claimed + "\n" + _ANSWER
