@@ -307,32 +307,65 @@ async def test_a_transfer_and_its_settlement_are_one_statement_under_the_row_loc
     assert current.result is not None and current.result.digest == "d1"
 
 
-REFUSALS = [
-    (5, 0, 10, "EUR", None, ("insufficient-funds", "source balance 5 is below the amount 10")),
-    (
-        100,
-        10**15,
-        1,
-        "EUR",
-        None,
-        ("balance-limit", "the destination balance would exceed the limit"),
-    ),
-    (
+# (balances, amount, the account in USD, the account missing, the refusal): in the guard's
+# order, the first rule broken is the one named; {0} and {1}: the source and destination ids
+REFUSALS = {
+    "source-not-found": (
         100,
         0,
         10,
-        "USD",
+        None,
+        0,
+        ("account-not-found", "source account {0} not found"),
+    ),
+    "both-not-found": (100, 0, 10, None, 2, ("account-not-found", "source account {0} not found")),
+    "destination-not-found": (
+        100,
+        0,
+        10,
+        None,
+        1,
+        ("account-not-found", "destination account {1} not found"),
+    ),
+    "source-currency": (
+        100,
+        0,
+        10,
+        0,
+        None,
+        ("currency-mismatch", "source account holds USD, the transfer is in EUR"),
+    ),
+    "destination-currency": (
+        5,
+        0,
+        10,
+        1,
         None,
         ("currency-mismatch", "destination account holds USD, the transfer is in EUR"),
     ),
-    (100, 0, 10, "EUR", 1, ("account-not-found", "destination account {} not found")),
-]
+    "insufficient-funds": (
+        5,
+        10**15,
+        10,
+        None,
+        None,
+        ("insufficient-funds", "source balance 5 is below the amount 10"),
+    ),
+    "balance-limit": (
+        100,
+        10**15,
+        1,
+        None,
+        None,
+        ("balance-limit", "the destination balance would exceed the limit"),
+    ),
+}
 
 
 @pytest.mark.parametrize(
-    ("source", "destination", "amount", "currency", "missing", "refusal"),
-    REFUSALS,
-    ids=["insufficient-funds", "balance-limit", "currency-mismatch", "account-not-found"],
+    ("source", "destination", "amount", "in_usd", "missing", "refusal"),
+    list(REFUSALS.values()),
+    ids=list(REFUSALS),
 )
 async def test_a_transfer_the_guard_refuses_is_settled_failed_with_its_reason_moving_nothing(
     engine: AsyncEngine,
@@ -342,26 +375,26 @@ async def test_a_transfer_the_guard_refuses_is_settled_failed_with_its_reason_mo
     source: int,
     destination: int,
     amount: int,
-    currency: str,
+    in_usd: int | None,
     missing: int | None,
     refusal: tuple[str, str],
 ) -> None:
     attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     ids = await two_accounts(engine, source, destination)
-    if currency != "EUR":
+    if in_usd is not None:
         async with engine.begin() as conn:
             await conn.execute(
-                update(accounts).where(accounts.c.id == ids[1]).values(currency=currency)
+                update(accounts).where(accounts.c.id == ids[in_usd]).values(currency="USD")
             )
     target = list(ids)
-    if missing is not None:
-        target[missing] = uuid.uuid4()
+    for index in (0, 1) if missing == 2 else () if missing is None else (missing,):
+        target[index] = uuid.uuid4()
     said: list[tuple[str, str]] = []
     settled = await store.settle_local(
         op, attempt, moving(attempt, record, target, amount, said), route=ROUTE
     )
-    assert said == [(refusal[0], refusal[1].format(target[1]))]
+    assert said == [(refusal[0], refusal[1].format(*target))]
     assert settled.record.state is OperationState.FAILED
     assert await balances(engine, ids) == [source, destination]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 0
@@ -557,7 +590,7 @@ async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
 ) -> None:
     """Were the lease to run out while the statement runs, a second request would send its
     own: the scope's unique row decides, not the lease. One writes; the other writes
-    nothing and answers from the row the general way."""
+    nothing and answers from the row under its lock."""
     ids = await two_accounts(engine, 100)
     requests = [claim_request(scope.principal_id, clock) for _ in range(6)]
     done = await asyncio.gather(
