@@ -2,13 +2,13 @@
 
 * ``GET /bench/bare``: a plain JSON answer, no I/O: what the HTTP stack (uvicorn, Litestar,
   msgspec) costs on its own.
-* ``POST /bench/plain-transfer``: the ledger transaction of ``POST /v1/transfers`` without the
-  idempotency layer: authenticate, decode the same body, then one transaction that inserts a
-  minimal operation row (``transfers.operation_id`` is a NOT NULL foreign key to
-  ``operations``) and runs ``service.domain.ledger.transfer``. No key, fingerprint, scope read,
-  lease, claim, attempt or observation. The extra operation-row INSERT is the only statement
-  a schema without idempotency would not need, so ``new / plain-transfer`` slightly understates
-  the idempotency layer's cost.
+* ``POST /bench/plain-transfer``: the ledger's SQL of ``POST /v1/transfers`` without the
+  idempotency layer: authenticate, decode the same body, then one statement: the transfer's
+  guard (``service.domain.ledger.transfer_statement``), a minimal operation row
+  (``transfers.operation_id`` is a NOT NULL foreign key to ``operations``) and the transfer's
+  writes. No key, fingerprint, scope read, lease, claim, attempt or observation. The
+  operation-row INSERT is the only part a schema without idempotency would not need, so
+  ``new / plain-transfer`` slightly understates the idempotency layer's cost.
 
 Every other route of the server is there too (``/health`` is the readiness probe).
 ``BENCH_LOG_LEVEL`` (default INFO, as the server) sets the root log level of this app, to see
@@ -35,6 +35,7 @@ from service.http.app import create_app
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.problems import problem_response
+from service.store.hot_sql import with_effect
 from service.store.principals import Role
 
 __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
@@ -42,13 +43,18 @@ __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
 PLAIN_ROUTE = "POST /bench/plain-transfer"
 # Stands in for a request fingerprint in the minimal operation row (never compared).
 _NO_FINGERPRINT = "0" * 64
-# The minimal operation row: the foreign-key parent of the transfer, nothing more.
-_OPERATION_ROW = """
-INSERT INTO operations (id, tenant, principal_id, route, idempotency_key, binding_generation,
-    request_fingerprint, bound_principal_id, bound_credential_generation, state, revision,
-    fencing_token)
-VALUES ($1, $2, $3, $4, $5, 1, $6, $3, $7, 'unknown', 1, 1)
-"""
+# The minimal operation row: the foreign-key parent of the transfer, nothing more, written
+# only if the transfer's guard lets it through ($1-$7; the transfer's own values follow).
+_OPERATION_ROW = """written AS (
+    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
+        binding_generation, request_fingerprint, bound_principal_id,
+        bound_credential_generation, state, revision, fencing_token)
+    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, 1, $6::varchar,
+           $3::uuid, $7::int, 'unknown', 1, 1
+     WHERE EXISTS (SELECT 1 FROM effect_ok)
+    RETURNING id
+)"""
+_OPERATION_ROW_PARAMS = 7
 
 
 @get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
@@ -56,7 +62,7 @@ async def bare() -> dict[str, bool]:
     return {"ok": True}
 
 
-@post("/bench/plain-transfer", status_code=201, summary="Baseline: the ledger transaction only")
+@post("/bench/plain-transfer", status_code=201, summary="Baseline: the ledger's SQL only")
 async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
     try:
         principal = await authenticate(request, settlement.principals)
@@ -68,21 +74,23 @@ async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) 
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return problem_response("validation-error", str(exc))
     operation_id = uuid.uuid4()
-    try:
-        async with settlement.pool.acquire() as conn, conn.transaction():
-            await conn.execute(
-                _OPERATION_ROW,
-                operation_id,
-                principal.tenant,
-                principal.id,
-                PLAIN_ROUTE,
-                str(operation_id),
-                _NO_FINGERPRINT,
-                principal.credential_generation,
-            )
-            made = await ledger.transfer(conn, principal.tenant, operation_id, 1, body)
-    except ledger.BusinessFailure as failure:  # not expected here: every account is funded
-        problem = {"type": f"/problems/{failure.slug}", "status": 422, "detail": failure.detail}
+    guard, apply, args, made = ledger.transfer_statement(principal.tenant, operation_id, 1, body)
+    statement = with_effect(guard, _OPERATION_ROW, apply, offset=_OPERATION_ROW_PARAMS)
+    async with settlement.pool.acquire() as conn:
+        refusal = await conn.fetchval(
+            statement + "\nSELECT (SELECT refusal FROM verdict)",
+            operation_id,
+            principal.tenant,
+            principal.id,
+            PLAIN_ROUTE,
+            str(operation_id),
+            _NO_FINGERPRINT,
+            principal.credential_generation,
+            *args,
+        )
+    if refusal is not None:  # not expected here: every account is funded
+        slug, detail = refusal
+        problem = {"type": f"/problems/{slug}", "status": 422, "detail": detail}
         return Response(
             content=msgspec.json.encode(problem),
             status_code=422,

@@ -192,7 +192,7 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
 
-        say("plain-transfer: the ledger transaction without idempotency")
+        say("plain-transfer: the ledger's SQL without idempotency")
         args = fixture.fresh_args("/bench/plain-transfer", "plain")
         result, usage = runner.wrk(stack, server, "fresh.lua", args)
         runner.add(
@@ -202,8 +202,9 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                 result,
                 usage,
                 [
-                    "authenticate + one transaction: minimal operation row (FK parent) + "
-                    "ledger.transfer; no key, scope read, lease, claim, attempt, observation"
+                    "authenticate + one statement: the transfer's guard, a minimal operation "
+                    "row (FK parent) and its writes; no key, scope read, lease, claim, "
+                    "attempt, observation"
                 ],
             )
         )

@@ -3,7 +3,8 @@
 ``SETTLEMENT_FAILPOINTS="name=action,..."`` where action is ``crash`` (the process ends at
 once, as a power cut would: SIGKILL to itself), ``sleep:SECONDS`` or ``error`` (raises
 :class:`FailpointError`). Names in use: ``claim.after``, ``effect.before_commit``,
-``effect.after_commit``, ``settle.after``, ``lease.heartbeat``, and the feed observer's
+``effect.before_statement``, ``effect.after_commit``, ``settle.after``, ``lease.heartbeat``,
+and the feed observer's
 ``observer.event.before_commit|after_commit``, ``observer.quarantine.before|after``,
 ``observer.barrier.before|after``.
 """
@@ -25,6 +26,7 @@ NAMES = frozenset(
     {
         "claim.after",
         "effect.before_commit",
+        "effect.before_statement",
         "effect.after_commit",
         "settle.after",
         "lease.heartbeat",

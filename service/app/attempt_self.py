@@ -78,7 +78,6 @@ def attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef,
         attempt_id=claimed.attempt_id,
         reservation=record.reservation,
         fencing_token=record.fencing_token,
-        claimed=record,
     )
     context = ExecutionContext(
         principal=principal,

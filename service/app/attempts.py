@@ -67,7 +67,7 @@ class Attempts:
             late_response_window=late_response_window,
         )
         # a scope with no row, a local route with a statement form: claim, run and settle in
-        # one statement (None: claim and run the attempt the general way)
+        # one statement (None: claim, then settle under the row's lock)
         self.run_new_local = self._local.run_new_local
 
     async def run(
@@ -84,7 +84,7 @@ class Attempts:
         try:
             if spec.external is not None:
                 return await self._external.run(spec, spec.external, context, attempt, body, lease)
-            assert spec.execute is not None
-            return await self._local.run(spec, spec.execute, context, attempt, body, lease)
+            assert spec.statement is not None
+            return await self._local.run(spec, spec.statement, context, attempt, body, lease)
         finally:
             self._metrics.on_attempt(spec.route, time.perf_counter() - started)

@@ -7,8 +7,8 @@ row may claim, run and settle in one statement (:meth:`LocalAttempts.run_new_loc
 
 A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
 
-A database integrity error raised by a local effect (a CHECK, unique, foreign-key,
-not-null or exclusion constraint refusing its writes) is not an outcome either: the
+A constraint of the database refusing a local effect's writes (``EffectRefused``: a
+CHECK, unique, foreign-key, not-null or exclusion constraint) is not an outcome either: the
 effect's transaction rolled back, so nothing of it was written. The attempt gives up
 (``unknown``, or no row at all for a new operation's one statement) and the client gets
 409 ``effect-refused``, safe to retry with the same key. It means an effect's own rules let
@@ -24,26 +24,27 @@ import time
 import uuid
 from typing import Any
 
-import asyncpg
-
 from service.app.answers import Answer, Problem, answer_of
 from service.app.attempt_lease import LeaseKeeper
 from service.app.attempt_self import answer_after, attempt_observation, attempt_of, settle_attempt
-from service.app.effects import ExecutionContext, IdempotentRoute, LocalHandler, business_outcome
+from service.app.effects import (
+    ExecutionContext,
+    IdempotentRoute,
+    StatementHandler,
+    business_outcome,
+)
 from service.core import (
     ClaimRequest,
     Observation,
     ObservationKind,
-    Record,
     Scope,
     Unsettled,
     attempt_answer,
 )
-from service.domain.ledger import BusinessFailure
 from service.failpoints import Failpoints
 from service.leases import Lease
 from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
-from service.store.outcomes import KeyExpired
+from service.store.outcomes import EffectRefused, KeyExpired
 from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
@@ -61,17 +62,12 @@ log = logging.getLogger("settlement.attempts")
 
 
 # What a local attempt meets when the database is busy or away, not broken: a row lock not
-# granted in the lock timeout, no pooled connection within the connect timeout, a deadlock
-# PostgreSQL broke by aborting this transaction (two attempts of one operation after a lease
-# takeover), or a connection lost (a restart). A retry with the same key is safe after each:
-# it replays whatever committed, or runs the operation again if nothing did.
-BUSY = (
-    RowLocked,
-    TimeoutError,
-    PoolTimeout,
-    asyncpg.exceptions.DeadlockDetectedError,
-    *DATABASE_GONE,
-)
+# granted in the lock timeout or a deadlock PostgreSQL broke by aborting this transaction
+# (two attempts of one operation after a lease takeover; the store says RowLocked for both),
+# no pooled connection within the connect timeout, or a connection lost (a restart). A retry
+# with the same key is safe after each: it replays whatever committed, or runs the operation
+# again if nothing did.
+BUSY: tuple[type[BaseException], ...] = (RowLocked, TimeoutError, PoolTimeout, *DATABASE_GONE)
 
 
 class LocalAttempts:
@@ -102,8 +98,8 @@ class LocalAttempts:
         """A scope with no row, a local route with a statement form: claim, run and settle in
         one statement while holding ``lease`` (nothing is ever left ``in_progress``: a crash or
         a lost connection leaves either the whole settled operation or nothing). None when
-        nothing was written and the caller should claim and run the attempt the general
-        way (the guard refused, a row appeared). ``KeyExpired`` when the key's tombstone
+        nothing was written and the caller should claim, then settle under the row's lock (a
+        row appeared, a lock was not granted). ``KeyExpired`` when the key's tombstone
         stands (written by a purge that committed while this statement ran)."""
         assert spec.statement is not None
         statement_of = spec.statement
@@ -111,9 +107,7 @@ class LocalAttempts:
 
         def build(claimed: ClaimOutcome) -> EffectStatement:
             attempt, context = attempt_of(claimed, principal)
-            guard, apply, args, produced = statement_of(context, body)
-            observation = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
-            return EffectStatement(guard, apply, args, observation)
+            return _effect_statement(statement_of, context, attempt, body)
 
         op = request.new_operation_id
         # claim, effect and settlement are one statement: their spans nest around it
@@ -127,11 +121,12 @@ class LocalAttempts:
             # second request's insert of this scope would wait for this statement's, then
             # find its row: PostgreSQL's unique scope decides.
             try:
+                await self._failpoints.hit("effect.before_statement")  # nothing written yet
                 done = await self._store.claim_and_settle_local(
                     scope, request, build, lease_token=lease.token, route=spec.route
                 )
-            except (RowLocked, asyncpg.exceptions.DeadlockDetectedError):
-                # a lock not granted: nothing was written; the general way claims first and
+            except RowLocked:
+                # a lock not granted: nothing was written; the locked path claims first and
                 # waits once more (a lock freed meanwhile runs the transfer after all)
                 return None
             except KeyExpired:
@@ -155,7 +150,7 @@ class LocalAttempts:
     def _unwritten(self, operation_id: str, exc: Exception) -> Answer:
         """The one statement of a new operation failed: it wrote nothing, or (a connection
         lost at COMMIT) everything; a retry with the same key runs it or replays it."""
-        if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+        if isinstance(exc, EffectRefused):
             return _refused(operation_id, exc, state=None)
         if isinstance(exc, BUSY) or database_gone(exc):
             log.warning(
@@ -183,7 +178,7 @@ class LocalAttempts:
     async def run(
         self,
         spec: IdempotentRoute,
-        execute: LocalHandler,
+        statement_of: StatementHandler,
         context: ExecutionContext,
         attempt: AttemptRef,
         body: Any,
@@ -191,38 +186,25 @@ class LocalAttempts:
     ) -> Answer:
         op = str(context.operation_id)
         number = attempt.fencing_token
-
-        async def effect(conn: asyncpg.Connection, current: Record) -> Observation:
-            with span(
-                "settlement.effect",
-                operation_id=op,
-                operation_route=spec.route,
-                attempt_number=number,
-            ):
-                try:
-                    produced = await execute(conn, context, body)
-                    kind = ObservationKind.COMPLETED
-                except BusinessFailure as failure:
-                    produced = business_outcome(failure, context.operation_id)
-                    kind = ObservationKind.FAILED
-            return attempt_observation(attempt, kind, produced)
-
-        statement = None
-        if spec.statement is not None:
-            guard, apply, args, produced = spec.statement(context, body)
-            observation = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
-            statement = EffectStatement(guard, apply, args, observation)
+        statement = _effect_statement(statement_of, context, attempt, body)
 
         async def settle() -> Settled:
-            # the local effect runs inside its settlement's transaction: its span is a child
-            with span("settlement.settle", operation_id=op, attempt_number=number) as traced:
+            # the local effect runs inside its settlement's transaction: their spans nest
+            with (
+                span(
+                    "settlement.effect",
+                    operation_id=op,
+                    operation_route=spec.route,
+                    attempt_number=number,
+                ),
+                span("settlement.settle", operation_id=op, attempt_number=number) as traced,
+            ):
                 settled = await self._store.settle_local(
                     context.operation_id,
                     attempt,
-                    effect,
+                    statement,
                     route=spec.route,
                     before_commit=lambda: self._failpoints.hit("effect.before_commit"),
-                    statement=statement,
                 )
                 traced.set(
                     settlement_stage=settled.decision.stage.value,
@@ -237,7 +219,7 @@ class LocalAttempts:
             settled = work.result()
         except BUSY as exc:
             return await self._busy(attempt, context, exc)
-        except asyncpg.IntegrityConstraintViolationError as exc:
+        except EffectRefused as exc:
             await self._give_up(attempt)
             return _refused(str(context.operation_id), exc, state="unknown")
         except Exception as exc:
@@ -310,20 +292,32 @@ class LocalAttempts:
             await settle_attempt(self._store, attempt, attempt_observation(attempt))
 
 
-def _refused(
-    operation_id: str, exc: asyncpg.IntegrityConstraintViolationError, *, state: str | None
-) -> Problem:
+def _effect_statement(
+    statement_of: StatementHandler, context: ExecutionContext, attempt: AttemptRef, body: Any
+) -> EffectStatement:
+    """The route's effect as SQL for ``attempt``: what it reports when the effect applies,
+    and when the effect's guard refuses it (a ``failed`` outcome: the refusal's problem)."""
+    guard, apply, args, produced = statement_of(context, body)
+
+    def refused(slug: str, detail: str) -> Observation:
+        failure = business_outcome(slug, detail, context.operation_id)
+        return attempt_observation(attempt, ObservationKind.FAILED, failure)
+
+    completed = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
+    return EffectStatement(guard, apply, args, completed, refused)
+
+
+def _refused(operation_id: str, exc: EffectRefused, *, state: str | None) -> Problem:
     """A local effect's writes refused by a constraint of their tables: nothing was written
     (its transaction rolled back); a retry with the same key runs the effect again."""
-    constraint = getattr(exc, "constraint_name", None) or type(exc).__name__
     log.error(
         "effect refused by the database",
         exc_info=(type(exc), exc, exc.__traceback__),
-        extra={"operation_id": operation_id, "constraint": constraint},
+        extra={"operation_id": operation_id, "constraint": exc.constraint},
     )
     return Problem(
         "effect-refused",
-        f"the database refused the effect's writes ({constraint}); nothing was written, "
+        f"the database refused the effect's writes ({exc.constraint}); nothing was written, "
         "retry with the same key",
         operation_id,
         state=state,

@@ -125,8 +125,11 @@ class IdempotentRequests:
         self._failpoints = failpoints
         self._clock = clock
         self._slots = Slots(per_principal, slot_wait)
-        # failpoints that hold an attempt between its claim and its commit need a claimed
-        # row to hold: with one armed, new local operations are claimed first, then run
+        # ``claim.after`` and ``effect.before_commit`` stand between a claim and its commit,
+        # which only the locked path has: with one of them armed, new local operations are
+        # claimed first, then settled under the row's lock. Every other failpoint leaves new
+        # operations on the one statement (``effect.before_statement`` and
+        # ``effect.after_commit`` stand right before and right after it)
         self._holds_attempts = any(
             failpoints.armed(name) for name in ("claim.after", "effect.before_commit")
         )
@@ -277,7 +280,8 @@ class IdempotentRequests:
                 if answered is not None:
                     await release(announced())
                     return answered
-            # nothing was written (the guard refused, or a row appeared): the general way
+            # nothing was written (a row appeared, a lock was not granted): claim, then
+            # settle under the row's lock
         with span("settlement.claim", operation_route=spec.route) as traced:
             claimed = await self._store.claim(
                 scope,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncpg
 import msgspec
 
 from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
@@ -17,24 +16,6 @@ from service.domain.payouts import (
 from service.evidence import SignedEvidence
 
 __all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
-
-
-async def _create_account(
-    conn: asyncpg.Connection, ctx: ExecutionContext, body: ledger.AccountRequest
-) -> Outcome:
-    account = await ledger.create_account(
-        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
-    )
-    return Outcome(status=201, body=msgspec.json.encode(account))
-
-
-async def _transfer(
-    conn: asyncpg.Connection, ctx: ExecutionContext, body: ledger.TransferRequest
-) -> Outcome:
-    made = await ledger.transfer(
-        conn, ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
-    )
-    return Outcome(status=201, body=msgspec.json.encode(made))
 
 
 def _create_account_statement(
@@ -58,13 +39,11 @@ def _transfer_statement(
 ACCOUNTS = IdempotentRoute(
     route="POST /v1/accounts",
     body_type=ledger.AccountRequest,
-    execute=_create_account,
     statement=_create_account_statement,
 )
 TRANSFERS = IdempotentRoute(
     route="POST /v1/transfers",
     body_type=ledger.TransferRequest,
-    execute=_transfer,
     statement=_transfer_statement,
 )
 

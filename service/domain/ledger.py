@@ -1,23 +1,20 @@
 """The demo local-effect domain: accounts and transfers.
 
-A transfer's rows and both balance updates are written on the settlement transaction's
-(asyncpg) connection in two statements, so they commit together with the operation, attempt
-and observation rows (or not at all). Account rows are locked in ascending id order, so two
-transfers over the same pair of accounts cannot deadlock.
-
-:func:`transfer_statement` is the same transfer as SQL the settlement's finishing statement
-carries (``service.store.outcomes.EffectStatement``): the guard locks both accounts in the
-same order and checks every rule :func:`transfer` checks; the writes are those of
-:func:`transfer`. When the guard refuses, :func:`transfer` runs and says why.
+Each effect is SQL that rides in its settlement's statement
+(``service.store.outcomes.EffectStatement``), so the effect's rows commit together with the
+operation, attempt and observation rows, or not at all. Its guard is the effect's one rule
+set: a ``CASE`` that yields why the effect may not apply (a problem slug and its detail), or
+NULL. The transfer's guard locks both accounts in ascending id order, so two transfers over
+the same pair of accounts cannot deadlock.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any, Protocol
 
-import asyncpg
 import msgspec
 
 from service.domain.currencies import ISO_4217
@@ -25,13 +22,11 @@ from service.domain.currencies import ISO_4217
 __all__ = [
     "Account",
     "AccountRequest",
-    "BusinessFailure",
+    "Connection",
     "Transfer",
     "TransferRequest",
-    "create_account",
     "create_account_statement",
     "get_account",
-    "transfer",
     "transfer_statement",
 ]
 
@@ -93,39 +88,18 @@ class Transfer(msgspec.Struct, frozen=True):
     created_at: datetime
 
 
-class BusinessFailure(Exception):
-    """A definitive business outcome: stored as ``failed`` and replayed."""
-
-    def __init__(self, slug: str, detail: str) -> None:
-        super().__init__(detail)
-        self.slug = slug
-        self.detail = detail
-
-
 def _known_currency(code: str) -> None:
     if code not in ISO_4217:
         raise ValueError(f"unknown currency {code!r} (ISO 4217)")
 
 
-_CREATE_ACCOUNT = """
-INSERT INTO accounts (id, tenant, currency, balance, operation_id, binding_generation)
-VALUES ($1, $2, $3, $4, $5, $6)
-"""
 _GET_ACCOUNT = "SELECT id, currency, balance FROM accounts WHERE id = $1 AND tenant = $2"
-# both accounts, locked in ascending id order: two transfers over one pair cannot deadlock
-_LOCK_ACCOUNTS = """
-SELECT id, currency, balance FROM accounts
- WHERE id = ANY($1::uuid[]) AND tenant = $2
- ORDER BY id FOR UPDATE
-"""
-# both balance updates and the transfer row in one statement (one round trip)
-_MOVE = """
-WITH debit AS (UPDATE accounts SET balance = balance - $6 WHERE id = $4),
-     credit AS (UPDATE accounts SET balance = balance + $6 WHERE id = $5)
-INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
-    destination_id, amount, currency, memo, created_at)
-VALUES ($1, $2, $3, $7, $4, $5, $6, $8, $9, $10)
-"""
+
+
+class Connection(Protocol):
+    """What the ledger's reads need of a database connection (asyncpg's has it)."""
+
+    async def fetchrow(self, query: str, *args: object) -> Mapping[str, Any] | None: ...
 
 
 # transfer_statement's SQL: $E1 both account ids in ascending order, $E2 tenant, $E3 source,
@@ -148,12 +122,26 @@ locked AS (
     SELECT id, currency, balance FROM accounts
      WHERE id = ANY($E1::uuid[]) AND tenant = $E2::varchar
      ORDER BY id FOR UPDATE
-), effect_ok AS (
-    SELECT s.balance - $E5::bigint AS source_after, d.balance + $E5::bigint AS destination_after
-      FROM locked s, locked d
-     WHERE s.id = $E3::uuid AND d.id = $E4::uuid
-       AND s.currency = $E6::varchar AND d.currency = $E6::varchar
-       AND s.balance >= $E5::bigint AND d.balance + $E5::bigint <= $E7::bigint
+), verdict AS (
+    SELECT CASE
+             WHEN s.id IS NULL THEN ARRAY['account-not-found',
+                 'source account ' || $E3::uuid || ' not found']
+             WHEN d.id IS NULL THEN ARRAY['account-not-found',
+                 'destination account ' || $E4::uuid || ' not found']
+             WHEN s.currency <> $E6::varchar THEN ARRAY['currency-mismatch',
+                 'source account holds ' || s.currency || ', the transfer is in ' || $E6::varchar]
+             WHEN d.currency <> $E6::varchar THEN ARRAY['currency-mismatch',
+                 'destination account holds ' || d.currency || ', the transfer is in '
+                 || $E6::varchar]
+             WHEN s.balance < $E5::bigint THEN ARRAY['insufficient-funds',
+                 'source balance ' || s.balance || ' is below the amount ' || $E5::bigint]
+             WHEN d.balance + $E5::bigint > $E7::bigint THEN ARRAY['balance-limit',
+                 'the destination balance would exceed the limit']
+           END AS refusal,
+           s.balance - $E5::bigint AS source_after, d.balance + $E5::bigint AS destination_after
+      FROM (SELECT 1) AS one
+      LEFT JOIN locked s ON s.id = $E3::uuid
+      LEFT JOIN locked d ON d.id = $E4::uuid
 )"""
 _TRANSFER_APPLY = """
 debit AS (
@@ -174,8 +162,10 @@ debit AS (
 def transfer_statement(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: TransferRequest
 ) -> tuple[str, str, tuple[object, ...], Transfer]:
-    """:func:`transfer` as SQL: (guard, writes, their ``$E<n>`` values, the transfer made when
-    the guard lets it through)."""
+    """Move ``amount`` from source to destination: (guard, writes, their ``$E<n>`` values,
+    the transfer made when the guard lets it through). The guard refuses with
+    ``account-not-found`` (404), ``currency-mismatch``, ``balance-limit`` (422) or
+    ``insufficient-funds`` (402)."""
     made = Transfer(
         id=uuid.uuid4(),
         source=request.source,
@@ -204,7 +194,7 @@ def transfer_statement(
 
 # create_account_statement's SQL: nothing to lock or check; $E1 id, $E2 tenant, $E3 currency,
 # $E4 opening balance, $E5 the operation, $E6 its binding generation
-_ACCOUNT_GUARD = "effect_ok AS (SELECT 1)"
+_ACCOUNT_GUARD = "verdict AS (SELECT NULL::text[] AS refusal)"
 _ACCOUNT_APPLY = """
 opened AS (
     INSERT INTO accounts (id, tenant, currency, balance, operation_id, binding_generation)
@@ -216,7 +206,7 @@ opened AS (
 def create_account_statement(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: AccountRequest
 ) -> tuple[str, str, tuple[object, ...], Account]:
-    """:func:`create_account` as SQL: (guard, writes, their ``$E<n>`` values, the account)."""
+    """Open an account: (guard, writes, their ``$E<n>`` values, the account)."""
     account = Account(id=uuid.uuid4(), currency=request.currency, balance=request.opening_balance)
     args = (
         account.id,
@@ -229,84 +219,8 @@ def create_account_statement(
     return _ACCOUNT_GUARD, _ACCOUNT_APPLY, args, account
 
 
-async def create_account(
-    conn: asyncpg.Connection,
-    tenant: str,
-    operation_id: uuid.UUID,
-    binding_generation: int,
-    request: AccountRequest,
-) -> Account:
-    account_id = uuid.uuid4()
-    await conn.execute(
-        _CREATE_ACCOUNT,
-        account_id,
-        tenant,
-        request.currency,
-        request.opening_balance,
-        operation_id,
-        binding_generation,
-    )
-    return Account(id=account_id, currency=request.currency, balance=request.opening_balance)
-
-
-async def get_account(
-    conn: asyncpg.Connection, tenant: str, account_id: uuid.UUID
-) -> Account | None:
+async def get_account(conn: Connection, tenant: str, account_id: uuid.UUID) -> Account | None:
     row = await conn.fetchrow(_GET_ACCOUNT, account_id, tenant)
     if row is None:
         return None
     return Account(id=row["id"], currency=row["currency"], balance=row["balance"])
-
-
-async def transfer(
-    conn: asyncpg.Connection,
-    tenant: str,
-    operation_id: uuid.UUID,
-    binding_generation: int,
-    request: TransferRequest,
-) -> Transfer:
-    """Move ``amount`` from source to destination; raises BusinessFailure for 402/404/422."""
-    ordered = sorted((request.source, request.destination))
-    rows = await conn.fetch(_LOCK_ACCOUNTS, ordered, tenant)
-    found = {row["id"]: row for row in rows}
-    for role, account_id in (("source", request.source), ("destination", request.destination)):
-        if account_id not in found:
-            raise BusinessFailure("account-not-found", f"{role} account {account_id} not found")
-    source, destination = found[request.source], found[request.destination]
-    for role, row in (("source", source), ("destination", destination)):
-        if row["currency"] != request.currency:
-            raise BusinessFailure(
-                "currency-mismatch",
-                f"{role} account holds {row['currency']}, the transfer is in {request.currency}",
-            )
-    if source["balance"] < request.amount:
-        raise BusinessFailure(
-            "insufficient-funds",
-            f"source balance {source['balance']} is below the amount {request.amount}",
-        )
-    if destination["balance"] + request.amount > MAX_AMOUNT:
-        raise BusinessFailure("balance-limit", "the destination balance would exceed the limit")
-    transfer_id = uuid.uuid4()
-    created_at = datetime.now(UTC)
-    await conn.execute(
-        _MOVE,
-        transfer_id,
-        tenant,
-        operation_id,
-        request.source,
-        request.destination,
-        request.amount,
-        binding_generation,
-        request.currency,
-        request.memo,
-        created_at,
-    )
-    return Transfer(
-        id=transfer_id,
-        source=request.source,
-        destination=request.destination,
-        amount=request.amount,
-        currency=request.currency,
-        memo=request.memo,
-        created_at=created_at,
-    )

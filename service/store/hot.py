@@ -4,12 +4,17 @@
   transaction around it: a replay needs nothing else from PostgreSQL.
 * :meth:`HotPath.claim_new`: a new operation row and its attempt row in one statement (its
   own transaction), for a scope that had no row; None when another claimer inserted first.
-* :meth:`HotPath.claim_and_settle`: a new operation claimed, its local effect run and its
-  outcome settled in one statement (the effect written as SQL, ``EffectStatement``).
-* :meth:`HotPath.settle_own`: a local effect and its settlement after a claim: first as one
-  statement (with an ``EffectStatement``), else in one transaction: lock the row, run the
-  effect, ask the core, then write the row (CAS on tuple + revision), the observation and
-  the attempt's end in one statement.
+
+A local effect (its SQL, an ``EffectStatement``) settles one of two ways:
+
+* :meth:`HotPath.claim_and_settle`, a scope with no row: the operation claimed, the effect
+  run and its outcome settled in one statement, one round trip;
+* :meth:`HotPath.settle_locked`, every other case (after a claim): one transaction that
+  locks the row, asks the core, then runs the effect with the row's CAS (tuple + revision),
+  the observation and the attempt's end in one statement.
+
+Either way, when the effect's guard refuses, its refusal (a ``failed`` outcome) is settled
+in the effect's place, the same way and with nothing of the effect written.
 
 The SQL is in :mod:`service.store.hot_sql`.
 
@@ -21,7 +26,6 @@ observation through the general settle path, without the effect).
 
 from __future__ import annotations
 
-import enum
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -33,7 +37,6 @@ import msgspec
 from service.core import (
     Apply,
     Observation,
-    ObservationKind,
     Record,
     Scope,
     TerminalPolicy,
@@ -43,13 +46,13 @@ from service.store.hot_args import finish_args, observation_args, written_args
 from service.store.hot_sql import (
     BY_SCOPE,
     CLAIM_NEW,
-    FINISH,
     IDENTIFY,
     LOCK,
+    NO_EFFECT_GUARD,
     claim_settle_with,
     finish_with,
 )
-from service.store.outcomes import AttemptRef, EffectStatement, LocalEffect, Settled
+from service.store.outcomes import AttemptRef, EffectStatement, Settled
 from service.store.phase import database_refusals
 from service.store.principals import Principal, live_principal
 from service.store.retention import Tombstone
@@ -60,8 +63,8 @@ __all__ = ["Fallback", "HotPath"]
 
 
 class Fallback(msgspec.Struct, frozen=True):
-    """The hot path settled nothing (its transaction rolled back): ``observation`` is what
-    the attempt reports instead, to be recorded through the general settle path."""
+    """The hot path wrote nothing: ``observation`` is what the attempt reports instead, to
+    be recorded through the general settle path (which records what the core decided)."""
 
     observation: Observation
 
@@ -153,250 +156,146 @@ class HotPath:
     ) -> Settled | None:
         """A scope with no row: claim it (``claimed``, the core's NEW claim), run the effect
         and settle the attempt's outcome in one statement, its own transaction; the row is
-        written once, already settled. None when nothing was written: the effect's guard
-        refused, the core did not apply the outcome or another claimer's row exists (the
-        caller then claims and runs the effect the general way, which says why).
-        ``KeyExpired`` when the key's tombstone stands: nothing was written."""
+        written once, already settled. Should the effect's guard refuse, its refusal is
+        settled the same way (one more statement, without the effect). None when nothing was
+        written: the core did not apply the outcome, or another claimer's row (or an effect
+        row of this operation) exists; the caller then claims and settles under the row's
+        lock. ``KeyExpired`` when the key's tombstone stands: nothing was written."""
+
+        async def write(observation: Observation, effect: _Sql) -> tuple[Any, Apply] | None:
+            decision = settle(claimed, observation, now, policy)
+            if not isinstance(decision, Apply):
+                return None
+            values = record_values(decision.record)
+            expires = None
+            if decision.record.state.terminal:
+                expires = at(now) + timedelta(seconds=retention)
+            guard, apply, args = effect
+            try:
+                row = await conn.fetchrow(
+                    claim_settle_with(guard, apply),
+                    uuid.UUID(claimed.reservation.operation_id),
+                    scope.tenant,
+                    scope.principal_id,
+                    scope.route,
+                    scope.idempotency_key,
+                    *written_args(values),
+                    attempt_id,
+                    values["lease_expires_at"],
+                    at(now),
+                    values["result_status"],
+                    values["result_content_type"],
+                    values["result_body"],
+                    values["result_digest"],
+                    values["conflict"],
+                    expires,
+                    lease_token,
+                    to_ts(claimed.lease_expires_at),
+                    *observation_args(observation, decision),
+                    decision.expected_revision,
+                    claimed.fencing_token,
+                    claimed.reservation.binding_generation,
+                    *args,
+                )
+            except asyncpg.UniqueViolationError:
+                return None  # an effect row of this operation exists
+            return row, decision
+
         observation = statement.observation
-        decision = settle(claimed, observation, now, policy)
-        if not isinstance(decision, Apply):
-            return None
-        after = decision.record
-        values = record_values(after)
-        expires = at(now) + timedelta(seconds=retention) if after.state.terminal else None
         with database_refusals():
             async with self._pool.acquire() as conn:
-                try:
-                    row = await conn.fetchrow(
-                        claim_settle_with(statement.guard, statement.apply),
-                        uuid.UUID(claimed.reservation.operation_id),
-                        scope.tenant,
-                        scope.principal_id,
-                        scope.route,
-                        scope.idempotency_key,
-                        *written_args(values),
-                        attempt_id,
-                        values["lease_expires_at"],
-                        at(now),
-                        values["result_status"],
-                        values["result_content_type"],
-                        values["result_body"],
-                        values["result_digest"],
-                        values["conflict"],
-                        expires,
-                        lease_token,
-                        to_ts(claimed.lease_expires_at),
-                        *observation_args(observation, decision),
-                        decision.expected_revision,
-                        claimed.fencing_token,
-                        claimed.reservation.binding_generation,
-                        *statement.args,
-                    )
-                except asyncpg.UniqueViolationError:
-                    return None  # an effect row of this operation exists: the general way
-        if row["observation_id"] is None:
+                done = await write(observation, (statement.guard, statement.apply, statement.args))
+                refusal = None if done is None else done[0]["refusal"]
+                if refusal is not None:  # the guard refused: its problem is the outcome
+                    observation = statement.refused(*refusal)
+                    done = await write(observation, _NO_EFFECT)
+        if done is None or done[0]["observation_id"] is None:
             return None
+        row, decision = done
         return Settled(
             decision=decision,
-            record=after,
+            record=decision.record,
             observation=observation,
             observation_id=row["observation_id"],
         )
 
-    async def settle_own(
+    async def settle_locked(
         self,
         operation_id: uuid.UUID,
         attempt: AttemptRef,
-        effect: LocalEffect,
-        *,
-        clock: Callable[[], float],
-        policy: TerminalPolicy,
-        retention: float,
-        before_commit: Callable[[], Awaitable[None]] | None = None,
-        statement: EffectStatement | None = None,
-    ) -> tuple[Record, Settled] | Fallback | None:
-        """Run ``effect`` for ``attempt`` and settle its outcome, in one transaction.
-
-        With ``statement`` (the same effect as SQL) the first try is one statement: the
-        effect's guard, the CAS on the claimed row, the effect's writes, the observation and
-        the attempt's end. Should the guard refuse, the transactions below run ``effect`` (it
-        explains the refusal); should the CAS find the row moved on, the locked round decides.
-
-        Returns the row before and the settlement; a :class:`Fallback` when the row is not
-        this attempt's to settle (fenced out, another epoch, already terminal: the effect
-        does not run), when the outcome is ``failed`` (a business failure: whatever the
-        effect wrote before failing is rolled back) or when the core did not apply the
-        outcome (the effect is rolled back); None when there is no such operation.
-        """
-        with database_refusals():
-            async with self._pool.acquire() as conn:
-                # First without the row lock, on the row as the attempt's claim wrote it:
-                # the finishing CAS proves the row is still exactly that. Should the CAS
-                # find the row moved on, everything rolls back and the locked round decides.
-                rounds = (attempt.claimed, None) if attempt.claimed is not None else (None,)
-                if statement is not None and attempt.claimed is not None:
-                    done = await self._settle_in_one_statement(
-                        conn,
-                        attempt,
-                        attempt.claimed,
-                        statement,
-                        clock=clock,
-                        policy=policy,
-                        retention=retention,
-                        before_commit=before_commit,
-                    )
-                    if isinstance(done, tuple):
-                        return done
-                    if done is _Missed.MOVED:
-                        rounds = (None,)
-                    # REFUSED: every round as below; the effect explains itself there
-                for claimed in rounds:
-                    try:
-                        return await self._settle_own_once(
-                            conn,
-                            operation_id,
-                            attempt,
-                            claimed,
-                            effect,
-                            clock=clock,
-                            policy=policy,
-                            retention=retention,
-                            before_commit=before_commit,
-                        )
-                    except _NotApplied as refused:
-                        return Fallback(refused.observation)
-                    except _Moved:
-                        continue
-                    except asyncpg.UniqueViolationError:
-                        if claimed is None:
-                            raise
-                        # lock-free round: the effect's row of this epoch exists already, so
-                        # another attempt took the operation over; the locked round decides
-                        continue
-        raise StaleRevision(f"operation {operation_id}: CAS refused under the row lock")
-
-    async def _settle_in_one_statement(
-        self,
-        conn: Any,
-        attempt: AttemptRef,
-        claimed: Record,
         statement: EffectStatement,
         *,
         clock: Callable[[], float],
         policy: TerminalPolicy,
         retention: float,
-        before_commit: Callable[[], Awaitable[None]] | None,
-    ) -> tuple[Record, Settled] | _Missed:
-        """The effect and its settlement as one statement (its own transaction) on the row
-        as the claim wrote it; nothing is written unless all of it is."""
-        observation = statement.observation
-        now = clock()
-        decision = settle(claimed, observation, now, policy)
-        if not isinstance(decision, Apply):
-            return _Missed.REFUSED  # the rounds decide again, and record what the core did
-        after = decision.record
-        expires = None
-        if after.state.terminal and not claimed.state.terminal:
-            expires = at(now) + timedelta(seconds=retention)
-        if before_commit is not None:
-            await before_commit()  # the statement is the commit: this is just before it
-        try:
-            row = await conn.fetchrow(
-                finish_with(statement.guard, statement.apply),
-                *finish_args(claimed, after, decision, at(now)),
-                expires,
-                *observation_args(observation, decision),
-                attempt.attempt_id,
-                *statement.args,
-            )
-        except asyncpg.UniqueViolationError:
-            # the effect's row of this epoch exists already: another attempt took the
-            # operation over; the locked round decides
-            return _Missed.MOVED
-        if row["observation_id"] is None:
-            return _Missed.MOVED if row["effect_ok"] else _Missed.REFUSED
-        settled = Settled(
-            decision=decision,
-            record=after,
-            observation=observation,
-            observation_id=row["observation_id"],
-        )
-        return claimed, settled
-
-    async def _settle_own_once(
-        self,
-        conn: Any,
-        operation_id: uuid.UUID,
-        attempt: AttemptRef,
-        claimed: Record | None,
-        effect: LocalEffect,
-        *,
-        clock: Callable[[], float],
-        policy: TerminalPolicy,
-        retention: float,
-        before_commit: Callable[[], Awaitable[None]] | None,
+        before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Record, Settled] | Fallback | None:
-        """One transaction: the row (``claimed``, or read under its lock), the effect, the
-        core's decision and the finishing statement."""
-        async with conn.transaction():
-            record = claimed
-            if record is None:
-                row = await conn.fetchrow(LOCK, operation_id)
-                if row is None:
-                    return None
-                record = record_from_row(row)
-                if not _owns(attempt, record):
-                    return Fallback(attempt.probe())
-            observation = await effect(conn, record)
-            if observation.kind is ObservationKind.FAILED:
-                # a failed outcome is one where the effect did not happen: nothing it wrote
-                # before failing may commit, so it is settled without them
-                raise _NotApplied(observation)
+        """Run ``statement``'s effect for ``attempt`` and settle its outcome, in one
+        transaction: lock the row, ask the core, then one statement writes the effect (if its
+        guard lets it through), the row (CAS on tuple + revision), the observation and the
+        attempt's end. Should the guard refuse, its refusal is settled in the same
+        transaction (one more statement, without the effect).
+
+        Returns the row before and the settlement; a :class:`Fallback` when the row is not
+        this attempt's to settle (fenced out, another epoch, already terminal: the effect
+        does not run) or when the core does not apply the outcome (nothing is written); None
+        when there is no such operation.
+        """
+
+        async def write(observation: Observation, effect: _Sql) -> tuple[Any, Apply] | None:
             now = clock()
             decision = settle(record, observation, now, policy)
             if not isinstance(decision, Apply):
-                raise _NotApplied(observation)
+                return None
             after = decision.record
             expires = None
             if after.state.terminal and not record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
-            observation_id = await conn.fetchval(
-                FINISH,
+            guard, apply, args = effect
+            row = await conn.fetchrow(
+                finish_with(guard, apply),
                 *finish_args(record, after, decision, at(now)),
                 expires,
                 *observation_args(observation, decision),
                 attempt.attempt_id,
+                *args,
             )
-            if observation_id is None:
-                raise _Moved  # the CAS found another revision: roll back, lock, decide again
-            if before_commit is not None:
-                await before_commit()
-            settled = Settled(
-                decision=decision,
-                record=after,
-                observation=observation,
-                observation_id=observation_id,
-            )
-            return record, settled
+            return row, decision
+
+        observation = statement.observation
+        with database_refusals():
+            async with self._pool.acquire() as conn, conn.transaction():
+                locked = await conn.fetchrow(LOCK, operation_id)
+                if locked is None:
+                    return None
+                record = record_from_row(locked)
+                if not _owns(attempt, record):
+                    return Fallback(attempt.probe())  # the effect does not run
+                done = await write(observation, (statement.guard, statement.apply, statement.args))
+                refusal = None if done is None else done[0]["refusal"]
+                if refusal is not None:  # the guard refused: its problem is the outcome
+                    observation = statement.refused(*refusal)
+                    done = await write(observation, _NO_EFFECT)
+                if done is None:
+                    return Fallback(observation)  # the core did not apply it: nothing written
+                row, decision = done
+                if row["observation_id"] is None:  # the CAS, refused under the row's lock
+                    raise StaleRevision(f"operation {operation_id}: CAS refused under its lock")
+                if before_commit is not None:
+                    await before_commit()
+        settled = Settled(
+            decision=decision,
+            record=decision.record,
+            observation=observation,
+            observation_id=row["observation_id"],
+        )
+        return record, settled
 
 
-class _Missed(enum.Enum):
-    """Why the one-statement try wrote nothing."""
-
-    REFUSED = "the effect's guard (or the core) refused"
-    MOVED = "the CAS found the row moved on"
-
-
-class _Moved(Exception):
-    """Rolls the hot transaction back: the row is no longer the one the attempt claimed."""
-
-
-class _NotApplied(Exception):
-    """Rolls the hot transaction back: the core did not apply the effect's outcome."""
-
-    def __init__(self, observation: Observation) -> None:
-        super().__init__("outcome not applied")
-        self.observation = observation
+# an effect's SQL: its guard, its writes and the values of their $E<n> placeholders
+_Sql = tuple[str, str, tuple[object, ...]]
+# what settles an outcome without an effect: a guard that never refuses, no writes
+_NO_EFFECT: _Sql = (NO_EFFECT_GUARD, "", ())
 
 
 def _owns(attempt: AttemptRef, record: Record) -> bool:

@@ -3,9 +3,13 @@
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
-* ``FINISH``: the row's CAS, the observation and the attempt's end; :func:`finish_with`
-  carries a local effect's SQL (``EffectStatement``) in it.
+* :func:`finish_with`: a local effect's SQL (``EffectStatement``), the row's CAS, the
+  observation and the attempt's end, in one statement.
 * :func:`claim_settle_with`: a new operation claimed, run and settled in one statement.
+
+Both answer the observation's id (NULL: nothing was written) and the guard's ``refusal``
+(NULL: the effect applied, or would have). ``NO_EFFECT_GUARD`` is the guard of no effect,
+which never refuses: with it, either statement settles an outcome without an effect.
 
 An operation is never inserted under a live tombstone: the schema's trigger (migration 0006)
 fails such an insert with SQLSTATE SK410, which
@@ -20,11 +24,12 @@ import re
 __all__ = [
     "BY_SCOPE",
     "CLAIM_NEW",
-    "FINISH",
     "IDENTIFY",
     "LOCK",
+    "NO_EFFECT_GUARD",
     "claim_settle_with",
     "finish_with",
+    "with_effect",
 ]
 
 _RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
@@ -100,24 +105,34 @@ _RECORDED = f"""recorded AS (
      WHERE id = $32 AND EXISTS (SELECT 1 FROM written)
 )"""
 FINISH_PARAMS = 32
-FINISH = f"WITH {_WRITTEN.format(gate='')},\n{_RECORDED}\nSELECT id FROM recorded"
 _EFFECT_PLACEHOLDER = re.compile(r"\$E([1-9][0-9]*)")
+# the guard's verdict, the effect's gate, and what each statement answers
+_EFFECT_OK = "effect_ok AS (SELECT * FROM verdict WHERE refusal IS NULL)"
+_ANSWER = """SELECT (SELECT id FROM recorded) AS observation_id,
+       (SELECT refusal FROM verdict) AS refusal"""
+NO_EFFECT_GUARD = "verdict AS (SELECT NULL::text[] AS refusal)"
+
+
+def with_effect(guard: str, written: str, apply: str, *rest: str, offset: int) -> str:
+    """The common table expressions of a statement carrying an effect's SQL (an
+    ``EffectStatement``'s guard and writes): the guard, ``effect_ok`` (the guard's verdict
+    when it lets the effect through), ``written`` (a write gated on ``effect_ok``, which
+    gates the effect's writes), the writes, then ``rest``; ``$E<n>`` becomes
+    ``$<offset + n>``."""
+
+    def placed(sql: str) -> str:
+        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${offset + int(m[1])}", sql)
+
+    parts = (placed(guard), _EFFECT_OK, written, placed(apply), *rest)
+    return "WITH " + ",\n".join(part for part in parts if part)
 
 
 @functools.lru_cache(maxsize=32)
 def finish_with(guard: str, apply: str) -> str:
     """The finishing statement carrying an :class:`EffectStatement`'s SQL: its guard gates
     the CAS, the CAS gates its writes; ``$E<n>`` becomes ``$<32 + n>``."""
-
-    def placed(sql: str) -> str:
-        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${FINISH_PARAMS + int(m[1])}", sql)
-
     written = _WRITTEN.format(gate="AND EXISTS (SELECT 1 FROM effect_ok)")
-    return (
-        f"WITH {placed(guard)},\n{written},\n{placed(apply)},\n{_RECORDED}\n"
-        "SELECT (SELECT id FROM recorded) AS observation_id,\n"
-        "       EXISTS (SELECT 1 FROM effect_ok) AS effect_ok"
-    )
+    return with_effect(guard, written, apply, _RECORDED, offset=FINISH_PARAMS) + "\n" + _ANSWER
 
 
 # A new operation claimed, its effect run and its outcome settled, in one statement: the row
@@ -159,12 +174,5 @@ def claim_settle_with(guard: str, apply: str) -> str:
     """The one statement of a new operation with an :class:`EffectStatement`: its guard gates
     the insert of the settled row, the insert gates its writes; ``$E<n>`` becomes
     ``$<38 + n>``."""
-
-    def placed(sql: str) -> str:
-        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${CLAIM_SETTLE_PARAMS + int(m[1])}", sql)
-
-    return (
-        f"WITH {placed(guard)},\n{_CLAIMED_SETTLED},\n{placed(apply)},\n{_BEGUN_ENDED}\n"
-        "SELECT (SELECT id FROM recorded) AS observation_id,\n"
-        "       EXISTS (SELECT 1 FROM effect_ok) AS effect_ok"
-    )
+    claimed = with_effect(guard, _CLAIMED_SETTLED, apply, _BEGUN_ENDED, offset=CLAIM_SETTLE_PARAMS)
+    return claimed + "\n" + _ANSWER

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-import asyncpg
 import msgspec
 
 from service.core import (
@@ -25,10 +24,10 @@ from service.core import (
 __all__ = [
     "AttemptRef",
     "ClaimOutcome",
+    "EffectRefused",
     "EffectStatement",
     "KeyExpired",
     "LeaseProbe",
-    "LocalEffect",
     "NoHooks",
     "OperationNotFound",
     "Settled",
@@ -37,32 +36,29 @@ __all__ = [
     "SweepPage",
 ]
 
-# A local effect writes its rows on the settlement transaction's asyncpg connection and
-# reports its outcome (completed or failed, with the result) as an observation of the
-# current attempt.
-LocalEffect = Callable[[asyncpg.Connection, Record], Awaitable[Observation]]
-
 
 @dataclass(frozen=True, slots=True)
 class EffectStatement:
-    """A local effect written as SQL that rides in the settlement's finishing statement, so
-    the effect and its settlement are one statement: one round trip, no BEGIN or COMMIT
-    (:meth:`service.store.hot.HotPath.settle_own`).
+    """A local effect written as SQL that rides in its settlement's statement, so the effect
+    and its settlement commit together (:mod:`service.store.hot`).
 
-    * ``guard``: common table expressions, the last named ``effect_ok``: it has a row iff
-      the effect may apply, and takes every lock the effect needs (in a fixed order).
+    * ``guard``: common table expressions, the last named ``verdict``: one row whose
+      ``refusal`` is NULL when the effect may apply, else ``ARRAY[slug, detail]``, the
+      problem that refuses it (the effect's rules, in one ``CASE``). The guard takes every
+      lock the effect needs, in a fixed order. The store adds ``effect_ok``: ``verdict``'s
+      row when the effect applies, no row when it is refused.
     * ``apply``: common table expressions that write the effect, each gated on
-      ``EXISTS (SELECT 1 FROM written)`` (the settlement's CAS of the operation row).
+      ``EXISTS (SELECT 1 FROM written)`` (the settlement's write of the operation row).
     * ``args``: the values of the placeholders ``$E1``, ``$E2``, ... in both.
     * ``observation``: what the attempt reports when the effect applies.
-
-    When ``effect_ok`` is empty nothing is written and the effect runs again the general way
-    (on the connection, where it explains its refusal)."""
+    * ``refused``: what the attempt reports when the guard refuses, from its slug and
+      detail (a ``failed`` outcome, settled without the effect's writes)."""
 
     guard: str
     apply: str
     args: tuple[object, ...]
     observation: Observation
+    refused: Callable[[str, str], Observation]
 
 
 # How long each scope's lease has left in the lease store (None: nobody holds it), asked in
@@ -80,6 +76,15 @@ class KeyExpired(LookupError):
     def __init__(self, operation_id: uuid.UUID) -> None:
         super().__init__(f"operation {operation_id} expired; its key cannot be used again yet")
         self.operation_id = operation_id
+
+
+class EffectRefused(RuntimeError):
+    """The database refused a local effect's writes (a CHECK, unique, foreign-key, not-null
+    or exclusion constraint): its statement rolled back, nothing of it was written."""
+
+    def __init__(self, constraint: str) -> None:
+        super().__init__(f"the database refused the effect's writes ({constraint})")
+        self.constraint = constraint
 
 
 class Settled(msgspec.Struct, frozen=True):
@@ -107,8 +112,6 @@ class AttemptRef(msgspec.Struct, frozen=True):
     attempt_id: uuid.UUID
     reservation: ReservationTuple
     fencing_token: int
-    claimed: Record | None = None
-    """the row as this attempt's own claim wrote it, when the attempt has it"""
 
     def probe(self) -> Observation:
         """``unknown`` under this attempt's token: what a fenced-out or late attempt settles

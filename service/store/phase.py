@@ -22,7 +22,7 @@ from typing import TypeVar
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 
-from service.store.outcomes import KeyExpired
+from service.store.outcomes import EffectRefused, KeyExpired
 from service.store.unit_of_work import StaleRevision, UnitOfWork
 
 __all__ = ["Phase", "PhaseRunner", "RowLocked", "SettlementContention"]
@@ -54,7 +54,9 @@ class SettlementContention(RuntimeError):
 @contextlib.contextmanager
 def database_refusals() -> Iterator[None]:
     """A lock not granted within the lock timeout is a busy row, not a server fault; an
-    insert under a live tombstone is the key's expiry (:class:`KeyExpired`)."""
+    insert under a live tombstone is the key's expiry (:class:`KeyExpired`). On the hot
+    path's pool also: a deadlock PostgreSQL broke is a busy row (:class:`RowLocked`), a
+    constraint refusing a local effect's writes is :class:`EffectRefused`."""
     try:
         yield
     except DBAPIError as exc:  # SQLAlchemy's pool
@@ -69,6 +71,11 @@ def database_refusals() -> Iterator[None]:
             raise RowLocked("a row is locked by another phase") from exc
         if exc.sqlstate == KEY_EXPIRED:
             raise _expired(exc) from exc
+        if isinstance(exc, asyncpg.DeadlockDetectedError):
+            raise RowLocked("PostgreSQL broke a deadlock by aborting this transaction") from exc
+        if isinstance(exc, asyncpg.IntegrityConstraintViolationError):
+            constraint = getattr(exc, "constraint_name", None) or type(exc).__name__
+            raise EffectRefused(constraint) from exc
         raise
 
 

@@ -4,9 +4,9 @@ Every write is an atomic phase: lock the row (``get_for_update``), ask the pure 
 with a CAS on reservation tuple + revision, and record the observation (with the stage and
 disposition that decided it) in the same transaction. A refused CAS reruns the whole phase on
 a fresh read; it never assigns blindly. Claim, settle, supersede and sweep are thin callers of
-the one :class:`PhaseRunner`; a new claim and a local settlement take the hot path
-(:mod:`service.store.hot`), which keeps the same CAS (a local settlement first decides on
-the row as its claim wrote it, and the CAS proves it unmoved).
+the one :class:`PhaseRunner`; a new claim and a local effect's settlement take the hot path
+(:mod:`service.store.hot`), which keeps the same lock and CAS: a scope with no row is
+claimed and settled in one statement, anything else under the row's lock.
 
 The read side (:mod:`service.store.settlement_reads`) and what a commit reports to the hooks
 and the log (:mod:`service.store.settlement_reports`) are parts of the same store.
@@ -44,9 +44,9 @@ from service.store.merge import settle_phase
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
+    EffectRefused,
     EffectStatement,
     LeaseProbe,
-    LocalEffect,
     NoHooks,
     OperationNotFound,
     Settled,
@@ -64,9 +64,9 @@ from service.store.unit_of_work import UnitOfWork
 __all__ = [
     "AttemptRef",
     "ClaimOutcome",
+    "EffectRefused",
     "EffectStatement",
     "LeaseProbe",
-    "LocalEffect",
     "OperationNotFound",
     "RowLocked",
     "Settled",
@@ -168,34 +168,32 @@ class SettlementStore(SettlementReads, SettlementReports):
         self,
         operation_id: uuid.UUID,
         attempt: AttemptRef,
-        effect: LocalEffect,
+        statement: EffectStatement,
         *,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
-        statement: EffectStatement | None = None,
     ) -> Settled:
-        """Run a local effect and settle its outcome in one transaction (the hot path).
-        ``route``: the operation's route, whose retention starts if the row becomes terminal.
-        ``statement``: the same effect as SQL, tried first as one statement with its
-        settlement (:meth:`HotPath.settle_own`).
+        """Run a local effect (``statement``, its SQL) and settle its outcome in one
+        transaction under the row's lock (:meth:`HotPath.settle_locked`). ``route``: the
+        operation's route, whose retention starts if the row becomes terminal.
 
         The effect runs only while ``attempt`` holds the current fencing token of a
         non-terminal row, and commits only if the core applies its outcome. A fenced-out or
         late attempt settles a probe (``unknown`` with its token) instead, which the core
-        ignores: the stale worker's effect never commits.
+        ignores: the stale worker's effect never commits. ``EffectRefused`` when a constraint
+        refused the effect's writes (nothing was written).
         """
         if self._hot is None:
             raise RuntimeError("local effects need the store's asyncpg pool")
         started = time.perf_counter()
-        done = await self._hot.settle_own(
+        done = await self._hot.settle_locked(
             operation_id,
             attempt,
-            effect,
+            statement,
             clock=self._clock,
             policy=self._policy,
             retention=self._retention.of(route),
             before_commit=before_commit,
-            statement=statement,
         )
         match done:
             case None:
@@ -276,7 +274,8 @@ class SettlementStore(SettlementReads, SettlementReports):
         """For a scope with no row (the caller just read none and holds the scope's lease):
         claim, run the local effect ``build`` gives for the claim, and settle its outcome, in
         one statement (:meth:`HotPath.claim_and_settle`). None when nothing was written: then
-        :meth:`claim` and :meth:`settle_local` do it the general way."""
+        :meth:`claim` and :meth:`settle_local` do it under the row's lock. ``EffectRefused``
+        when a constraint refused the effect's writes (nothing was written)."""
         if self._hot is None:
             return None
         started = time.perf_counter()

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
@@ -145,6 +146,74 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
     assert (
         scalar(app_database, "SELECT count(*) FROM transfers WHERE source_id = :s", s=source) == 1
     )
+
+
+def _past_the_dead_lease(send: Callable[[], httpx.Response]) -> httpx.Response:
+    """``send``'s first answer that is not 409 ``operation-in-progress``: a dead worker's
+    lease holds the scope until it runs out (one lease TTL)."""
+    deadline = time.monotonic() + 15.0
+    while True:
+        answer = send()
+        busy = answer.status_code == 409 and answer.json()["type"].endswith("operation-in-progress")
+        if not busy or time.monotonic() > deadline:
+            return answer
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("failpoint", "committed"),
+    [("effect.before_statement", False), ("effect.after_commit", True)],
+)
+def test_sigkill_around_the_one_statement_of_a_new_transfer_then_retry_gets_one_outcome(
+    services: Services, app_database: str, failpoint: str, committed: bool
+) -> None:
+    """The way production settles a new transfer (claim, effect and settlement in one
+    statement), with the server killed right before that statement and right after it
+    commits: the retry gets the one outcome and the money moves once."""
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as setup:
+        key = new_principal(setup.base_url)["api_key"]
+        source = new_account(setup.base_url, key, 100)
+        destination = new_account(setup.base_url, key, 0)
+    idem = f"killed-{failpoint}"  # the database is shared with the other parameter's run
+
+    doomed = ServerProcess(
+        app_database, services.redis_url, env=_failpoint_env(f"{failpoint}=crash")
+    ).start()
+    try:
+        with pytest.raises(httpx.TransportError):  # killed mid-request: no answer at all
+            transfer(doomed.base_url, key, idem, source, destination, 40)
+        assert doomed.wait_exit() == -signal.SIGKILL
+    finally:
+        doomed.stop(signal.SIGKILL)
+    moved = "SELECT count(*) FROM transfers WHERE source_id = :s"
+    assert scalar(app_database, moved, s=source) == (1 if committed else 0)
+    # one statement or nothing: never a row left in_progress, an attempt begun and ended at
+    # once (the one statement's) when there is one
+    rows = "SELECT count(*) FROM operations WHERE idempotency_key = :k"
+    assert scalar(app_database, rows, k=idem) == (1 if committed else 0)
+    if committed:
+        assert (
+            scalar(
+                app_database,
+                "SELECT o.state || ':' || (a.started_at = a.finished_at)::text FROM operations o"
+                " JOIN attempts a ON a.operation_id = o.id WHERE o.idempotency_key = :k",
+                k=idem,
+            )
+            == "completed:true"
+        )
+
+    with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as restarted:
+        retry = _past_the_dead_lease(
+            lambda: transfer(restarted.base_url, key, idem, source, destination, 40)
+        )
+        again = transfer(restarted.base_url, key, idem, source, destination, 40)
+        assert retry.status_code == 201, retry.text
+        assert retry.headers["idempotent-replayed"] == ("true" if committed else "false")
+        assert (again.status_code, again.headers["idempotent-replayed"]) == (201, "true")
+        assert again.content == retry.content
+        assert balance(restarted.base_url, key, source) == 60
+        assert balance(restarted.base_url, key, destination) == 40
+    assert scalar(app_database, moved, s=source) == 1
 
 
 def test_slow_handler_keeps_its_lease_and_a_second_request_gets_409(

@@ -1,6 +1,6 @@
-"""Transfers racing near the balance limit, on real PostgreSQL, through every way the store
-moves money: the one statement of a new operation (claim, effect and settlement), the one
-statement after a claim, and the locked phase that runs ``ledger.transfer``.
+"""Transfers racing near the balance limit, on real PostgreSQL, through both ways the store
+moves money: the one statement of a new operation (claim, effect and settlement), and the
+locked phase after a claim.
 
 Each race is made deterministic with a barrier: a concurrent credit (or debit) of the source
 account is written and held open in a transaction of the test's own; the transfers are
@@ -54,8 +54,8 @@ Way = Callable[[SettlementStore, Clock, uuid.UUID, list[uuid.UUID], int], Awaita
 async def _new_operation(
     store: SettlementStore, clock: Clock, principal: uuid.UUID, ids: list[uuid.UUID], amount: int
 ) -> str:
-    """The one statement of a new operation; a refusal there is judged again the general
-    way (claim, then the statement after the claim, then ``ledger.transfer``)."""
+    """The one statement of a new operation; when it writes nothing, the claim and the
+    locked phase (as the server does)."""
     scope = make_scope(principal)
     done = await store.claim_and_settle_local(
         scope,
@@ -66,10 +66,10 @@ async def _new_operation(
     )
     if done is not None:
         return done[1].record.state.value
-    return await _after_claim(store, clock, principal, ids, amount, scope=scope)
+    return await _locked_phase(store, clock, principal, ids, amount, scope=scope)
 
 
-async def _after_claim(
+async def _locked_phase(
     store: SettlementStore,
     clock: Clock,
     principal: uuid.UUID,
@@ -77,29 +77,19 @@ async def _after_claim(
     amount: int,
     *,
     scope: Any = None,
-    statement: bool = True,
 ) -> str:
-    attempt = await claimed(store, scope or make_scope(principal), clock)
-    effect, as_sql = moving(attempt, ids, amount, [])
+    attempt, record = await claimed(store, scope or make_scope(principal), clock)
     settled = await store.settle_local(
         uuid.UUID(attempt.reservation.operation_id),
         attempt,
-        effect,
+        moving(attempt, record, ids, amount),
         route=ROUTE,
-        statement=as_sql if statement else None,
     )
     return settled.record.state.value
 
 
-async def _locked_phase(
-    store: SettlementStore, clock: Clock, principal: uuid.UUID, ids: list[uuid.UUID], amount: int
-) -> str:
-    return await _after_claim(store, clock, principal, ids, amount, statement=False)
-
-
 WAYS: dict[str, Way] = {
     "one-statement-new": _new_operation,
-    "statement-after-claim": _after_claim,
     "locked-phase": _locked_phase,
 }
 

@@ -1,7 +1,8 @@
 """The hot path's statements (service/store/hot.py) against real PostgreSQL: the principal
-and its scope's row in one read, a new claim in one statement, and a local effect settled in
-one transaction, first without the row lock and, when the row moved on, under it; and a
-local effect written as SQL settled with it in one statement."""
+and its scope's row in one read, a new claim in one statement, a local effect (its SQL, an
+``EffectStatement``) settled with it under the row's lock, and a new operation claimed, run
+and settled in one statement; a refusal of the effect's guard is settled as the ``failed``
+outcome in its place, with nothing of the effect written."""
 
 from __future__ import annotations
 
@@ -59,33 +60,43 @@ def key_hash(principal_id: uuid.UUID) -> bytes:
     return hashlib.sha256(principal_id.bytes).digest()
 
 
-async def claimed(store: SettlementStore, scope: Scope, clock: Clock) -> AttemptRef:
-    """A NEW claim through the one-statement insert, as the server makes it."""
+async def claimed(store: SettlementStore, scope: Scope, clock: Clock) -> tuple[AttemptRef, Record]:
+    """A NEW claim through the one-statement insert, as the server makes it: the attempt
+    and the row its claim wrote."""
     outcome = await store.claim(
         scope, claim_request(scope.principal_id, clock), lease_token="t", assume_absent=True
     )
     assert isinstance(outcome.decision, Claim) and outcome.record is not None
     assert outcome.attempt_id is not None
-    return AttemptRef(
+    attempt = AttemptRef(
         attempt_id=outcome.attempt_id,
         reservation=outcome.record.reservation,
         fencing_token=outcome.record.fencing_token,
-        claimed=outcome.record,
     )
+    return attempt, outcome.record
 
 
-def account_writer(account_id: uuid.UUID, runs: list[int]) -> Any:
-    """A local effect that writes one account row and reports completed; counts its runs."""
+def refusals(record: Record, said: list[tuple[str, str]]) -> Any:
+    """An ``EffectStatement``'s ``refused``: a ``failed`` report; keeps the slug and detail."""
 
-    async def effect(conn: Any, current: Record) -> CoreObservation:
-        runs.append(1)
-        await conn.execute(
-            "INSERT INTO accounts (id, tenant, currency, balance) VALUES ($1, 'acme', 'EUR', 1)",
-            account_id,
+    def refused(slug: str, detail: str) -> CoreObservation:
+        said.append((slug, detail))
+        return make_observation(
+            "failed", reservation=record.reservation, fencing_token=record.fencing_token
         )
-        return completed(current, fencing_token=current.fencing_token)
 
-    return effect
+    return refused
+
+
+def opening(
+    attempt: AttemptRef, record: Record, generation: int = 1
+) -> tuple[EffectStatement, ledger.Account]:
+    """``POST /v1/accounts``'s effect for ``attempt``: one account of the operation's epoch."""
+    op = uuid.UUID(attempt.reservation.operation_id)
+    request = ledger.AccountRequest(currency="EUR", opening_balance=7)
+    guard, apply, args, account = ledger.create_account_statement("acme", op, generation, request)
+    observation = completed(record, fencing_token=attempt.fencing_token)
+    return EffectStatement(guard, apply, args, observation, refusals(record, [])), account
 
 
 async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
@@ -98,9 +109,9 @@ async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
     assert (principal.id, principal.tenant, record) == (scope.principal_id, "acme", None)
     assert tombstone is None
 
-    attempt = await claimed(store, scope, clock)
+    _, row = await claimed(store, scope, clock)
     found = await store.identify(digest, scope.route, scope.idempotency_key)
-    assert found is not None and found[1] == attempt.claimed
+    assert found is not None and found[1] == row
     # another route or key of the same principal is another scope
     other = await store.identify(digest, "POST /v1/accounts", scope.idempotency_key)
     assert other is not None and other[1] is None
@@ -118,7 +129,7 @@ async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
 async def test_a_second_new_claim_of_a_scope_writes_nothing_and_locks_the_row_instead(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    first = await claimed(store, scope, clock)
+    _, first = await claimed(store, scope, clock)
     # the second claimer read no row too, but the first inserted meanwhile: its one-statement
     # insert does nothing and the locked claim answers from the row (a live lease: busy)
     second = await store.claim(
@@ -127,21 +138,20 @@ async def test_a_second_new_claim_of_a_scope_writes_nothing_and_locks_the_row_in
     assert not isinstance(second.decision, Claim)
     scoped = operations.c.idempotency_key == scope.idempotency_key
     assert await count(engine, operations, scoped) == 1
-    assert first.claimed is not None
-    op = uuid.UUID(first.claimed.reservation.operation_id)
+    op = uuid.UUID(first.reservation.operation_id)
     assert await count(engine, attempts, attempts.c.operation_id == op) == 1
 
 
-async def test_an_unmoved_row_is_settled_without_the_lock_round(
+async def test_a_claimed_row_is_settled_with_its_effect_under_its_lock(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
-    account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
+    statement, account = opening(attempt, record)
+    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
-    assert runs == [1]
-    assert await count(engine, accounts, accounts.c.id == account_id) == 1
+    (opened,) = await rows(engine, accounts, accounts.c.operation_id == op)
+    assert (opened["id"], opened["balance"], opened["binding_generation"]) == (account.id, 7, 1)
     (observed,) = await rows(engine, observations, observations.c.operation_id == op)
     assert (observed["disposition"], observed["revision_before"], observed["revision_after"]) == (
         "applied",
@@ -152,10 +162,10 @@ async def test_an_unmoved_row_is_settled_without_the_lock_round(
     assert (attempt_row["outcome"], attempt_row["finished_at"] is not None) == ("completed", True)
 
 
-async def test_a_row_demoted_meanwhile_is_settled_in_the_locked_round_and_written_once(
+async def test_a_row_demoted_meanwhile_is_settled_on_its_current_revision_and_written_once(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     # the sweeper found the lease gone and demoted the row (same epoch, same fencing token)
     clock.advance(60)
@@ -163,19 +173,17 @@ async def test_a_row_demoted_meanwhile_is_settled_in_the_locked_round_and_writte
         reservation=attempt.reservation, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
     )
     assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
-    account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
-    # the first run's CAS missed (revision 2, not 1) and rolled back; the locked round ran it
-    # again on the current row: one account row, the completed outcome applied over unknown
-    assert runs == [1, 1]
-    assert await count(engine, accounts, accounts.c.id == account_id) == 1
+    statement, _ = opening(attempt, record)
+    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    # decided on the row as locked (revision 2): the completed outcome applied over unknown
+    assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
 
 
 async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
 
     async def nobody_holds(scopes: list[Scope]) -> list[float | None]:
@@ -192,62 +200,22 @@ async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
         lease_remaining=nobody_holds,
     )
     assert isinstance(superseded, Supersede)
-    account_id, runs = uuid.uuid4(), []
-    settled = await store.settle_local(op, attempt, account_writer(account_id, runs), route=ROUTE)
-    # the first run's CAS missed and rolled back; the locked round saw another epoch and
-    # settled the attempt's probe (ignored) without running the effect again
-    assert runs == [1]
-    assert await count(engine, accounts, accounts.c.id == account_id) == 0
+    statement, _ = opening(attempt, record)
+    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    # the locked row is of another epoch: the attempt's probe is settled (ignored) and the
+    # effect never runs
+    assert await count(engine, accounts, accounts.c.operation_id == op) == 0
     assert settled.decision.disposition.value in ("ignored", "quarantined")
     current = await store.get(op)
     assert current is not None and current.state is OperationState.UNKNOWN
     assert current.reservation.binding_generation == 2
 
 
-async def test_a_business_failure_is_stored_without_what_the_effect_wrote_before_it(
+async def test_a_late_attempt_of_a_taken_over_operation_is_ignored_and_writes_nothing(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
-    op = uuid.UUID(attempt.reservation.operation_id)
-    account_id = uuid.uuid4()
-
-    async def writes_then_fails(conn: Any, current: Record) -> CoreObservation:
-        await conn.execute(
-            "INSERT INTO accounts (id, tenant, currency, balance) VALUES ($1, 'acme', 'EUR', 1)",
-            account_id,
-        )
-        return make_observation(
-            "failed", reservation=current.reservation, fencing_token=current.fencing_token
-        )
-
-    settled = await store.settle_local(op, attempt, writes_then_fails, route=ROUTE)
-    assert settled.record.state is OperationState.FAILED
-    assert await count(engine, accounts, accounts.c.id == account_id) == 0
-    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
-    assert attempt_row["outcome"] == "failed"
-
-
-async def test_a_taken_over_attempt_whose_effect_collides_is_ignored_not_an_error(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
-) -> None:
-    stale = await claimed(store, scope, clock)
+    stale, stale_row = await claimed(store, scope, clock)
     op = uuid.UUID(stale.reservation.operation_id)
-
-    def opens_the_account(runs: list[int]) -> Any:
-        """The epoch's one account (unique per operation and epoch), like POST /v1/accounts."""
-
-        async def effect(conn: Any, current: Record) -> CoreObservation:
-            runs.append(1)
-            await conn.execute(
-                "INSERT INTO accounts (id, tenant, currency, balance, operation_id,"
-                " binding_generation) VALUES ($1, 'acme', 'EUR', 0, $2, 1)",
-                uuid.uuid4(),
-                op,
-            )
-            return completed(current, fencing_token=current.fencing_token)
-
-        return effect
-
     # the lease ran out; a retry took the operation over and completed it
     clock.advance(60)
     taken = await store.claim(
@@ -259,22 +227,19 @@ async def test_a_taken_over_attempt_whose_effect_collides_is_ignored_not_an_erro
         attempt_id=taken.attempt_id,
         reservation=taken.record.reservation,
         fencing_token=taken.record.fencing_token,
-        claimed=taken.record,
     )
-    done = await store.settle_local(op, owner, opens_the_account([]), route=ROUTE)
+    done = await store.settle_local(op, owner, opening(owner, taken.record)[0], route=ROUTE)
     assert done.record.state is OperationState.COMPLETED
-    # the stale attempt's lock-free round collides with that account row: not a 500, its
-    # report is settled (and ignored) and the row stays the owner's
-    runs: list[int] = []
-    late = await store.settle_local(op, stale, opens_the_account(runs), route=ROUTE)
-    assert runs == [1]
+    # the stale attempt finds the row not its own under the lock: its report is settled
+    # (and ignored), its effect never runs, and the row stays the owner's
+    late = await store.settle_local(op, stale, opening(stale, stale_row)[0], route=ROUTE)
     assert late.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     current = await store.get(op)
     assert current is not None and current.state is OperationState.COMPLETED
 
 
-# -- a local effect as one statement with its settlement (EffectStatement) ----------------
+# -- the transfer (ledger.transfer_statement) -----------------------------------------------
 
 
 async def two_accounts(engine: AsyncEngine, source: int, destination: int = 0) -> list[uuid.UUID]:
@@ -297,43 +262,38 @@ async def balances(engine: AsyncEngine, ids: list[uuid.UUID]) -> list[int]:
 
 
 def moving(
-    attempt: AttemptRef, ids: list[uuid.UUID], amount: int, runs: list[int]
-) -> tuple[Any, EffectStatement]:
-    """A transfer as the server runs it: ``ledger.transfer`` as the effect (counted in
-    ``runs``) and ``ledger.transfer_statement`` as its one-statement form."""
+    attempt: AttemptRef,
+    record: Record,
+    ids: list[uuid.UUID],
+    amount: int,
+    said: list[tuple[str, str]] | None = None,
+) -> EffectStatement:
+    """A transfer as the server runs it (``ledger.transfer_statement``); its guard's
+    refusals are kept in ``said``."""
     op = uuid.UUID(attempt.reservation.operation_id)
     request = ledger.TransferRequest(
         source=ids[0], destination=ids[1], amount=amount, currency="EUR"
     )
-
-    async def effect(conn: Any, current: Record) -> CoreObservation:
-        runs.append(1)
-        generation = current.reservation.binding_generation
-        try:
-            await ledger.transfer(conn, "acme", op, generation, request)
-        except ledger.BusinessFailure:
-            return make_observation(
-                "failed", reservation=current.reservation, fencing_token=current.fencing_token
-            )
-        return completed(current, fencing_token=current.fencing_token)
-
-    assert attempt.claimed is not None
     guard, apply, args, _ = ledger.transfer_statement(
         "acme", op, attempt.reservation.binding_generation, request
     )
-    observation = completed(attempt.claimed, fencing_token=attempt.fencing_token)
-    return effect, EffectStatement(guard, apply, args, observation)
+    observation = completed(record, fencing_token=attempt.fencing_token)
+    return EffectStatement(
+        guard, apply, args, observation, refusals(record, [] if said is None else said)
+    )
 
 
-async def test_a_transfer_and_its_settlement_are_one_statement(
+async def test_a_transfer_and_its_settlement_are_one_statement_under_the_row_lock(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
-    ids, runs = await two_accounts(engine, 100), []
-    effect, statement = moving(attempt, ids, 10, runs)
-    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
-    assert runs == []  # the statement did it all; the effect's own code never ran
+    ids = await two_accounts(engine, 100)
+    said: list[tuple[str, str]] = []
+    settled = await store.settle_local(
+        op, attempt, moving(attempt, record, ids, 10, said), route=ROUTE
+    )
+    assert said == []
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
     assert await balances(engine, ids) == [90, 10]
     (moved,) = await rows(engine, transfers, transfers.c.operation_id == op)
@@ -347,12 +307,67 @@ async def test_a_transfer_and_its_settlement_are_one_statement(
     assert current.result is not None and current.result.digest == "d1"
 
 
+# (balances, amount, the account in USD, the account missing, the refusal): in the guard's
+# order, the first rule broken is the one named; {0} and {1}: the source and destination ids
+REFUSALS = {
+    "source-not-found": (
+        100,
+        0,
+        10,
+        None,
+        0,
+        ("account-not-found", "source account {0} not found"),
+    ),
+    "both-not-found": (100, 0, 10, None, 2, ("account-not-found", "source account {0} not found")),
+    "destination-not-found": (
+        100,
+        0,
+        10,
+        None,
+        1,
+        ("account-not-found", "destination account {1} not found"),
+    ),
+    "source-currency": (
+        100,
+        0,
+        10,
+        0,
+        None,
+        ("currency-mismatch", "source account holds USD, the transfer is in EUR"),
+    ),
+    "destination-currency": (
+        5,
+        0,
+        10,
+        1,
+        None,
+        ("currency-mismatch", "destination account holds USD, the transfer is in EUR"),
+    ),
+    "insufficient-funds": (
+        5,
+        10**15,
+        10,
+        None,
+        None,
+        ("insufficient-funds", "source balance 5 is below the amount 10"),
+    ),
+    "balance-limit": (
+        100,
+        10**15,
+        1,
+        None,
+        None,
+        ("balance-limit", "the destination balance would exceed the limit"),
+    ),
+}
+
+
 @pytest.mark.parametrize(
-    ("source", "destination", "amount", "currency"),
-    [(5, 0, 10, "EUR"), (100, 10**15, 1, "EUR"), (100, 0, 10, "USD")],
-    ids=["insufficient-funds", "balance-limit", "currency-mismatch"],
+    ("source", "destination", "amount", "in_usd", "missing", "refusal"),
+    list(REFUSALS.values()),
+    ids=list(REFUSALS),
 )
-async def test_a_transfer_the_guard_refuses_writes_nothing_and_the_effect_says_why(
+async def test_a_transfer_the_guard_refuses_is_settled_failed_with_its_reason_moving_nothing(
     engine: AsyncEngine,
     store: SettlementStore,
     clock: Clock,
@@ -360,40 +375,47 @@ async def test_a_transfer_the_guard_refuses_writes_nothing_and_the_effect_says_w
     source: int,
     destination: int,
     amount: int,
-    currency: str,
+    in_usd: int | None,
+    missing: int | None,
+    refusal: tuple[str, str],
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
-    ids, runs = await two_accounts(engine, source, destination), []
-    if currency != "EUR":
+    ids = await two_accounts(engine, source, destination)
+    if in_usd is not None:
         async with engine.begin() as conn:
             await conn.execute(
-                update(accounts).where(accounts.c.id == ids[1]).values(currency=currency)
+                update(accounts).where(accounts.c.id == ids[in_usd]).values(currency="USD")
             )
-    effect, statement = moving(attempt, ids, amount, runs)
-    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
-    assert runs == [1]  # refused by the guard; the effect ran and failed the business way
+    target = list(ids)
+    for index in (0, 1) if missing == 2 else () if missing is None else (missing,):
+        target[index] = uuid.uuid4()
+    said: list[tuple[str, str]] = []
+    settled = await store.settle_local(
+        op, attempt, moving(attempt, record, target, amount, said), route=ROUTE
+    )
+    assert said == [(refusal[0], refusal[1].format(*target))]
     assert settled.record.state is OperationState.FAILED
     assert await balances(engine, ids) == [source, destination]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 0
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert attempt_row["outcome"] == "failed"
+    (observed,) = await rows(engine, observations, observations.c.operation_id == op)
+    assert (observed["kind"], observed["disposition"]) == ("failed", "applied")
 
 
-async def test_a_demoted_row_is_settled_by_the_locked_round_and_the_transfer_made_once(
+async def test_a_demoted_row_is_settled_under_its_lock_and_the_transfer_made_once(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     clock.advance(60)
     demotion = CoreObservation(
         reservation=attempt.reservation, kind=ObservationKind.UNKNOWN, source=Source.SWEEPER
     )
     assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
-    ids, runs = await two_accounts(engine, 100), []
-    effect, statement = moving(attempt, ids, 10, runs)
-    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
-    # the statement's CAS missed (revision 2, not 1) and wrote nothing; the locked round ran
-    # the effect once on the current row
-    assert runs == [1]
+    ids = await two_accounts(engine, 100)
+    settled = await store.settle_local(op, attempt, moving(attempt, record, ids, 10), route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
     assert await balances(engine, ids) == [90, 10]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 1
@@ -402,7 +424,7 @@ async def test_a_demoted_row_is_settled_by_the_locked_round_and_the_transfer_mad
 async def test_a_superseded_attempt_statement_moves_no_money(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
 
     async def nobody_holds(scopes: list[Scope]) -> list[float | None]:
@@ -419,10 +441,8 @@ async def test_a_superseded_attempt_statement_moves_no_money(
         lease_remaining=nobody_holds,
     )
     assert isinstance(superseded, Supersede)
-    ids, runs = await two_accounts(engine, 100), []
-    effect, statement = moving(attempt, ids, 10, runs)
-    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
-    assert runs == []  # the locked round saw another epoch: the effect never ran
+    ids = await two_accounts(engine, 100)
+    settled = await store.settle_local(op, attempt, moving(attempt, record, ids, 10), route=ROUTE)
     assert settled.decision.disposition.value in ("ignored", "quarantined")
     assert await balances(engine, ids) == [100, 0]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 0
@@ -434,13 +454,13 @@ async def test_concurrent_statements_over_one_pair_both_ways_neither_deadlock_no
     ids = await two_accounts(engine, 1000, 1000)
     plans = []
     for i in range(24):
-        attempt = await claimed(store, make_scope(principal_id), clock)
+        attempt, record = await claimed(store, make_scope(principal_id), clock)
         pair = ids if i % 2 == 0 else ids[::-1]
-        plans.append((attempt, *moving(attempt, pair, 1 + i % 3, [])))
+        plans.append((attempt, moving(attempt, record, pair, 1 + i % 3)))
 
-    async def settle_one(attempt: AttemptRef, effect: Any, statement: EffectStatement) -> Any:
+    async def settle_one(attempt: AttemptRef, statement: EffectStatement) -> Any:
         op = uuid.UUID(attempt.reservation.operation_id)
-        return await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+        return await store.settle_local(op, attempt, statement, route=ROUTE)
 
     done = await asyncio.gather(*(settle_one(*plan) for plan in plans))
     assert all(s.record.state is OperationState.COMPLETED for s in done)
@@ -450,30 +470,18 @@ async def test_concurrent_statements_over_one_pair_both_ways_neither_deadlock_no
     assert await count(engine, transfers, transfers.c.source_id.in_(ids)) == 24
 
 
-async def test_an_account_is_opened_in_one_statement_and_once_per_epoch(
+async def test_an_account_is_opened_once_per_epoch(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
-    attempt = await claimed(store, scope, clock)
+    attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
-    assert attempt.claimed is not None
-    request = ledger.AccountRequest(currency="EUR", opening_balance=7)
-    runs: list[int] = []
-
-    async def effect(conn: Any, current: Record) -> CoreObservation:
-        runs.append(1)
-        await ledger.create_account(conn, "acme", op, 1, request)
-        return completed(current, fencing_token=current.fencing_token)
-
-    guard, apply, args, account = ledger.create_account_statement("acme", op, 1, request)
-    observation = completed(attempt.claimed, fencing_token=attempt.fencing_token)
-    statement = EffectStatement(guard, apply, args, observation)
-    settled = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
-    assert runs == []
+    statement, account = opening(attempt, record)
+    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED
     (opened,) = await rows(engine, accounts, accounts.c.operation_id == op)
     assert (opened["id"], opened["balance"], opened["binding_generation"]) == (account.id, 7, 1)
     # the same statement again (a stale duplicate of this attempt): nothing more is written
-    again = await store.settle_local(op, attempt, effect, route=ROUTE, statement=statement)
+    again = await store.settle_local(op, attempt, statement, route=ROUTE)
     assert again.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
 
@@ -481,7 +489,9 @@ async def test_an_account_is_opened_in_one_statement_and_once_per_epoch(
 # -- a new operation claimed, run and settled in one statement ----------------------------
 
 
-def new_transfer(ids: list[uuid.UUID], amount: int) -> Any:
+def new_transfer(
+    ids: list[uuid.UUID], amount: int, said: list[tuple[str, str]] | None = None
+) -> Any:
     """``build`` for ``claim_and_settle_local``: the transfer's statement for the claim."""
 
     def build(claimed_outcome: Any) -> EffectStatement:
@@ -491,7 +501,8 @@ def new_transfer(ids: list[uuid.UUID], amount: int) -> Any:
             source=ids[0], destination=ids[1], amount=amount, currency="EUR"
         )
         guard, apply, args, _ = ledger.transfer_statement("acme", op, 1, request)
-        return EffectStatement(guard, apply, args, completed(record, fencing_token=1))
+        refused = refusals(record, [] if said is None else said)
+        return EffectStatement(guard, apply, args, completed(record, fencing_token=1), refused)
 
     return build
 
@@ -530,20 +541,28 @@ async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
     assert found is not None and found[1] == current
 
 
-async def test_a_new_transfer_the_guard_refuses_leaves_no_row_at_all(
+async def test_a_new_transfer_the_guard_refuses_is_settled_failed_in_one_more_statement(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
     ids = await two_accounts(engine, 5)
     request = claim_request(scope.principal_id, clock)
+    said: list[tuple[str, str]] = []
     done = await store.claim_and_settle_local(
-        scope, request, new_transfer(ids, 10), lease_token="t", route=ROUTE
+        scope, request, new_transfer(ids, 10, said), lease_token="t", route=ROUTE
     )
-    assert done is None  # the caller claims and runs it the general way, which says why
-    assert await store.get_by_scope(scope) is None
+    assert done is not None
+    assert said == [("insufficient-funds", "source balance 5 is below the amount 10")]
+    _, settled = done
+    assert settled.record.state is OperationState.FAILED and settled.record.revision == 2
+    current = await store.get_by_scope(scope)
+    assert current is not None and current.state is OperationState.FAILED
     op = uuid.UUID(request.new_operation_id)
-    assert await count(engine, attempts, attempts.c.operation_id == op) == 0
-    assert await count(engine, observations, observations.c.operation_id == op) == 0
+    (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
+    assert attempt_row["outcome"] == "failed"
+    (observed,) = await rows(engine, observations, observations.c.operation_id == op)
+    assert (observed["kind"], observed["disposition"]) == ("failed", "applied")
     assert await balances(engine, ids) == [5, 0]
+    assert await count(engine, transfers, transfers.c.source_id == ids[0]) == 0
 
 
 async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
@@ -551,7 +570,7 @@ async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
 ) -> None:
     """Another claimer's row exists (it inserted after this request read none): the one
     statement's insert does nothing, so neither does the transfer."""
-    first = await claimed(store, scope, clock)
+    _, first = await claimed(store, scope, clock)
     ids = await two_accounts(engine, 100)
     done = await store.claim_and_settle_local(
         scope,
@@ -563,7 +582,7 @@ async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
     assert done is None
     assert await balances(engine, ids) == [100, 0]
     current = await store.get_by_scope(scope)
-    assert current is not None and current == first.claimed
+    assert current is not None and current == first
 
 
 async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
@@ -571,7 +590,7 @@ async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
 ) -> None:
     """Were the lease to run out while the statement runs, a second request would send its
     own: the scope's unique row decides, not the lease. One writes; the other writes
-    nothing and answers from the row the general way."""
+    nothing and answers from the row under its lock."""
     ids = await two_accounts(engine, 100)
     requests = [claim_request(scope.principal_id, clock) for _ in range(6)]
     done = await asyncio.gather(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import pytest
@@ -26,7 +25,13 @@ from service.core import (
 )
 from service.store.retention import Retention
 from service.store.rows import at, record_from_row
-from service.store.settlement import AttemptRef, OperationNotFound, SettlementStore
+from service.store.settlement import (
+    AttemptRef,
+    EffectRefused,
+    EffectStatement,
+    OperationNotFound,
+    SettlementStore,
+)
 from service.store.tables import (
     accounts,
     attempts,
@@ -265,6 +270,25 @@ async def test_observation_about_unknown_operation_is_recorded_and_refused(
     assert (row["disposition"], row["reason"]) == ("quarantined", "unknown-operation")
 
 
+def writes_account(record: Record, account_id: uuid.UUID, balance: int) -> EffectStatement:
+    """A local effect as SQL: one account row (a negative balance breaks its CHECK)."""
+    apply = """opened AS (
+    INSERT INTO accounts (id, tenant, currency, balance)
+    SELECT $E1::uuid, 'acme', 'EUR', $E2::bigint WHERE EXISTS (SELECT 1 FROM written)
+)"""
+
+    def refused(slug: str, detail: str) -> Observation:
+        raise AssertionError(f"the guard never refuses ({slug}: {detail})")
+
+    return EffectStatement(
+        "verdict AS (SELECT NULL::text[] AS refusal)",
+        apply,
+        (account_id, balance),
+        completed(record, fencing_token=1),
+        refused,
+    )
+
+
 async def test_local_effect_commits_with_the_settlement_or_not_at_all(
     engine: AsyncEngine, store: SettlementStore, clock: Clock
 ) -> None:
@@ -272,29 +296,19 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
     attempt = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.reservation, fencing_token=1)
     account_id = uuid.uuid4()
 
-    async def write_account(conn: Any) -> None:  # the hot path's asyncpg connection
-        await conn.execute(
-            "INSERT INTO accounts (id, tenant, currency, balance) VALUES ($1, 'acme', 'EUR', 5)",
-            account_id,
+    # the database refuses the effect's write: nothing of the settlement commits either
+    with pytest.raises(EffectRefused) as refused_by_check:
+        await store.settle_local(
+            operation_id, attempt, writes_account(record, account_id, -1), route=ROUTE
         )
-
-    async def failing_effect(conn: Any, current: Record) -> Observation:
-        await write_account(conn)
-        raise RuntimeError("effect failed after writing")
-
-    with pytest.raises(RuntimeError):
-        await store.settle_local(operation_id, attempt, failing_effect, route=ROUTE)
+    assert refused_by_check.value.constraint == "ck_accounts_balance_non_negative"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
     unchanged = await store.get(operation_id)
     assert unchanged is not None and unchanged.state is OperationState.IN_PROGRESS
     assert await count(engine, observations, observations.c.operation_id == operation_id) == 0
 
     stale = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.reservation, fencing_token=7)
-
-    async def effect(conn: Any, current: Record) -> Observation:
-        await write_account(conn)
-        return completed(current, fencing_token=1)
-
+    effect = writes_account(record, account_id, 5)
     refused = await store.settle_local(operation_id, stale, effect, route=ROUTE)
     assert refused.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0

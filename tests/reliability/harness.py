@@ -93,7 +93,7 @@ LOW_SHARE = 0.4
 # A transfer commits a moment before its commit timestamp is visible: the balances an
 # answer may have been judged on start this long before its first request was sent.
 COMMIT_SLACK = 0.05
-# The detail of a 402 insufficient-funds (service.domain.ledger.transfer).
+# The detail of a 402 insufficient-funds (the guard of service.domain.ledger.transfer_statement).
 INSUFFICIENT = re.compile(r"source balance (-?\d+) is below the amount (\d+)")
 # How long one client keeps retrying one action before it leaves it to the settling phase.
 ACTION_PATIENCE = 45.0
@@ -154,7 +154,13 @@ OBSERVER_POLL = 0.05
 # waiting out a PostgreSQL restart, decides its holds that much later.
 HOLD_SLACK = 10.0
 HOLD_LIMIT = UNKNOWN_GRACE + OBSERVER_POLL + HOLD_SLACK
-CRASH_POINTS = ["claim.after", "effect.before_commit", "effect.after_commit", "settle.after"]
+CRASH_POINTS = [
+    "claim.after",
+    "effect.before_commit",
+    "effect.before_statement",
+    "effect.after_commit",
+    "settle.after",
+]
 
 T = TypeVar("T")
 

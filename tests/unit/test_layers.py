@@ -19,7 +19,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "leases": ("service.app", "service.http", "service.store", "litestar", "sqlalchemy"),
     "domain": ("service.app", "service.http", "litestar", "redis"),
     "telemetry": ("service.app", "service.http", "service.store", "litestar"),
-    "app": ("service.http", "litestar"),
+    "app": ("service.http", "litestar", "asyncpg"),
     # http runs no SQL and no Redis command of its own: it calls the app's use cases
     "http": ("asyncpg", "sqlalchemy", "redis"),
 }
