@@ -11,9 +11,8 @@ the same pair of accounts cannot deadlock.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Annotated, Any, Protocol
+from typing import Annotated
 
 import msgspec
 
@@ -22,11 +21,9 @@ from service.domain.currencies import ISO_4217
 __all__ = [
     "Account",
     "AccountRequest",
-    "Connection",
     "Transfer",
     "TransferRequest",
     "create_account_statement",
-    "get_account",
     "transfer_statement",
 ]
 
@@ -91,15 +88,6 @@ class Transfer(msgspec.Struct, frozen=True):
 def _known_currency(code: str) -> None:
     if code not in ISO_4217:
         raise ValueError(f"unknown currency {code!r} (ISO 4217)")
-
-
-_GET_ACCOUNT = "SELECT id, currency, balance FROM accounts WHERE id = $1 AND tenant = $2"
-
-
-class Connection(Protocol):
-    """What the ledger's reads need of a database connection (asyncpg's has it)."""
-
-    async def fetchrow(self, query: str, *args: object) -> Mapping[str, Any] | None: ...
 
 
 # transfer_statement's SQL: $E1 both account ids in ascending order, $E2 tenant, $E3 source,
@@ -217,10 +205,3 @@ def create_account_statement(
         binding_generation,
     )
     return _ACCOUNT_GUARD, _ACCOUNT_APPLY, args, account
-
-
-async def get_account(conn: Connection, tenant: str, account_id: uuid.UUID) -> Account | None:
-    row = await conn.fetchrow(_GET_ACCOUNT, account_id, tenant)
-    if row is None:
-        return None
-    return Account(id=row["id"], currency=row["currency"], balance=row["balance"])
