@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
-from service.app.answers import Stored
+from service.app.answers import Answer, Stored
 from service.app.effects import ExecutionContext, Outcome
 from service.app.requests import Seen
 from service.core import OperationState
@@ -349,4 +349,81 @@ async def test_a_principal_past_its_slots_for_too_long_gets_429() -> None:
     assert crowded.scope(route, "second").lease_name() not in crowded.leases.held
     gate.opened.set()
     assert status_of(await first) == 201
+    await crowded.close()
+
+
+async def _queued_behind_another(
+    crowded: World, then: Callable[[World, str], None]
+) -> tuple[Answer, list[str]]:
+    """A second request of the principal queues for its only slot after taking its lease;
+    ``then(world, lease name)`` happens while it queues; the first then finishes. Returns
+    the second's answer and the keys whose effect ran."""
+    gate = Gate()
+    ran: list[str] = []
+
+    async def recorded(conn: Any, context: ExecutionContext, body: Transfer) -> Outcome:
+        ran.append(str(context.operation_id))
+        if len(ran) == 1:
+            await gate()
+        return await credit(conn, context, body)
+
+    route = local_route(recorded)
+    first = asyncio.create_task(crowded.send(route, key="first"))
+    await gate.reached.wait()
+    crowded.leases.acquiring.clear()
+    second = asyncio.create_task(crowded.send(route, key="second"))
+    await crowded.leases.acquiring.wait()  # it holds its lease and waits for the slot
+    then(crowded, crowded.scope(route, "second").lease_name())
+    gate.opened.set()
+    assert status_of(await first) == 201
+    return await second, ran
+
+
+async def test_a_request_that_queued_past_half_its_lease_renews_it_before_its_claim() -> None:
+    crowded = World(per_principal=1, ttl=10)
+    answer, ran = await _queued_behind_another(crowded, lambda w, _: w.clock.advance(6))
+    assert isinstance(answer, Stored) and not answer.replayed and len(ran) == 2
+    [renewed] = crowded.leases.extended
+    assert renewed.expires_at == crowded.clock() + 10
+    await crowded.close()
+
+
+async def test_a_request_whose_lease_expired_while_it_queued_takes_it_anew() -> None:
+    crowded = World(per_principal=1, ttl=10)
+    answer, ran = await _queued_behind_another(crowded, lambda w, _: w.clock.advance(11))
+    assert isinstance(answer, Stored) and not answer.replayed and len(ran) == 2
+    assert crowded.leases.extended == [] and len(crowded.leases.acquired) == 3
+    await crowded.close()
+
+
+async def test_a_request_whose_expired_lease_a_duplicate_took_while_it_queued_is_409() -> None:
+    crowded = World(per_principal=1, ttl=10)
+
+    def duplicate_takes_it(world: World, name: str) -> None:
+        world.clock.advance(11)
+        world.leases.hold(name)
+
+    answer, ran = await _queued_behind_another(crowded, duplicate_takes_it)
+    refused = problem(answer)
+    assert (refused.slug, status_of(refused)) == ("operation-in-progress", 409)
+    assert len(ran) == 1  # the second never ran
+    assert crowded.store.row(crowded.scope(local_route(), "second")) is None
+    # the duplicate's lease is left alone: the refused request releases nothing
+    assert [lease.token for lease in crowded.leases.held.values()] == ["another"]
+    first = crowded.scope(local_route(), "first").lease_name()
+    assert [lease.key for lease, _ in crowded.leases.released] == [first]
+    await crowded.close()
+
+
+async def test_a_request_that_queued_while_redis_went_away_is_503() -> None:
+    crowded = World(per_principal=1, ttl=10)
+
+    def redis_goes(world: World, name: str) -> None:
+        world.clock.advance(6)
+        world.leases.unavailable = True
+
+    answer, ran = await _queued_behind_another(crowded, redis_goes)
+    refused = problem(answer)
+    assert (refused.slug, status_of(refused)) == ("lease-unavailable", 503)
+    assert len(ran) == 1
     await crowded.close()
