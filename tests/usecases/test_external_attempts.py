@@ -186,3 +186,12 @@ async def test_a_request_cancelled_mid_call_hands_the_call_to_the_late_keeper(
     signed = await call
     assert signed.evidence.outcome == "completed"
     assert world.leases.held == {}  # released on the way out
+
+
+async def test_a_late_call_still_unanswered_after_the_late_window_ends_unavailable() -> None:
+    world = World(provider_timeout=0.01, late_response_window=0.01)
+    _assert_outcome_unknown(await world.send(external_route(never_answers)), world)
+    [(call, _)] = world.late.adopted
+    with pytest.raises(ProviderUnavailable, match=r"no answer within 0\.02s"):
+        await call
+    await world.close()

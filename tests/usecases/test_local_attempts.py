@@ -22,6 +22,7 @@ from service.store.settlement import RowLocked
 from tests.usecases.world import (
     LOCAL,
     STATEMENT,
+    Gate,
     World,
     credit,
     local_route,
@@ -315,3 +316,49 @@ async def test_another_outcome_settled_while_the_effect_ran_is_a_conflict(world:
     assert (answer.slug, status_of(answer), answer.state) == ("operation-conflict", 409, "conflict")
     _, row = _only_row(world)
     assert row.state is OperationState.CONFLICT
+
+
+async def test_a_lost_connection_wrapped_in_another_error_is_busy_not_a_bug(
+    world: World,
+) -> None:
+    async def wrapped(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+        try:
+            raise ConnectionResetError("the database restarted")
+        except ConnectionResetError as exc:
+            raise RuntimeError("the driver's own error") from exc
+
+    answer = problem(await world.send(local_route(wrapped)))
+    assert (answer.slug, status_of(answer), answer.state) == ("service-unavailable", 503, "unknown")
+
+
+async def test_a_lost_lease_whose_row_cannot_be_read_gives_up_and_is_503(world: World) -> None:
+    async def stalls(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+        world.store.fail["get"] = ConnectionResetError("gone")
+        world.leases.steal()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    answer = problem(await world.send(local_route(stalls)))
+    assert (answer.slug, status_of(answer)) == ("lease-unavailable", 503)
+    _, row = _only_row(world)
+    assert row.state is OperationState.UNKNOWN
+
+
+async def test_a_request_cancelled_mid_effect_cancels_the_effect_and_releases_its_lease(
+    world: World,
+) -> None:
+    gate = Gate()
+
+    async def gated(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+        conn.writes.append("never committed")
+        await gate()
+        return await credit(conn, context, body)
+
+    request = asyncio.create_task(world.send(local_route(gated)))
+    await gate.reached.wait()
+    request.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await request
+    assert world.store.committed == [] and world.leases.held == {}
+    _, row = _only_row(world)
+    assert row.state is OperationState.IN_PROGRESS  # the sweeper demotes it once its lease is gone

@@ -427,3 +427,20 @@ async def test_a_request_that_queued_while_redis_went_away_is_503() -> None:
     assert (refused.slug, status_of(refused)) == ("lease-unavailable", 503)
     assert len(ran) == 1
     await crowded.close()
+
+
+async def test_an_unknown_api_key_identifies_nobody(world: World) -> None:
+    assert await world.requests.identify("sk_test_unknown", LOCAL, KEY) is None
+
+
+async def test_a_row_that_appeared_after_the_first_read_is_answered_by_the_claim(
+    world: World,
+) -> None:
+    """The first read found no row; by the claim the operation had completed elsewhere."""
+    record = world.existing(LOCAL, "completed")
+    answer = await world.requests.handle(
+        LOCAL, world.principal, Seen(key=KEY, record=None), Transfer(amount=5)
+    )
+    assert isinstance(answer, Stored) and answer.replayed
+    assert answer.operation_id == record.reservation.operation_id
+    assert world.store.committed == [] and world.leases.held == {}
