@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -39,13 +38,6 @@ async def declines(context: ExecutionContext, reservation: ReservationTuple, bod
 async def never_answers(context: ExecutionContext, reservation: ReservationTuple, body: Any) -> Any:
     await asyncio.Event().wait()
     raise AssertionError("unreachable")
-
-
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    made = World()
-    yield made
-    await made.close()
 
 
 def _row(world: Any) -> Any:

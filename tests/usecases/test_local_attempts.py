@@ -6,7 +6,6 @@ supersede while it ran. On the fakes of :mod:`tests.usecases.fakes`."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
@@ -29,13 +28,6 @@ from tests.usecases.world import (
     problem,
     status_of,
 )
-
-
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    made = World()
-    yield made
-    await made.close()
 
 
 def _only_row(world: World) -> tuple[str, Any]:

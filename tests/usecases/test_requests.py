@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-
-import pytest
 
 from service.app.answers import Answer, Stored
 from service.app.effects import ExecutionContext, Outcome
@@ -33,14 +31,6 @@ from tests.usecases.world import (
     problem,
     status_of,
 )
-
-
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    made = World()
-    yield made
-    await made.close()
-
 
 # -- decided on the first read: no lease is taken ------------------------------------------------
 
