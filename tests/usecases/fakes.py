@@ -459,7 +459,7 @@ class FakeStore:
         ):
             return self._settle(op, attempt.probe())
         conn = FakeConnection()
-        observation = await effect(conn, record)  # type: ignore[arg-type]
+        observation = await effect(conn, record)
         if before_commit is not None:
             await before_commit()
         settled = self._settle(op, observation)
