@@ -60,18 +60,21 @@ typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client a
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase
-	$(BIN)/coverage run -m pytest tests clients/python/tests
+	@# every Python process the tests start writes a .coverage.* file of its own (pyproject.toml,
+	@# [tool.coverage.run]): they are combined into .coverage even when a test failed
+	$(BIN)/coverage run -m pytest tests clients/python/tests; status=$$?; \
+	$(BIN)/coverage combine --quiet; exit $$status
 	$(BIN)/coverage report --include='service/core/*' --fail-under=100
 	@$(BIN)/coverage report --format=total | sed 's/^/total coverage of service\/: /; s/$$/%/'
 
-unit: $(STAMP) ## the pure unit tests only (seconds)
-	$(BIN)/pytest tests/unit -q
+unit: $(STAMP) ## the pure unit tests and the use-case tests on in-memory fakes (seconds)
+	$(BIN)/pytest tests/unit tests/usecases -q
 
 integration: $(STAMP) ## integration tests on real PostgreSQL and Redis
 	$(BIN)/pytest tests/integration -q
 
 clean: ## remove the virtualenv and caches (keeps .data/)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .coverage .coverage.*
 
 bench: $(BENCH_STAMP) ## load test with two peers and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
