@@ -8,6 +8,9 @@ BENCH_STAMP := $(VENV)/.installed-bench
 LOCK   := constraints.txt
 # The extras `make lock` resolves: every one, so each install finds its versions in the lock.
 LOCK_EXTRAS := dev,devstack,bench,otlp
+# make test's pytest processes (pytest-xdist); each test module runs whole in one of them, so
+# its module fixtures (a server, a provider) start once
+TEST_PROCESSES ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak chaos lock
@@ -62,7 +65,7 @@ test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, w
 	$(BIN)/coverage erase
 	@# every Python process the tests start writes a .coverage.* file of its own (pyproject.toml,
 	@# [tool.coverage.run]): they are combined into .coverage even when a test failed
-	$(BIN)/coverage run -m pytest tests clients/python/tests; status=$$?; \
+	$(BIN)/coverage run -m pytest -n $(TEST_PROCESSES) --dist loadfile tests clients/python/tests; status=$$?; \
 	$(BIN)/coverage combine --quiet; exit $$status
 	$(BIN)/coverage report --include='service/core/*' --fail-under=100
 	@$(BIN)/coverage report --format=total | sed 's/^/total coverage of service\/: /; s/$$/%/'
