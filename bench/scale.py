@@ -1,0 +1,295 @@
+"""``make bench-scale``: what the server costs on a database that holds a day of operations,
+against the same server on an empty one, in one run.
+
+Starts the stack of ``make bench`` (embedded PostgreSQL and Redis, not durable, in a temporary
+directory; the production server ``python -m service.cli serve --workers N``; wrk), then:
+
+1. **empty**: a fresh server, BENCH_SEED completed transfers seeded through it, then the
+   scenarios ``replay``, ``new`` and ``status`` of ``make bench`` (``bench.scenarios``);
+2. **fill**: with the server stopped, BENCH_ROWS settled transfers written with set-based SQL
+   (``bench.scale_fill``: operations, attempts, observations, transfers; spread over tenants,
+   principals, keys, outcomes and a day of ``created_at``), then ``VACUUM (ANALYZE)`` of the
+   filled tables, as autovacuum leaves a table at rest; the sizes of every table and index;
+3. **at size**: a fresh server, BENCH_SEED new completed transfers seeded through it, then
+   ``replay@size``, ``new@size`` and ``status@size``;
+4. **purge**: ``new+purge``, ``new`` at full speed while this process drives the retention
+   purge (``service.app.purger.Purger.run_once``, the production batch size, on a
+   connection of its own) with its clock BENCH_SCALE_EXPIRED x the retention ahead: the
+   filled rows that expire within that time (that share of them) are its backlog, as after
+   a purge outage of that length. Its rows per second over ``new``'s requests per second.
+
+Nothing filled has expired by the real clock, so the purge loop of each server worker (real
+clock) finds nothing to do and the scenarios at size measure the requests alone.
+
+Prints the table of ``make bench`` for these rows, then the ratios at size over empty side
+by side, the purge's rate, the sizes per million operations and the workers' peak RSS;
+writes them to ``bench/results/<date>-scale.json`` (logs: ``...-scale-logs/``).
+
+Environment: BENCH_ROWS (5,000,000 operations filled), BENCH_SCALE_EXPIRED (0.2: the share of
+them the purge finds expired), and BENCH_WORKERS, BENCH_DURATION, BENCH_CONNECTIONS,
+BENCH_WARMUP and BENCH_SEED as ``make bench``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from bench import fixtures, scale_report, scenarios, session
+from bench.fixtures import Fixture
+from bench.runner import Config, Runner
+from bench.scale_fill import FILLED_TABLES, Filled, Owner, fill
+from bench.session import Session, env_number, say, seed
+from bench.stack import Stack
+
+# The tables whose sizes are reported: the filled ones, and what the purge writes.
+SIZED_TABLES = (*FILLED_TABLES, "tombstones", "operation_epochs", "accounts", "principals")
+# Batches of the purge per run_once call: 10 x 500 rows, so its progress is seen every few
+# thousand rows and it stops within one call of the end of the load.
+PURGE_BATCHES_PER_CALL = 10
+# Bound of the purge thread's end after it is told to stop (one call in flight).
+PURGE_STOP_TIMEOUT = 60.0
+# Bound of the fill's connect and of each of its statements (a chunk, a VACUUM).
+CONNECT_TIMEOUT = 10.0
+STATEMENT_TIMEOUT = 1800.0
+
+
+@dataclass(frozen=True)
+class ScaleConfig:
+    rows: int
+    expired_share: float
+    retention: float
+
+    @classmethod
+    def from_env(cls) -> ScaleConfig:
+        from service.config import Settings
+
+        expired = env_number("BENCH_SCALE_EXPIRED", 0.2, 0.0)
+        if expired >= 1.0:
+            raise SystemExit(f"BENCH_SCALE_EXPIRED must be below 1, got {expired:g}")
+        return cls(
+            rows=int(env_number("BENCH_ROWS", 5_000_000, 1000)),
+            expired_share=expired,
+            # the server's own default: filled rows expire as its rows do
+            retention=Settings().retention,
+        )
+
+
+@dataclass
+class PurgeRun:
+    """The purge driven beside the load: rows purged, seconds, and whether the backlog ran
+    out before the load ended (then the rate is a lower bound)."""
+
+    ahead: float
+    operations: int = 0
+    seconds: float = 0.0
+    calls: int = 0
+    drained: bool = False
+    error: str | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self, database_url: str) -> None:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._run(database_url)), name="purge", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(PURGE_STOP_TIMEOUT)
+            if self._thread.is_alive():
+                self.error = f"the purge did not stop within {PURGE_STOP_TIMEOUT:g}s"
+
+    async def _run(self, database_url: str) -> None:
+        from service.app.purger import PURGE_BATCH, Purger
+        from service.config import Settings
+        from service.store.db import make_engine
+        from service.store.retention import Retention, RetentionStore
+        from service.telemetry import Metrics
+
+        settings = Settings()
+        engine = make_engine(settings, database_url, pool_size=1)
+        retention = Retention(default=settings.retention, tombstone=settings.tombstone_retention)
+        purger = Purger(
+            RetentionStore(engine, retention),
+            Metrics(),
+            interval=settings.sweep_interval,
+            clock=lambda: time.time() + self.ahead,
+            batch=PURGE_BATCH,
+        )
+        began = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                done = await purger.run_once(max_batches=PURGE_BATCHES_PER_CALL)
+                self.operations += done.operations
+                self.calls += 1
+                if done.operations < PURGE_BATCHES_PER_CALL * PURGE_BATCH:
+                    self.drained = True
+                    break
+        except Exception as exc:  # reported with the results, not raised in a thread
+            self.error = repr(exc)
+        finally:
+            self.seconds = time.monotonic() - began
+            await engine.dispose()
+
+    def as_dict(self) -> dict[str, Any]:
+        rate = self.operations / self.seconds if self.seconds else 0.0
+        return {
+            "clock_ahead_seconds": round(self.ahead, 1),
+            "operations_purged": self.operations,
+            "seconds": round(self.seconds, 2),
+            "operations_per_second": round(rate, 1),
+            "run_once_calls": self.calls,
+            "backlog_ran_out": self.drained,
+            "error": self.error,
+        }
+
+
+class Scale:
+    """One ``make bench-scale`` run."""
+
+    def __init__(self, config: Config, scale: ScaleConfig, stamp: str) -> None:
+        self.config = config
+        self.scale = scale
+        self.runner = Runner(config, stamp)
+        self.runner.session = Session(stamp, "scale")
+        self.filled: Filled | None = None
+        self.vacuum_seconds = 0.0
+        self.sizes: dict[str, Any] = {}
+        self.sizes_after_purge: dict[str, Any] = {}
+        self.purge = PurgeRun(ahead=scale.expired_share * scale.retention)
+        self.backlog = 0
+
+    def run(self) -> Scale:
+        cfg = self.config
+        runner = self.runner
+        with runner.session.start() as (stack, fixture):
+            with stack.production_server(cfg.workers) as server:
+                say(f"empty: production server up, {cfg.workers} worker(s)")
+                seed(fixture, server, cfg.seed)
+                scenarios.replay(runner, stack, server, fixture)
+                scenarios.new(runner, stack, server, fixture)
+                scenarios.status(runner, stack, server, fixture)
+                runner.session.server_errors(server, "production server (empty)")
+            asyncio.run(self._fill(stack, fixture))
+            with stack.production_server(cfg.workers) as server:
+                say(f"at size: production server up, {cfg.workers} worker(s)")
+                fixture.seed_requests = fixture.seed_transfers(
+                    server.port, fixtures.TRANSFERS, "sized", cfg.seed
+                )
+                answers = session.send_seed(server, fixture.seed_requests)
+                fixture.operation_ids = [headers["operation-id"] for _, headers, _ in answers]
+                scenarios.replay(runner, stack, server, fixture, "replay@size")
+                scenarios.new(runner, stack, server, fixture, "new@size")
+                scenarios.status(runner, stack, server, fixture, "status@size")
+                say(
+                    f"purge: {self.backlog} expired operations "
+                    f"(clock {self.purge.ahead / 3600:.1f} h ahead) purged while new runs"
+                )
+                self.purge.start(stack.database_url)
+                try:
+                    scenarios.new(runner, stack, server, fixture, "new+purge")
+                finally:
+                    self.purge.stop()
+                say(
+                    f"  purge: {self.purge.operations} operations in "
+                    f"{self.purge.seconds:.1f}s"
+                    + (" (the backlog ran out)" if self.purge.drained else "")
+                    + (f"; ERROR {self.purge.error}" if self.purge.error else "")
+                )
+                runner.session.server_errors(server, "production server (at size)")
+            self.sizes_after_purge = asyncio.run(_sizes(stack.database_url))
+        return self
+
+    async def _fill(self, stack: Stack, fixture: Fixture) -> None:
+        scale = self.scale
+        conn = await asyncpg.connect(
+            stack.database_url, timeout=CONNECT_TIMEOUT, command_timeout=STATEMENT_TIMEOUT
+        )
+        try:
+            owner = Owner(
+                fixtures.TENANT,
+                uuid.UUID(fixture.principal_id),
+                [fixtures.pair(p) for p in range(1, fixtures.PAIRS + 1)],
+            )
+            say(f"fill: {scale.rows:,} settled transfers (set-based SQL, in chunks)")
+
+            def progress(done: int, total: int, seconds: float) -> None:
+                say(f"  {done:,} / {total:,} operations, {seconds:.0f}s, {done / seconds:,.0f}/s")
+
+            self.filled = await fill(
+                conn,
+                scale.rows,
+                owners=[owner],
+                now=datetime.now(UTC),
+                retention=scale.retention,
+                progress=progress,
+            )
+            say(f"  filled in {self.filled.seconds:.0f}s; VACUUM (ANALYZE)")
+            began = time.monotonic()
+            for table in (*FILLED_TABLES, "principals", "accounts"):
+                await conn.execute(f"VACUUM (ANALYZE) {table}")
+            self.vacuum_seconds = time.monotonic() - began
+            say(f"  vacuumed in {self.vacuum_seconds:.0f}s")
+            self.backlog = await conn.fetchval(
+                "SELECT count(*) FROM operations WHERE state IN ('completed', 'failed')"
+                " AND expires_at <= now() + make_interval(secs => $1)",
+                self.purge.ahead,
+            )
+        finally:
+            await conn.close()
+        self.sizes = await _sizes(stack.database_url)
+
+
+async def _sizes(database_url: str) -> dict[str, Any]:
+    """Rows, heap, index and total bytes of each of SIZED_TABLES, and each index's bytes."""
+    conn = await asyncpg.connect(
+        database_url, timeout=CONNECT_TIMEOUT, command_timeout=STATEMENT_TIMEOUT
+    )
+    try:
+        out: dict[str, Any] = {}
+        for table in SIZED_TABLES:
+            row = await conn.fetchrow(
+                "SELECT (SELECT count(*) FROM " + table + ") AS rows,"
+                " pg_relation_size($1::regclass) AS heap,"
+                " pg_indexes_size($1::regclass) AS indexes,"
+                " pg_total_relation_size($1::regclass) AS total",
+                table,
+            )
+            assert row is not None
+            indexes = await conn.fetch(
+                "SELECT i.indexrelid::regclass::text AS name,"
+                " pg_relation_size(i.indexrelid) AS bytes"
+                " FROM pg_index i WHERE i.indrelid = $1::regclass ORDER BY 2 DESC",
+                table,
+            )
+            out[table] = {
+                "rows": int(row["rows"]),
+                "heap_bytes": int(row["heap"]),
+                "index_bytes": int(row["indexes"]),
+                "total_bytes": int(row["total"]),
+                "indexes": {r["name"]: int(r["bytes"]) for r in indexes},
+            }
+        return out
+    finally:
+        await conn.close()
+
+
+def main() -> int:
+    config = Config.from_env()
+    scale = ScaleConfig.from_env()
+    return session.main(lambda stamp: scale_report.write(Scale(config, scale, stamp).run()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
