@@ -4,16 +4,19 @@ against the same server on an empty one, in one run.
 Starts the stack of ``make bench`` (embedded PostgreSQL and Redis, not durable, in a temporary
 directory; the production server ``python -m service.cli serve --workers N``; wrk), then:
 
-1. **empty**: a fresh server, BENCH_SEED completed transfers seeded through it, then the
-   scenarios ``replay``, ``new`` and ``status`` of ``make bench`` (``bench.scenarios``);
-2. **fill**: with the server stopped, BENCH_ROWS settled transfers written with set-based SQL
-   (``bench.scale_fill``: operations, attempts, observations, transfers; spread over tenants,
-   principals, keys, outcomes and a day of ``created_at``), then ``VACUUM (ANALYZE)`` of the
-   filled tables, as autovacuum leaves a table at rest; the sizes of every table and index;
-3. **at size**: a fresh server, BENCH_SEED new completed transfers seeded through it, then
-   ``replay@size``, ``new@size`` and ``status@size``;
-4. **purge**: ``new+purge``, ``new`` at full speed while this process drives the retention
-   purge (``service.app.purger.Purger.run_once``, the production batch size, on a
+1. **fill**: BENCH_ROWS settled transfers written with set-based SQL into the stack's
+   database (``bench.scale_fill``: operations, attempts, observations, transfers; spread over
+   tenants, principals, keys, outcomes and a day of ``created_at``), then ``VACUUM
+   (ANALYZE)`` of the filled tables, as autovacuum leaves a table at rest; the size of every
+   table and index. A second database on the same PostgreSQL stays empty;
+2. **empty and at size in turn**: one production server on each database, BENCH_SEED
+   completed transfers seeded through each, then the scenarios ``replay``, ``new`` and
+   ``status`` of ``make bench`` (``bench.scenarios``), each on the empty database and then at
+   size (``replay@size``, ...), BENCH_SCALE_ROUNDS times (``#2``, ... after the first): on a
+   shared machine the load of other programs drifts, and alternating spreads the drift over
+   both sides;
+3. **purge**: ``new+purge``, ``new`` at size at full speed while this process drives the
+   retention purge (``service.app.purger.Purger.run_once``, the production batch size, on a
    connection of its own) with its clock BENCH_SCALE_EXPIRED x the retention ahead: the
    filled rows that expire within that time (that share of them) are its backlog, as after
    a purge outage of that length. Its rows per second over ``new``'s requests per second.
@@ -22,12 +25,13 @@ Nothing filled has expired by the real clock, so the purge loop of each server w
 clock) finds nothing to do and the scenarios at size measure the requests alone.
 
 Prints the table of ``make bench`` for these rows, then the ratios at size over empty side
-by side, the purge's rate, the sizes per million operations and the workers' peak RSS;
-writes them to ``bench/results/<date>-scale.json`` (logs: ``...-scale-logs/``).
+by side (over all rounds), the purge's rate, the sizes per million operations and the
+workers' peak RSS; writes them to ``bench/results/<date>-scale.json`` (logs:
+``...-scale-logs/``).
 
 Environment: BENCH_ROWS (5,000,000 operations filled), BENCH_SCALE_EXPIRED (0.2: the share of
-them the purge finds expired), and BENCH_WORKERS, BENCH_DURATION, BENCH_CONNECTIONS,
-BENCH_WARMUP and BENCH_SEED as ``make bench``.
+them the purge finds expired), BENCH_SCALE_ROUNDS (2: turns of empty and at size), and
+BENCH_WORKERS, BENCH_DURATION, BENCH_CONNECTIONS, BENCH_WARMUP and BENCH_SEED as ``make bench``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -48,7 +53,7 @@ from bench.fixtures import Fixture
 from bench.runner import Config, Runner
 from bench.scale_fill import FILLED_TABLES, Filled, Owner, fill
 from bench.session import Session, env_number, say, seed
-from bench.stack import Stack
+from bench.stack import ServerProcess, Stack, free_port
 
 # The tables whose sizes are reported: the filled ones, and what the purge writes.
 SIZED_TABLES = (*FILLED_TABLES, "tombstones", "operation_epochs", "accounts", "principals")
@@ -60,12 +65,15 @@ PURGE_STOP_TIMEOUT = 60.0
 # Bound of the fill's connect and of each of its statements (a chunk, a VACUUM).
 CONNECT_TIMEOUT = 10.0
 STATEMENT_TIMEOUT = 1800.0
+# The database of the empty side, beside the stack's (which is filled).
+EMPTY_DATABASE = "settlement_empty"
 
 
 @dataclass(frozen=True)
 class ScaleConfig:
     rows: int
     expired_share: float
+    rounds: int
     retention: float
 
     @classmethod
@@ -78,6 +86,7 @@ class ScaleConfig:
         return cls(
             rows=int(env_number("BENCH_ROWS", 5_000_000, 1000)),
             expired_share=expired,
+            rounds=int(env_number("BENCH_SCALE_ROUNDS", 2, 1)),
             # the server's own default: filled rows expire as its rows do
             retention=Settings().retention,
         )
@@ -174,42 +183,42 @@ class Scale:
         cfg = self.config
         runner = self.runner
         with runner.session.start() as (stack, fixture):
-            with stack.production_server(cfg.workers) as server:
-                say(f"empty: production server up, {cfg.workers} worker(s)")
-                seed(fixture, server, cfg.seed)
-                scenarios.replay(runner, stack, server, fixture)
-                scenarios.new(runner, stack, server, fixture)
-                scenarios.status(runner, stack, server, fixture)
-                runner.session.server_errors(server, "production server (empty)")
+            empty_url, empty_fixture = _empty_database(stack)
             asyncio.run(self._fill(stack, fixture))
-            with stack.production_server(cfg.workers) as server:
-                say(f"at size: production server up, {cfg.workers} worker(s)")
-                fixture.seed_requests = fixture.seed_transfers(
-                    server.port, fixtures.TRANSFERS, "sized", cfg.seed
-                )
-                answers = session.send_seed(server, fixture.seed_requests)
-                fixture.operation_ids = [headers["operation-id"] for _, headers, _ in answers]
-                scenarios.replay(runner, stack, server, fixture, "replay@size")
-                scenarios.new(runner, stack, server, fixture, "new@size")
-                scenarios.status(runner, stack, server, fixture, "status@size")
-                say(
-                    f"purge: {self.backlog} expired operations "
-                    f"(clock {self.purge.ahead / 3600:.1f} h ahead) purged while new runs"
-                )
-                self.purge.start(stack.database_url)
-                try:
-                    scenarios.new(runner, stack, server, fixture, "new+purge")
-                finally:
-                    self.purge.stop()
-                say(
-                    f"  purge: {self.purge.operations} operations in "
-                    f"{self.purge.seconds:.1f}s"
-                    + (" (the backlog ran out)" if self.purge.drained else "")
-                    + (f"; ERROR {self.purge.error}" if self.purge.error else "")
-                )
-                runner.session.server_errors(server, "production server (at size)")
+            with (
+                stack.production_server(cfg.workers) as sized,
+                _server(stack, cfg.workers, empty_url) as empty,
+            ):
+                say(f"servers up ({cfg.workers} worker(s) each): at size, and empty")
+                seed(empty_fixture, empty, cfg.seed)
+                seed(fixture, sized, cfg.seed)
+                for turn in range(1, self.scale.rounds + 1):
+                    suffix = "" if turn == 1 else f"#{turn}"
+                    for scenario in (scenarios.replay, scenarios.new, scenarios.status):
+                        name = scenario.__name__
+                        scenario(runner, stack, empty, empty_fixture, f"{name}{suffix}")
+                        scenario(runner, stack, sized, fixture, f"{name}@size{suffix}")
+                runner.session.server_errors(empty, "production server (empty)")
+                self._purge_beside_new(stack, sized, fixture)
+                runner.session.server_errors(sized, "production server (at size)")
             self.sizes_after_purge = asyncio.run(_sizes(stack.database_url))
         return self
+
+    def _purge_beside_new(self, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
+        say(
+            f"purge: {self.backlog} expired operations (clock {self.purge.ahead / 3600:.1f} h "
+            "ahead) purged while new runs"
+        )
+        self.purge.start(stack.database_url)
+        try:
+            scenarios.new(self.runner, stack, server, fixture, "new+purge")
+        finally:
+            self.purge.stop()
+        say(
+            f"  purge: {self.purge.operations} operations in {self.purge.seconds:.1f}s"
+            + (" (the backlog ran out)" if self.purge.drained else "")
+            + (f"; ERROR {self.purge.error}" if self.purge.error else "")
+        )
 
     async def _fill(self, stack: Stack, fixture: Fixture) -> None:
         scale = self.scale
@@ -249,6 +258,40 @@ class Scale:
         finally:
             await conn.close()
         self.sizes = await _sizes(stack.database_url)
+
+
+def _empty_database(stack: Stack) -> tuple[str, Fixture]:
+    """A second database on the same PostgreSQL, migrated, with a bench client and accounts
+    of its own: the empty side of the comparison."""
+    from service.store.migrate import upgrade
+
+    async def create() -> None:
+        conn = await asyncpg.connect(stack.database_url, timeout=CONNECT_TIMEOUT)
+        try:
+            await conn.execute(f'CREATE DATABASE "{EMPTY_DATABASE}"')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    url = urlunsplit(urlsplit(stack.database_url)._replace(path=f"/{EMPTY_DATABASE}"))
+    upgrade(url)
+    return url, asyncio.run(fixtures.create(url))
+
+
+def _server(stack: Stack, workers: int, database_url: str) -> ServerProcess:
+    """The production server (as ``Stack.production_server``) on ``database_url``."""
+    port = free_port()
+    return ServerProcess(
+        "settlement serve (empty)",
+        [
+            *(sys.executable, "-m", "service.cli", "serve"),
+            *("--port", str(port), "--workers", str(workers)),
+        ],
+        port=port,
+        workers=workers,
+        env=stack.server_env(SETTLEMENT_DATABASE_URL=database_url),
+        log_path=stack.log_dir / "server-empty.log",
+    )
 
 
 async def _sizes(database_url: str) -> dict[str, Any]:
