@@ -42,7 +42,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -52,6 +52,7 @@ from bench import fixtures, scale_report, scenarios, session
 from bench.fixtures import Fixture
 from bench.runner import Config, Runner
 from bench.scale_fill import FILLED_TABLES, Filled, Owner, fill
+from bench.scale_plans import explain_all
 from bench.session import Session, env_number, say, seed
 from bench.stack import ServerProcess, Stack, free_port
 
@@ -178,6 +179,7 @@ class Scale:
         self.sizes_after_purge: dict[str, Any] = {}
         self.purge = PurgeRun(ahead=scale.expired_share * scale.retention)
         self.backlog = 0
+        self.plans: dict[str, Any] = {}
 
     def run(self) -> Scale:
         cfg = self.config
@@ -199,6 +201,7 @@ class Scale:
                         scenario(runner, stack, empty, empty_fixture, f"{name}{suffix}")
                         scenario(runner, stack, sized, fixture, f"{name}@size{suffix}")
                 runner.session.server_errors(empty, "production server (empty)")
+                self.plans = asyncio.run(self._plans(stack, fixture))
                 self._purge_beside_new(stack, sized, fixture)
                 runner.session.server_errors(sized, "production server (at size)")
             self.sizes_after_purge = asyncio.run(_sizes(stack.database_url))
@@ -219,6 +222,23 @@ class Scale:
             + (" (the backlog ran out)" if self.purge.drained else "")
             + (f"; ERROR {self.purge.error}" if self.purge.error else "")
         )
+
+    async def _plans(self, stack: Stack, fixture: Fixture) -> dict[str, Any]:
+        """The plans of the server's statements at size, the purge's at its clock."""
+        say("plans at size: EXPLAIN (ANALYZE, BUFFERS), rolled back")
+        conn = await asyncpg.connect(
+            stack.database_url, timeout=CONNECT_TIMEOUT, command_timeout=STATEMENT_TIMEOUT
+        )
+        try:
+            return await explain_all(
+                conn,
+                key_hash=bytes.fromhex(fixture.key_hash),
+                owner=uuid.UUID(fixture.principal_id),
+                tenant=fixtures.TENANT,
+                purge_now=datetime.now(UTC) + timedelta(seconds=self.purge.ahead),
+            )
+        finally:
+            await conn.close()
 
     async def _fill(self, stack: Stack, fixture: Fixture) -> None:
         scale = self.scale

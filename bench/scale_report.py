@@ -105,6 +105,12 @@ def write(scale: Scale) -> dict[str, Any]:
             f"({tombstones['total_bytes'] * 1e6 / tombstones['rows'] / MIB:.1f} MiB per million)"
         )
 
+    print()
+    print("plans at size (EXPLAIN ANALYZE, once, rolled back; the whole plans are in the JSON):")
+    for name, plan in scale.plans.items():
+        ms = plan["execution_ms"]
+        print(f"  {name:<52} {'-' if ms is None else f'{ms:8.3f} ms'}  {_scans(plan['plan'])}")
+
     rss = {row.name: row.usage.rss_values for row in runner.rows if row.usage is not None}
     print()
     print("server workers' peak RSS (MiB, per worker):")
@@ -143,6 +149,7 @@ def write(scale: Scale) -> dict[str, Any]:
         "sizes_after_fill": scale.sizes,
         "sizes_after_fill_mib_per_million_operations": per_million,
         "sizes_after_purge": scale.sizes_after_purge,
+        "plans_at_size": scale.plans,
         "peak_rss_mib_per_worker": rss,
         "server_logs": runner.session.server_log_counts,
         "machine_busy_cores_before_run": round(runner.session.busy_before, 2),
@@ -150,6 +157,16 @@ def write(scale: Scale) -> dict[str, Any]:
     }
     runner.session.save(document, seconds)
     return document
+
+
+def _scans(plan: list[str]) -> str:
+    """The scans of a plan, in order: which index (or none) each table was read by."""
+    found = []
+    for line in plan:
+        text = line.strip().removeprefix("->").strip()
+        if " Scan " in text or text.startswith(("Seq Scan", "Index", "Bitmap")):
+            found.append(text.split("  (")[0])
+    return "; ".join(found)
 
 
 def _rounds(rows: dict[str, Row], name: str, rounds: int) -> list[Row]:
