@@ -15,7 +15,9 @@ directory; the production server ``python -m service.cli serve --workers N``; wr
    size (``replay@size``, ...), BENCH_SCALE_ROUNDS times (``#2``, ... after the first): on a
    shared machine the load of other programs drifts, and alternating spreads the drift over
    both sides;
-3. **purge**: ``new+purge``, ``new`` at size at full speed while this process drives the
+3. **plans**: the server's statements at size run once each under ``EXPLAIN (ANALYZE,
+   BUFFERS)`` and rolled back (``bench.scale_plans``);
+4. **purge**: ``new+purge``, ``new`` at size at full speed while this process drives the
    retention purge (``service.app.purger.Purger.run_once``, the production batch size, on a
    connection of its own) with its clock BENCH_SCALE_EXPIRED x the retention ahead: the
    filled rows that expire within that time (that share of them) are its backlog, as after
