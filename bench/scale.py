@@ -60,9 +60,9 @@ from bench.stack import ServerProcess, Stack, free_port
 
 # The tables whose sizes are reported: the filled ones, and what the purge writes.
 SIZED_TABLES = (*FILLED_TABLES, "tombstones", "operation_epochs", "accounts", "principals")
-# Batches of the purge per run_once call: 10 x 500 rows, so its progress is seen every few
-# thousand rows and it stops within one call of the end of the load.
-PURGE_BATCHES_PER_CALL = 10
+# Batches of the purge per run_once call: one, so its progress is counted batch by batch
+# and it stops within one batch of the end of the load.
+PURGE_BATCHES_PER_CALL = 1
 # Bound of the purge thread's end after it is told to stop (one call in flight).
 PURGE_STOP_TIMEOUT = 60.0
 # Bound of the fill's connect and of each of its statements (a chunk, a VACUUM).
@@ -143,15 +143,17 @@ class PurgeRun:
         try:
             while not self._stop.is_set():
                 done = await purger.run_once(max_batches=PURGE_BATCHES_PER_CALL)
+                # counted after each call: a purge still in a call when the load ends is
+                # reported as far as it got
                 self.operations += done.operations
                 self.calls += 1
+                self.seconds = time.monotonic() - began
                 if done.operations < PURGE_BATCHES_PER_CALL * PURGE_BATCH:
                     self.drained = True
                     break
         except Exception as exc:  # reported with the results, not raised in a thread
             self.error = repr(exc)
         finally:
-            self.seconds = time.monotonic() - began
             await engine.dispose()
 
     def as_dict(self) -> dict[str, Any]:
