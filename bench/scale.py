@@ -12,9 +12,12 @@ directory; the production server ``python -m service.cli serve --workers N``; wr
 2. **empty and at size in turn**: one production server on each database, BENCH_SEED
    completed transfers seeded through each, then the scenarios ``replay``, ``new`` and
    ``status`` of ``make bench`` (``bench.scenarios``), each on the empty database and then at
-   size (``replay@size``, ...), BENCH_SCALE_ROUNDS times (``#2``, ... after the first): on a
-   shared machine the load of other programs drifts, and alternating spreads the drift over
-   both sides;
+   size (``replay@size``, ...), BENCH_SCALE_ROUNDS times (``#2``, ... after the first; the
+   at-size side first in even rounds): on a shared machine the load of other programs drifts,
+   and taking turns spreads the drift, and what one side's load leaves behind (autovacuum,
+   a checkpoint), over both sides. After each run, 11 s for PostgreSQL to flush its
+   counters, then the blocks its database's backends found in shared buffers and read from
+   outside them (``pg_stat_database``) per request;
 3. **plans**: the server's statements at size run once each under ``EXPLAIN (ANALYZE,
    BUFFERS)`` and rolled back (``bench.scale_plans``);
 4. **purge**: ``new+purge``, ``new`` at size at full speed while this process drives the
@@ -39,10 +42,12 @@ BENCH_WORKERS, BENCH_DURATION, BENCH_CONNECTIONS, BENCH_WARMUP and BENCH_SEED as
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -68,6 +73,9 @@ PURGE_STOP_TIMEOUT = 60.0
 # Bound of the fill's connect and of each of its statements (a chunk, a VACUUM).
 CONNECT_TIMEOUT = 10.0
 STATEMENT_TIMEOUT = 1800.0
+# PostgreSQL flushes a backend's counters at most once a second while it works and 10 s after
+# it goes idle: the wait after a scenario before its database's counters are read.
+STATS_FLUSH_WAIT = 11.0
 # The database of the empty side, beside the stack's (which is filled).
 EMPTY_DATABASE = "settlement_empty"
 
@@ -198,18 +206,39 @@ class Scale:
                 say(f"servers up ({cfg.workers} worker(s) each): at size, and empty")
                 seed(empty_fixture, empty, cfg.seed)
                 seed(fixture, sized, cfg.seed)
+                sides = (
+                    ("", empty, empty_fixture, empty_url),
+                    ("@size", sized, fixture, stack.database_url),
+                )
                 for turn in range(1, self.scale.rounds + 1):
                     suffix = "" if turn == 1 else f"#{turn}"
+                    # which side goes first alternates: what one side's load leaves behind
+                    # (autovacuum, a checkpoint) falls on the other side's next run
+                    order = sides if turn % 2 else sides[::-1]
                     for scenario in (scenarios.replay, scenarios.new, scenarios.status):
-                        name = scenario.__name__
-                        scenario(runner, stack, empty, empty_fixture, f"{name}{suffix}")
-                        scenario(runner, stack, sized, fixture, f"{name}@size{suffix}")
+                        for at, server, used, url in order:
+                            name = f"{scenario.__name__}{at}{suffix}"
+                            run = functools.partial(scenario, runner, stack, server, used, name)
+                            self._counted(url, run)
                 runner.session.server_errors(empty, "production server (empty)")
                 self.plans = asyncio.run(self._plans(stack, fixture))
                 self._purge_beside_new(stack, sized, fixture)
                 runner.session.server_errors(sized, "production server (at size)")
             self.sizes_after_purge = asyncio.run(_sizes(stack.database_url))
         return self
+
+    def _counted(self, database_url: str, scenario: Callable[[], None]) -> None:
+        """Run ``scenario``, then add to its row the blocks its database's backends found in
+        shared buffers and read from outside them, and the requests sent (warm-up too)."""
+        before = _blocks(database_url)
+        scenario()
+        time.sleep(STATS_FLUSH_WAIT)
+        after = _blocks(database_url)
+        self.runner.rows[-1].extra["shared_blocks"] = {
+            "hit": after[0] - before[0],
+            "read": after[1] - before[1],
+            "requests": sum(r.requests for r in self.runner.last_runs),
+        }
 
     def _purge_beside_new(self, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
         say(
@@ -300,6 +329,25 @@ def _empty_database(stack: Stack) -> tuple[str, Fixture]:
     url = urlunsplit(urlsplit(stack.database_url)._replace(path=f"/{EMPTY_DATABASE}"))
     upgrade(url)
     return url, asyncio.run(fixtures.create(url))
+
+
+def _blocks(database_url: str) -> tuple[int, int]:
+    """Shared buffers hit and blocks read (from the OS: not in shared buffers) by every
+    backend of the database so far (``pg_stat_database``)."""
+
+    async def read() -> tuple[int, int]:
+        conn = await asyncpg.connect(database_url, timeout=CONNECT_TIMEOUT, command_timeout=30)
+        try:
+            row = await conn.fetchrow(
+                "SELECT blks_hit, blks_read FROM pg_stat_database"
+                " WHERE datname = current_database()"
+            )
+        finally:
+            await conn.close()
+        assert row is not None
+        return int(row["blks_hit"]), int(row["blks_read"])
+
+    return asyncio.run(read())
 
 
 def _server(stack: Stack, workers: int, database_url: str) -> ServerProcess:

@@ -56,6 +56,17 @@ def write(scale: Scale) -> dict[str, Any]:
         "  ratio of req/s (below 1: slower at size) and of CPU per request of app workers + "
         "PostgreSQL + Redis (above 1: dearer at size; less noisy on a shared machine)"
     )
+    print("  PostgreSQL blocks per request (pg_stat_database; read: not in shared buffers):")
+    for name, c in compared.items():
+        if c is None:
+            continue
+        e, z = c["shared_blocks_per_request_empty"], c["shared_blocks_per_request_at_size"]
+        if e is None or z is None:
+            continue
+        print(
+            f"    {name:<8} empty: hit {e['hit']:.1f}, read {e['read']:.2f}; "
+            f"at size: hit {z['hit']:.1f}, read {z['read']:.2f}"
+        )
 
     purge = scale.purge.as_dict()
     ingest = rows["new+purge"].result.rps if "new+purge" in rows else 0.0
@@ -191,6 +202,16 @@ def _compare(empty: list[Row], sized: list[Row]) -> dict[str, Any] | None:
             max(r.result.p99_ms for r in rows),
         )
 
+    def blocks(rows: list[Row]) -> dict[str, float] | None:
+        counted = [r.extra["shared_blocks"] for r in rows if "shared_blocks" in r.extra]
+        requests = sum(c["requests"] for c in counted)
+        if not requests:
+            return None
+        return {
+            "hit": round(sum(c["hit"] for c in counted) / requests, 2),
+            "read": round(sum(c["read"] for c in counted) / requests, 2),
+        }
+
     rps_empty, cpu_empty, p99_empty = side(empty)
     rps_sized, cpu_sized, p99_sized = side(sized)
     if not rps_empty or not cpu_empty:
@@ -207,6 +228,8 @@ def _compare(empty: list[Row], sized: list[Row]) -> dict[str, Any] | None:
         "cpu_ratio": round(cpu_ratio, 3),
         "p99_ms_empty": round(p99_empty, 2),
         "p99_ms_at_size": round(p99_sized, 2),
+        "shared_blocks_per_request_empty": blocks(empty),
+        "shared_blocks_per_request_at_size": blocks(sized),
         "rps_ratio_per_round": [
             round(b.result.rps / a.result.rps, 3) if a.result.rps else None
             for a, b in zip(empty, sized, strict=False)
