@@ -13,7 +13,7 @@ LOCK_EXTRAS := dev,devstack,bench,otlp
 TEST_PROCESSES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean bench soak chaos lock
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench bench-scale soak chaos lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ clean: ## remove the virtualenv and caches (keeps .data/)
 
 bench: $(BENCH_STAMP) ## load test with two peers and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
+
+bench-scale: $(BENCH_STAMP) ## new/replay/status on BENCH_ROWS (5000000) filled operations vs empty, purge rate, sizes; bench/results/<date>-scale.json
+	$(BIN)/python -m bench.scale
 
 chaos: $(STAMP) ## the long reliability run: CHAOS_DURATION (1200) s of load under random faults, then the checker
 	$(BIN)/python -m tests.reliability.chaos --duration $${CHAOS_DURATION:-1200} $${CHAOS_SEED:+--seed $$CHAOS_SEED}

@@ -25,55 +25,72 @@ def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     """``replay``, ``new``, ``status`` and ``contention`` on ``settlement serve``, after
     seeding the replay keys."""
     cfg = runner.config
-    logs = runner.session.log_dir
     with stack.production_server(cfg.workers) as server:
         say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
         seed(fixture, server, cfg.seed)
-
-        say("replay: retries of completed transfers (hot keys)")
-        requests = write_requests(logs / "replay.requests", fixture.seed_requests)
-        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
-        runner.add(
-            Row(
-                "replay",
-                f"{ROUTE}, {cfg.seed} completed keys",
-                result,
-                usage,
-                [f"wrk cycles through the {cfg.seed} seeded keys; every answer a replay"],
-            )
-        )
-
-        say("new: fresh transfers with unique keys")
-        args = fixture.fresh_args(TRANSFERS, "new")
-        result, usage = runner.wrk(stack, server, "fresh.lua", args)
-        per_request = _per_request(runner.last_log_bytes, result)
-        runner.add(
-            Row(
-                "new",
-                f"{ROUTE}, unique keys",
-                result,
-                usage,
-                [
-                    "identify -> lease -> claim, effect and settle in one statement -> release; "
-                    "unique keys from Lua",
-                    f"the server logged {per_request:g} bytes per request (INFO, json)",
-                ],
-                {"server_log_bytes_per_request": per_request},
-            )
-        )
-
-        say("status: GET /v1/operations/{id}")
-        auth = {"Authorization": f"Bearer {fixture.api_key}"}
-        reads = [
-            raw_request("GET", f"/v1/operations/{op}", server.port, auth)
-            for op in fixture.operation_ids
-        ]
-        requests = write_requests(logs / "status.requests", reads)
-        result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
-        runner.add(Row("status", "GET /v1/operations/{id}", result, usage))
-
+        replay(runner, stack, server, fixture)
+        new(runner, stack, server, fixture)
+        status(runner, stack, server, fixture)
         contention(runner, stack, server, fixture)
         runner.session.server_errors(server, "production server")
+
+
+def replay(
+    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture, name: str = "replay"
+) -> None:
+    """Retries of the seeded keys, cycled by wrk: row ``name``."""
+    cfg = runner.config
+    say(f"{name}: retries of completed transfers (hot keys)")
+    requests = write_requests(runner.session.log_dir / f"{name}.requests", fixture.seed_requests)
+    result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+    runner.add(
+        Row(
+            name,
+            f"{ROUTE}, {cfg.seed} completed keys",
+            result,
+            usage,
+            [f"wrk cycles through the {cfg.seed} seeded keys; every answer a replay"],
+        )
+    )
+
+
+def new(
+    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture, name: str = "new"
+) -> None:
+    """A new transfer per request, unique keys made in Lua: row ``name``."""
+    say(f"{name}: fresh transfers with unique keys")
+    args = fixture.fresh_args(TRANSFERS, name)
+    result, usage = runner.wrk(stack, server, "fresh.lua", args)
+    per_request = _per_request(runner.last_log_bytes, result)
+    runner.add(
+        Row(
+            name,
+            f"{ROUTE}, unique keys",
+            result,
+            usage,
+            [
+                "identify -> lease -> claim, effect and settle in one statement -> release; "
+                "unique keys from Lua",
+                f"the server logged {per_request:g} bytes per request (INFO, json)",
+            ],
+            {"server_log_bytes_per_request": per_request},
+        )
+    )
+
+
+def status(
+    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture, name: str = "status"
+) -> None:
+    """``GET /v1/operations/{id}`` of the seeded operations, cycled by wrk: row ``name``."""
+    say(f"{name}: GET /v1/operations/{{id}}")
+    auth = {"Authorization": f"Bearer {fixture.api_key}"}
+    reads = [
+        raw_request("GET", f"/v1/operations/{op}", server.port, auth)
+        for op in fixture.operation_ids
+    ]
+    requests = write_requests(runner.session.log_dir / f"{name}.requests", reads)
+    result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
+    runner.add(Row(name, "GET /v1/operations/{id}", result, usage))
 
 
 def granian(runner: Runner, stack: Stack, fixture: Fixture) -> None:

@@ -1,0 +1,96 @@
+"""The plans of the server's statements on the filled database (``make bench-scale``): each
+run once with ``EXPLAIN (ANALYZE, BUFFERS)`` inside a transaction that is rolled back, so a
+plan that reads a whole principal's rows (or a whole table) shows, with its time, beside the
+index it should have used.
+
+The statements are the server's own text (``service.store``), never copies; the purge and the
+tombstone reads are SQLAlchemy ``text()`` with named parameters, turned into asyncpg's ``$n``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+
+__all__ = ["explain_all"]
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+_EXECUTION = re.compile(r"^Execution Time: ([\d.]+) ms")
+
+
+def _positional(sql: str, values: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``:name`` placeholders as ``$1``, ``$2``, ... and their values in that order."""
+    order: list[str] = []
+
+    def place(match: re.Match[str]) -> str:
+        if match[1] not in order:
+            order.append(match[1])
+        return f"${order.index(match[1]) + 1}"
+
+    return _NAMED.sub(place, sql), [values[name] for name in order]
+
+
+def _statements(
+    key_hash: bytes, owner: uuid.UUID, tenant: str, key: str, operation_id: uuid.UUID, now: datetime
+) -> dict[str, tuple[str, list[Any]]]:
+    from service.store import hot_sql, retention, status
+
+    purge_at = now
+    return {
+        "identify (every idempotent request)": (
+            hot_sql.IDENTIFY,
+            [key_hash, "POST /v1/transfers", key],
+        ),
+        "status by id (GET /v1/operations/{id})": (status.BY_ID, [operation_id]),
+        "status by key, no route (GET /v1/operations?key=)": (
+            status.BY_KEY,
+            [tenant, owner, key],
+        ),
+        "tombstone by key, no route (its 410)": _positional(
+            retention._BY_KEY.text,
+            {"tenant": tenant, "principal_id": owner, "key": key, "route": None},
+        ),
+        "purge, one batch (rolled back)": _positional(
+            retention._PURGE.text,
+            {"now": purge_at, "batch": 500, "forget_at": purge_at + timedelta(days=30)},
+        ),
+        "oldest open operation (each purge pass)": (retention._OLDEST_OPEN.text, []),
+    }
+
+
+async def explain_all(
+    conn: asyncpg.Connection,
+    *,
+    key_hash: bytes,
+    owner: uuid.UUID,
+    tenant: str,
+    purge_now: datetime,
+) -> dict[str, Any]:
+    """Each statement's execution time (ms) and its plan (with buffers), on the oldest of
+    ``owner``'s filled operations."""
+    row = await conn.fetchrow(
+        "SELECT id, idempotency_key FROM operations WHERE principal_id = $1"
+        " ORDER BY created_at LIMIT 1",
+        owner,
+    )
+    assert row is not None
+    plans: dict[str, Any] = {}
+    for name, (sql, args) in _statements(
+        key_hash, owner, tenant, row["idempotency_key"], row["id"], purge_now
+    ).items():
+        tr = conn.transaction()
+        await tr.start()
+        try:
+            lines = [r[0] for r in await conn.fetch(f"EXPLAIN (ANALYZE, BUFFERS) {sql}", *args)]
+        finally:
+            await tr.rollback()
+        took = next((_EXECUTION.search(line) for line in lines if _EXECUTION.search(line)), None)
+        plans[name] = {
+            "execution_ms": float(took[1]) if took else None,
+            "plan": lines,
+        }
+    return plans
