@@ -10,11 +10,11 @@ import functools
 
 import asyncpg
 
-from bench import fixtures
+from bench import fixtures, pgbench_sql
 from bench.client import ContentionRound
 from bench.client import contention as run_contention
 from bench.fixtures import ROUTE, TRANSFERS, Fixture
-from bench.loadgen import LoadResult, raw_request, run_pgbench, write_requests
+from bench.loadgen import SQL, LoadResult, raw_request, run_pgbench, write_requests
 from bench.peer_scenarios import peers
 from bench.runner import Row, Runner, Scenario
 from bench.session import say, seed
@@ -265,15 +265,17 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
     }
     work = runner.session.log_dir
     log = work / "pgbench.log"
+    # the server's own statements, written from today's code (bench.pgbench_sql)
+    scripts = {**pgbench_sql.write_scripts(work), "min.sql": SQL / "min.sql"}
     for name, script, what in (
         (
             "pgbench-new",
-            "new.sql",
+            pgbench_sql.NEW,
             "the SQL of one new transfer (2 statements: identify, then one that locks and "
             "checks both accounts, inserts the operation row already settled, and writes the "
             "transfer, the attempt and the observation)",
         ),
-        ("pgbench-read", "read.sql", "the SQL of one replay (1 statement)"),
+        ("pgbench-read", pgbench_sql.READ, "the SQL of one replay (1 statement)"),
         (
             "pgbench-min",
             "min.sql",
@@ -288,7 +290,7 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
             None,
             functools.partial(
                 run_pgbench,
-                script,
+                str(scripts[script]),
                 database_url=stack.database_url,
                 variables=variables,
                 duration=cfg.duration,
@@ -300,7 +302,7 @@ def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         runner.add(
             Row(
                 name,
-                f"bench/sql/{script}",
+                "bench/sql/min.sql" if script == "min.sql" else f"bench/pgbench_sql.py: {script}",
                 result,
                 usage,
                 [
