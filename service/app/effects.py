@@ -31,6 +31,7 @@ __all__ = [
     "Outcome",
     "StatementHandler",
     "business_outcome",
+    "served_at",
 ]
 
 JSON = "application/json"
@@ -79,11 +80,24 @@ class IdempotentRoute:
     # seconds a terminal result stays replayable; None: SETTLEMENT_RETENTION
     retention: float | None = None
 
+    @property
+    def path(self) -> str:
+        """The path the route is served at (its handler's)."""
+        return served_at(self.route)
+
     def __post_init__(self) -> None:
+        if not self.route.startswith("POST /"):
+            raise ValueError(f"{self.route}: an idempotent route is named 'POST /<path>'")
         if (self.statement is None) == (self.external is None):
             raise ValueError(f"{self.route}: declare exactly one of statement or external")
         if self.retention is not None and self.retention < 0:
             raise ValueError(f"{self.route}: retention must be >= 0")
+
+
+def served_at(route: str) -> str:
+    """The path of an idempotent route's scope name ("POST /v1/transfers" -> "/v1/transfers"):
+    its handler is served there, so the name is written once."""
+    return route.removeprefix("POST ")
 
 
 def business_outcome(slug: str, detail: str, operation_id: uuid.UUID) -> Outcome:

@@ -9,6 +9,7 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath, JSONBody
 from litestar.response.base import ASGIResponse
 
+from service.app.routes import ACCOUNTS, TRANSFERS
 from service.domain import ledger
 from service.http.auth import authenticate, require_role
 from service.http.bodies import StrictJson
@@ -28,7 +29,7 @@ __all__ = ["get_account", "post_account", "post_transfer"]
 
 
 @post(
-    "/v1/accounts",
+    ACCOUNTS.path,
     status_code=201,
     operation_id="createAccount",
     summary="Open an account (idempotent)",
@@ -49,7 +50,7 @@ async def post_account(
 
 
 @post(
-    "/v1/transfers",
+    TRANSFERS.path,
     status_code=201,
     operation_id="createTransfer",
     summary="Move money between accounts (idempotent)",

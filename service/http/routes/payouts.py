@@ -8,8 +8,9 @@ from litestar import Request, post
 from litestar.params import JSONBody
 from litestar.response.base import ASGIResponse
 
+from service.app.effects import served_at
 from service.app.root import Settlement
-from service.domain.payouts import PayoutRequest
+from service.domain.payouts import PAYOUT_ROUTE, PayoutRequest
 from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.idempotent import (
@@ -35,7 +36,7 @@ def _off(settlement: Settlement) -> str | None:
 
 
 @post(
-    "/v1/payouts",
+    served_at(PAYOUT_ROUTE),
     status_code=201,
     operation_id="createPayout",
     summary="Pay out through the provider (idempotent)",
