@@ -56,10 +56,10 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client and the chaos harness
+typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client, the chaos harness and the use-case tests
 	$(BIN)/mypy --strict service devstack
 	$(BIN)/mypy --strict clients/python/settlement_client
-	MYPYPATH=clients/python $(BIN)/mypy --strict tests/reliability
+	MYPYPATH=clients/python $(BIN)/mypy --strict tests/reliability tests/usecases
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase

@@ -43,7 +43,6 @@ from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
     EffectStatement,
-    LocalEffect,
     OperationNotFound,
     Settled,
 )
@@ -52,7 +51,6 @@ from service.store.retention import Tombstone
 
 __all__ = [
     "FakeClock",
-    "FakeConnection",
     "FakeLate",
     "FakeLeases",
     "FakeStore",
@@ -72,14 +70,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-class FakeConnection:
-    """What a local effect gets as its connection: it records its writes here, and the
-    fake store keeps them only if the settlement commits (as a transaction would)."""
-
-    def __init__(self) -> None:
-        self.writes: list[object] = []
 
 
 class FakeWakeups:
@@ -285,8 +275,10 @@ class FakeLate:
 
 
 class FakeStore:
-    """Operation rows in a dict, moved by the real core; a local effect's writes are kept
-    only when its settlement applies a completed outcome, as its transaction would be."""
+    """Operation rows in a dict, moved by the real core. A local effect is its
+    ``EffectStatement``: a guard of ``"apply"`` lets it through, ``"refuse <slug>|<detail>"``
+    refuses it (as the guard's SQL verdict would); its ``args`` are its write, kept only when
+    its settlement applies a completed outcome, as its statement's would be."""
 
     def __init__(
         self,
@@ -302,13 +294,16 @@ class FakeStore:
         self.principals: dict[bytes, Principal] = {}
         self.tombstones: dict[Scope, Tombstone] = {}
         self.committed: list[object] = []
-        """the writes of every effect that committed (a local effect's, a statement's args)"""
+        """the writes of every effect that committed (its statement's args)"""
         self.settled: list[Settled] = []
         self.claims: list[ClaimOutcome] = []
         self.fail: dict[str, BaseException] = {}
         """method name -> what its next call raises (once)"""
-        self.statement_applies = True
-        """False: a new operation's one statement writes nothing (its guard refused)"""
+        self.one_statement = True
+        """False: a new operation's one statement writes nothing (a row appeared, a lock was
+        not granted), so the request takes the locked path"""
+        self.during_effect: Callable[[], Awaitable[None]] | None = None
+        """awaited while a local effect runs under the row's lock, before its outcome"""
         self.after_commit: Callable[[], Awaitable[None]] | None = None
         """awaited after a local settlement committed, before it returns"""
 
@@ -387,7 +382,7 @@ class FakeStore:
         route: str,
     ) -> tuple[ClaimOutcome, Settled] | None:
         self._raise_if("claim_and_settle_local")
-        if not self.statement_applies or self.row(scope) is not None:
+        if not self.one_statement or self.row(scope) is not None:
             return None
         decision = decide_claim(None, request, self._clock())
         assert isinstance(decision, Claim) and decision.kind is ClaimKind.NEW
@@ -395,9 +390,9 @@ class FakeStore:
         statement = build(claimed)
         self.put(scope, decision.record)
         self.claims.append(claimed)
-        settled = self._settle(decision.record.reservation.operation_id, statement.observation)
+        settled = self._settle(decision.record.reservation.operation_id, _outcome(statement))
         assert isinstance(settled.decision, Apply)
-        self.committed.append(statement.args)
+        self._commit(settled, statement)
         return claimed, settled
 
     # -- settle ---------------------------------------------------------------------------------
@@ -438,15 +433,14 @@ class FakeStore:
         self,
         operation_id: uuid.UUID,
         attempt: AttemptRef,
-        effect: LocalEffect,
+        statement: EffectStatement,
         *,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
-        statement: EffectStatement | None = None,
     ) -> Settled:
         """The effect runs only while ``attempt`` holds the row's current token of its epoch
         on a non-terminal row (otherwise its probe is settled, which the core ignores); its
-        writes commit only with an applied completed outcome."""
+        write commits only with an applied completed outcome."""
         self._raise_if("settle_local")
         op = str(operation_id)
         record = self.rows.get(op)
@@ -458,13 +452,29 @@ class FakeStore:
             or record.reservation != attempt.reservation
         ):
             return self._settle(op, attempt.probe())
-        conn = FakeConnection()
-        observation = await effect(conn, record)
+        if self.during_effect is not None:
+            await self.during_effect()
         if before_commit is not None:
             await before_commit()
-        settled = self._settle(op, observation)
-        if isinstance(settled.decision, Apply) and observation.kind is ObservationKind.COMPLETED:
-            self.committed.extend(conn.writes)
+        settled = self._settle(op, _outcome(statement))
+        self._commit(settled, statement)
         if self.after_commit is not None:
             await self.after_commit()
         return settled
+
+    def _commit(self, settled: Settled, statement: EffectStatement) -> None:
+        """The effect's write, if its settlement applied a completed outcome."""
+        applied = isinstance(settled.decision, Apply)
+        if applied and settled.observation.kind is ObservationKind.COMPLETED:
+            self.committed.append(statement.args)
+
+
+def _outcome(statement: EffectStatement) -> Observation:
+    """What the effect reports: its outcome when its guard lets it through, else the refusal
+    its guard names."""
+    if statement.guard == "apply":
+        return statement.observation
+    verdict, _, refusal = statement.guard.partition(" ")
+    assert verdict == "refuse", statement.guard
+    slug, _, detail = refusal.partition("|")
+    return statement.refused(slug, detail)

@@ -24,7 +24,7 @@ Provider = Any  # an ExternalHandler: (context, reservation, body) -> SignedEvid
 
 
 def external_route(call: Provider) -> IdempotentRoute:
-    return IdempotentRoute(route="test.external", body_type=Transfer, external=call)
+    return IdempotentRoute(route="POST /test/external", body_type=Transfer, external=call)
 
 
 async def pays(context: ExecutionContext, reservation: ReservationTuple, body: Any) -> Any:

@@ -1,33 +1,24 @@
 """What a local attempt answers (``Attempts`` through ``IdempotentRequests``): a new success in
-one statement or the general way, a stored business failure, an effect the database refuses,
-a busy database, a bug, a lost lease (before or after the commit), a fencing refusal and a
-supersede while it ran. On the fakes of :mod:`tests.usecases.fakes`."""
+one statement or under the row's lock, a business failure its guard names (stored and
+replayed), an effect the database refuses, a busy database, a bug, a lost lease (before or
+after the commit), a fencing refusal and a supersede while it ran. On the fakes of
+:mod:`tests.usecases.fakes`."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-import asyncpg
 import msgspec
 import pytest
 
 from service.app.answers import Stored
-from service.app.effects import PROBLEM_CONTENT_TYPE, ExecutionContext, Outcome
+from service.app.effects import PROBLEM_CONTENT_TYPE, Outcome
 from service.core import OperationState
-from service.domain.ledger import BusinessFailure
 from service.store.db import PoolTimeout
+from service.store.outcomes import EffectRefused
 from service.store.settlement import RowLocked
-from tests.usecases.world import (
-    LOCAL,
-    STATEMENT,
-    Gate,
-    World,
-    credit,
-    local_route,
-    problem,
-    status_of,
-)
+from tests.usecases.world import LOCAL, Gate, World, local_route, problem, refusing, status_of
 
 
 def _only_row(world: World) -> tuple[str, Any]:
@@ -38,13 +29,16 @@ def _only_row(world: World) -> tuple[str, Any]:
 # -- a new success --------------------------------------------------------------------------------
 
 
-async def test_a_new_operation_runs_once_and_its_success_is_not_a_replay(world: World) -> None:
+async def test_a_new_operation_runs_once_in_one_statement_and_is_not_a_replay(
+    world: World,
+) -> None:
     answer = await world.send(LOCAL)
     assert isinstance(answer, Stored) and not answer.replayed
     assert (status_of(answer), msgspec.json.decode(answer.result.body)) == (201, {"moved": 5})
     op, row = _only_row(world)
     assert answer.operation_id == op and row.state is OperationState.COMPLETED
-    assert world.store.committed == [("credit", op, 5)]
+    assert row.fencing_token == 1 and len(world.store.claims) == 1
+    assert world.store.committed == [(op, 5)]
     # the lease is released with the settlement's wake-up, in one call
     [(_, announced)] = world.leases.released
     assert announced == op and world.leases.held == {}
@@ -54,77 +48,65 @@ async def test_a_new_operation_runs_once_and_its_success_is_not_a_replay(world: 
     assert len(world.store.committed) == 1
 
 
-async def test_a_new_operation_of_a_statement_route_is_claimed_run_and_settled_at_once(
-    world: World,
-) -> None:
-    answer = await world.send(STATEMENT)
-    assert isinstance(answer, Stored) and not answer.replayed and status_of(answer) == 201
-    op, row = _only_row(world)
-    assert row.state is OperationState.COMPLETED and row.fencing_token == 1
-    assert world.store.committed == [(op, 5)]  # the statement's write, not the handler's
-    assert [announced for _, announced in world.leases.released] == [op]
-
-
-@pytest.mark.parametrize(
-    "refusal",
-    [None, RowLocked("lock"), asyncpg.exceptions.DeadlockDetectedError("deadlock")],
-    ids=["guard-refused", "row-locked", "deadlock"],
-)
-async def test_a_statement_that_wrote_nothing_runs_the_effect_the_general_way(
+@pytest.mark.parametrize("refusal", [None, RowLocked("lock")], ids=["row-appeared", "row-locked"])
+async def test_a_statement_that_wrote_nothing_runs_the_effect_under_the_rows_lock(
     world: World, refusal: Exception | None
 ) -> None:
     if refusal is None:
-        world.store.statement_applies = False
+        world.store.one_statement = False
     else:
         world.store.fail["claim_and_settle_local"] = refusal
-    answer = await world.send(STATEMENT)
+    ran: list[int] = []
+
+    async def counted() -> None:
+        ran.append(1)
+
+    world.store.during_effect = counted
+    answer = await world.send(LOCAL)
     assert isinstance(answer, Stored) and not answer.replayed and status_of(answer) == 201
     op, _ = _only_row(world)
-    assert world.store.committed == [("credit", op, 5)]
+    assert world.store.committed == [(op, 5)] and ran == [1]  # under the lock, once
 
 
-async def test_an_armed_claim_failpoint_claims_a_statement_routes_operation_first() -> None:
+async def test_an_armed_claim_failpoint_claims_the_operation_first() -> None:
     world = World(failpoints={"claim.after": "sleep:0"})
-    answer = await world.send(STATEMENT)
+    answer = await world.send(LOCAL)
     assert isinstance(answer, Stored) and status_of(answer) == 201
     op, _ = _only_row(world)
-    assert world.store.committed == [("credit", op, 5)]
+    assert world.store.committed == [(op, 5)]
     await world.close()
 
 
-# -- a stored business failure ------------------------------------------------------------------
+# -- a business failure its guard names --------------------------------------------------------
 
 
-async def _insufficient(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
-    conn.writes.append("half a transfer")
-    raise BusinessFailure("insufficient-funds", "the source account has 0")
-
-
-async def test_a_business_failure_is_stored_as_failed_and_replayed(world: World) -> None:
-    route = local_route(_insufficient)
+@pytest.mark.parametrize("one_statement", [True, False], ids=["one-statement", "locked"])
+async def test_a_refusal_of_the_guard_is_stored_as_failed_and_replayed(
+    world: World, one_statement: bool
+) -> None:
+    world.store.one_statement = one_statement
+    route = local_route(refusing("insufficient-funds", "the source account has 0"))
     answer = await world.send(route)
     assert isinstance(answer, Stored) and not answer.replayed
     assert (answer.result.status, answer.result.content_type) == (402, PROBLEM_CONTENT_TYPE)
     document = msgspec.json.decode(answer.result.body)
     assert (document["type"], document["state"]) == ("/problems/insufficient-funds", "failed")
+    assert document["detail"] == "the source account has 0"
     _, row = _only_row(world)
     assert row.state is OperationState.FAILED
-    assert world.store.committed == []  # what the effect wrote before failing rolled back
+    assert world.store.committed == []  # a refused effect writes nothing
     assert await world.send(route) == msgspec.structs.replace(answer, replayed=True)
 
 
 # -- the database refuses or is busy ------------------------------------------------------------
 
 
-async def _refused(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
-    conn.writes.append("a negative balance")
-    raise asyncpg.exceptions.CheckViolationError("balance_not_negative")
-
-
 async def test_an_effect_refused_by_a_constraint_is_409_and_the_attempt_gives_up(
     world: World,
 ) -> None:
-    answer = problem(await world.send(local_route(_refused)))
+    world.store.one_statement = False
+    world.store.fail["settle_local"] = EffectRefused("balance_not_negative")
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state, answer.retry_after) == (
         "effect-refused",
         409,
@@ -139,8 +121,8 @@ async def test_an_effect_refused_by_a_constraint_is_409_and_the_attempt_gives_up
 async def test_a_new_statement_refused_by_a_constraint_is_409_and_writes_no_row(
     world: World,
 ) -> None:
-    world.store.fail["claim_and_settle_local"] = asyncpg.exceptions.UniqueViolationError("dup")
-    answer = problem(await world.send(STATEMENT))
+    world.store.fail["claim_and_settle_local"] = EffectRefused("uq_accounts_operation")
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == ("effect-refused", 409, None)
     assert answer.operation_id is not None and world.store.rows == {}
 
@@ -158,10 +140,10 @@ async def test_a_new_statement_that_failed_says_retry_and_writes_no_row(
     world: World, failure: Exception, slug: str
 ) -> None:
     world.store.fail["claim_and_settle_local"] = failure
-    answer = problem(await world.send(STATEMENT))
+    answer = problem(await world.send(LOCAL))
     assert answer.slug == slug and status_of(answer) in (500, 503)
     assert world.store.rows == {}
-    assert status_of(await world.send(STATEMENT)) == 201  # the retry runs it
+    assert status_of(await world.send(LOCAL)) == 201  # the retry runs it
 
 
 @pytest.mark.parametrize(
@@ -172,6 +154,7 @@ async def test_a_new_statement_that_failed_says_retry_and_writes_no_row(
 async def test_a_busy_database_is_503_and_the_attempt_gives_up(
     world: World, busy: Exception
 ) -> None:
+    world.store.one_statement = False
     world.store.fail["settle_local"] = busy
     answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state, answer.retry_after) == (
@@ -190,6 +173,7 @@ async def test_a_busy_database_is_503_and_the_attempt_gives_up(
 async def test_a_busy_database_that_cannot_take_the_give_up_either_is_still_503(
     world: World,
 ) -> None:
+    world.store.one_statement = False
     world.store.fail["settle_local"] = PoolTimeout("pool")
     world.store.fail["settle"] = PoolTimeout("pool, again")
     answer = problem(await world.send(LOCAL))
@@ -201,18 +185,18 @@ async def test_a_busy_database_that_cannot_take_the_give_up_either_is_still_503(
 async def test_a_bug_in_the_effect_is_500_and_a_retry_runs_it_again(world: World) -> None:
     calls: list[int] = []
 
-    async def flaky(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def flaky() -> None:
         calls.append(1)
         if len(calls) == 1:
             raise KeyError("a bug")
-        return await credit(conn, context, body)
 
-    route = local_route(flaky)
-    answer = problem(await world.send(route))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = flaky
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == ("internal-error", 500, "unknown")
     _, row = _only_row(world)
     assert row.state is OperationState.UNKNOWN
-    retried = await world.send(route)
+    retried = await world.send(LOCAL)
     assert isinstance(retried, Stored) and not retried.replayed and len(calls) == 2
 
 
@@ -220,13 +204,15 @@ async def test_a_bug_in_the_effect_is_500_and_a_retry_runs_it_again(world: World
 
 
 async def test_a_lease_lost_mid_effect_commits_nothing_and_is_503(world: World) -> None:
-    async def stalls(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
-        conn.writes.append("never committed")
+    async def stalls() -> None:
         world.leases.steal()
         await asyncio.Event().wait()  # cancelled by the lost lease
         raise AssertionError("unreachable")
 
-    answer = problem(await world.send(local_route(stalls)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = stalls
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.retry_after) == ("lease-unavailable", 503, True)
     op, row = _only_row(world)
     assert answer.operation_id == op
@@ -241,12 +227,13 @@ async def test_a_lease_lost_after_the_commit_answers_the_attempts_own_outcome(
         world.leases.steal()
         await asyncio.Event().wait()
 
+    world.store.one_statement = False  # under the row's lock
     world.store.after_commit = lose_then_stall
     answer = await world.send(LOCAL)
     assert isinstance(answer, Stored) and not answer.replayed and status_of(answer) == 201
     op, row = _only_row(world)
     assert row.state is OperationState.COMPLETED
-    assert world.store.committed == [("credit", op, 5)]
+    assert world.store.committed == [(op, 5)]
 
 
 async def test_an_attempt_fenced_out_while_it_ran_commits_nothing_and_is_409(
@@ -255,7 +242,7 @@ async def test_an_attempt_fenced_out_while_it_ran_commits_nothing_and_is_409(
     """Another attempt claimed the row (the next fencing token) while this one's effect ran:
     the core ignores this attempt's outcome and its writes roll back."""
 
-    async def overtaken(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def overtaken() -> None:
         op, row = _only_row(world)
         world.store.rows[op] = msgspec.structs.replace(
             row,
@@ -263,9 +250,11 @@ async def test_an_attempt_fenced_out_while_it_ran_commits_nothing_and_is_409(
             revision=row.revision + 1,
             lease_expires_at=world.clock() + 10,
         )
-        return await credit(conn, context, body)
 
-    answer = problem(await world.send(local_route(overtaken)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = overtaken
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == (
         "operation-in-progress",
         409,
@@ -277,7 +266,7 @@ async def test_an_attempt_fenced_out_while_it_ran_commits_nothing_and_is_409(
 
 
 async def test_an_attempt_of_a_superseded_epoch_is_409_superseded(world: World) -> None:
-    async def superseded(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def superseded() -> None:
         op, row = _only_row(world)
         world.store.rows[op] = msgspec.structs.replace(
             row,
@@ -286,9 +275,11 @@ async def test_an_attempt_of_a_superseded_epoch_is_409_superseded(world: World) 
             revision=row.revision + 1,
             lease_expires_at=None,
         )
-        return await credit(conn, context, body)
 
-    answer = problem(await world.send(local_route(superseded)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = superseded
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == (
         "operation-superseded",
         409,
@@ -298,13 +289,15 @@ async def test_an_attempt_of_a_superseded_epoch_is_409_superseded(world: World) 
 
 
 async def test_another_outcome_settled_while_the_effect_ran_is_a_conflict(world: World) -> None:
-    async def raced(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def raced() -> None:
         _, row = _only_row(world)
         other = Outcome(status=201, body=b'{"moved": 6}')
         await world.finish(row, other)  # a report of another outcome under this token
-        return await credit(conn, context, body)
 
-    answer = problem(await world.send(local_route(raced)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = raced
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == ("operation-conflict", 409, "conflict")
     _, row = _only_row(world)
     assert row.state is OperationState.CONFLICT
@@ -313,24 +306,30 @@ async def test_another_outcome_settled_while_the_effect_ran_is_a_conflict(world:
 async def test_a_lost_connection_wrapped_in_another_error_is_busy_not_a_bug(
     world: World,
 ) -> None:
-    async def wrapped(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def wrapped() -> None:
         try:
             raise ConnectionResetError("the database restarted")
         except ConnectionResetError as exc:
             raise RuntimeError("the driver's own error") from exc
 
-    answer = problem(await world.send(local_route(wrapped)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = wrapped
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.state) == ("service-unavailable", 503, "unknown")
 
 
 async def test_a_lost_lease_whose_row_cannot_be_read_gives_up_and_is_503(world: World) -> None:
-    async def stalls(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
+    async def stalls() -> None:
         world.store.fail["get"] = ConnectionResetError("gone")
         world.leases.steal()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 
-    answer = problem(await world.send(local_route(stalls)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = stalls
+
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer)) == ("lease-unavailable", 503)
     _, row = _only_row(world)
     assert row.state is OperationState.UNKNOWN
@@ -341,12 +340,13 @@ async def test_a_request_cancelled_mid_effect_cancels_the_effect_and_releases_it
 ) -> None:
     gate = Gate()
 
-    async def gated(conn: Any, context: ExecutionContext, body: Any) -> Outcome:
-        conn.writes.append("never committed")
+    async def gated() -> None:
         await gate()
-        return await credit(conn, context, body)
 
-    request = asyncio.create_task(world.send(local_route(gated)))
+    world.store.one_statement = False  # under the row's lock
+    world.store.during_effect = gated
+
+    request = asyncio.create_task(world.send(LOCAL))
     await gate.reached.wait()
     request.cancel()
     with pytest.raises(asyncio.CancelledError):

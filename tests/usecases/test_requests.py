@@ -8,10 +8,9 @@ import asyncio
 import uuid
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from urllib.parse import urlencode
 
 from service.app.answers import Answer, Stored
-from service.app.effects import ExecutionContext, Outcome
 from service.app.requests import Seen
 from service.core import OperationState
 from service.store.outcomes import KeyExpired
@@ -21,11 +20,9 @@ from service.store.settlement import RowLocked, SettlementContention
 from tests.usecases.world import (
     KEY,
     LOCAL,
-    STATEMENT,
     Gate,
     Transfer,
     World,
-    credit,
     local_route,
     outcome_of,
     problem,
@@ -122,6 +119,7 @@ async def test_a_purge_between_the_first_read_and_the_claim_is_410_with_its_tomb
     purged = uuid.uuid4()
     stone = _tombstone(world, purged, forget_in=60)
     world.tombstones.stones[purged] = stone
+    world.store.one_statement = False  # the claim comes first
     world.store.fail["claim"] = KeyExpired(purged)
     answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer)) == ("idempotency-key-expired", 410)
@@ -133,7 +131,7 @@ async def test_a_purge_between_the_first_read_and_the_claim_is_410_with_its_tomb
 async def test_a_purge_whose_tombstone_is_gone_too_is_still_410(world: World) -> None:
     purged = uuid.uuid4()
     world.store.fail["claim_and_settle_local"] = KeyExpired(purged)
-    answer = problem(await world.send(STATEMENT))
+    answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer)) == ("idempotency-key-expired", 410)
     assert (answer.operation_id, answer.forget_at) == (str(purged), None)
 
@@ -144,6 +142,7 @@ async def test_a_purge_whose_tombstone_is_gone_too_is_still_410(world: World) ->
 async def test_a_row_lock_not_granted_is_in_progress_pointing_at_the_key_lookup(
     world: World,
 ) -> None:
+    world.store.one_statement = False  # the claim comes first
     world.store.fail["claim"] = RowLocked("lock timeout")
     answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.retry_after) == (
@@ -151,11 +150,12 @@ async def test_a_row_lock_not_granted_is_in_progress_pointing_at_the_key_lookup(
         409,
         True,
     )
-    assert answer.location == f"/v1/operations?key={KEY}&route={LOCAL.route}"
+    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": LOCAL.route})
     assert world.leases.held == {}
 
 
 async def test_a_revision_that_kept_moving_is_503_to_retry(world: World) -> None:
+    world.store.one_statement = False  # the claim comes first
     world.store.fail["claim"] = SettlementContention("16 rounds")
     answer = problem(await world.send(LOCAL))
     assert (answer.slug, status_of(answer), answer.retry_after) == (
@@ -198,7 +198,7 @@ async def test_a_lease_held_elsewhere_for_a_new_key_is_409_without_reading_the_r
         409,
         None,
     )
-    assert answer.location == f"/v1/operations?key={KEY}&route={LOCAL.route}"
+    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": LOCAL.route})
 
 
 async def test_a_lease_held_over_an_unknown_row_is_409_naming_its_operation(world: World) -> None:
@@ -299,7 +299,7 @@ async def test_prefer_wait_on_a_new_key_whose_winner_has_no_row_yet_is_409(world
     world.leases.hold(world.scope(LOCAL).lease_name())
     answer = problem(await world.send(LOCAL, wait=30))
     assert (answer.slug, answer.operation_id) == ("operation-in-progress", None)
-    assert answer.location == f"/v1/operations?key={KEY}&route={LOCAL.route}"
+    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": LOCAL.route})
 
 
 async def test_prefer_wait_with_another_body_is_still_a_fingerprint_mismatch(
@@ -321,11 +321,9 @@ async def test_a_principal_past_its_slots_for_too_long_gets_429() -> None:
     crowded = World(per_principal=1, slot_wait=0.01)
     gate = Gate()
 
-    async def held(conn: Any, context: ExecutionContext, body: Transfer) -> Outcome:
-        await gate()
-        return await credit(conn, context, body)
-
-    route = local_route(held)
+    crowded.store.one_statement = False  # the effect runs (and holds) under the row's lock
+    crowded.store.during_effect = gate
+    route = LOCAL
     first = asyncio.create_task(crowded.send(route, key="first"))
     await gate.reached.wait()
     answer = problem(await crowded.send(route, key="second"))
@@ -344,20 +342,21 @@ async def test_a_principal_past_its_slots_for_too_long_gets_429() -> None:
 
 async def _queued_behind_another(
     crowded: World, then: Callable[[World, str], None]
-) -> tuple[Answer, list[str]]:
+) -> tuple[Answer, list[int]]:
     """A second request of the principal queues for its only slot after taking its lease;
     ``then(world, lease name)`` happens while it queues; the first then finishes. Returns
-    the second's answer and the keys whose effect ran."""
+    the second's answer and the effects that ran (counted)."""
     gate = Gate()
-    ran: list[str] = []
+    ran: list[int] = []
 
-    async def recorded(conn: Any, context: ExecutionContext, body: Transfer) -> Outcome:
-        ran.append(str(context.operation_id))
+    async def recorded() -> None:
+        ran.append(len(ran) + 1)
         if len(ran) == 1:
             await gate()
-        return await credit(conn, context, body)
 
-    route = local_route(recorded)
+    crowded.store.one_statement = False  # the effect runs (and holds) under the row's lock
+    crowded.store.during_effect = recorded
+    route = LOCAL
     first = asyncio.create_task(crowded.send(route, key="first"))
     await gate.reached.wait()
     crowded.leases.acquiring.clear()

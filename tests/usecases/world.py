@@ -12,7 +12,7 @@ import msgspec
 from service.app.answers import Answer, Problem, Stored
 from service.app.attempt_self import attempt_observation
 from service.app.attempts import Attempts
-from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
+from service.app.effects import ExecutionContext, IdempotentRoute, Outcome, StatementHandler
 from service.app.fingerprint import fingerprint
 from service.app.requests import IdempotentRequests
 from service.core import (
@@ -39,7 +39,6 @@ from service.store.principals import Principal, Role, hash_key
 from service.telemetry import Metrics
 from tests.usecases.fakes import (
     FakeClock,
-    FakeConnection,
     FakeLate,
     FakeLeases,
     FakeStore,
@@ -51,7 +50,6 @@ __all__ = [
     "API_KEY",
     "KEY",
     "LOCAL",
-    "STATEMENT",
     "Gate",
     "Transfer",
     "World",
@@ -60,6 +58,7 @@ __all__ = [
     "local_route",
     "outcome_of",
     "problem",
+    "refusing",
     "status_of",
 ]
 
@@ -75,28 +74,32 @@ def outcome_of(body: Transfer) -> Outcome:
     return Outcome(status=201, body=msgspec.json.encode({"moved": body.amount}))
 
 
-async def credit(conn: Any, context: ExecutionContext, body: Transfer) -> Outcome:
-    """A local effect: one write on its connection, kept only if its settlement commits."""
-    assert isinstance(conn, FakeConnection)
-    conn.writes.append(("credit", str(context.operation_id), body.amount))
-    return outcome_of(body)
-
-
-def credit_statement(
+def credit(
     context: ExecutionContext, body: Transfer
 ) -> tuple[str, str, tuple[object, ...], Outcome]:
-    """``credit`` as one statement (the fake store keeps its args as its write)."""
-    return "effect_ok AS (SELECT 1)", "", (str(context.operation_id), body.amount), outcome_of(body)
+    """A local effect (its statement): a guard that lets it through, one write (its args, kept
+    by the fake store only if its settlement commits), and its outcome."""
+    return "apply", "", (str(context.operation_id), body.amount), outcome_of(body)
 
 
-def local_route(execute: Any = credit, route: str = "test.local") -> IdempotentRoute:
-    return IdempotentRoute(route=route, body_type=Transfer, execute=execute)
+def refusing(slug: str, detail: str) -> StatementHandler:
+    """A local effect whose guard refuses it with ``slug`` (a business failure)."""
+
+    def refused(
+        context: ExecutionContext, body: Transfer
+    ) -> tuple[str, str, tuple[object, ...], Outcome]:
+        return f"refuse {slug}|{detail}", "", ("never written",), outcome_of(body)
+
+    return refused
+
+
+def local_route(
+    statement: StatementHandler = credit, route: str = "POST /test/local"
+) -> IdempotentRoute:
+    return IdempotentRoute(route=route, body_type=Transfer, statement=statement)
 
 
 LOCAL = local_route()
-STATEMENT = IdempotentRoute(
-    route="test.statement", body_type=Transfer, execute=credit, statement=credit_statement
-)
 
 
 def evidence_for(
