@@ -1,0 +1,58 @@
+"""The fakes stand in for the real stores, leases and wake-ups, passed where the use cases
+take the real types (so mypy does not compare them): each method a fake shares with what it
+stands in for must take the same parameters, or a changed store call would pass here against
+a fake that no longer matches and fail only against PostgreSQL or Redis."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from service.app.late import LateAnswers
+from service.leases import LeaseManager, Wakeups
+from service.store.retention import RetentionStore
+from service.store.settlement import SettlementStore
+from tests.usecases.fakes import FakeLate, FakeLeases, FakeStore, FakeTombstones, FakeWakeups
+
+FAKES: list[tuple[type, type, set[str]]] = [
+    # (fake, what it stands in for, the fake's own methods tests arrange it with)
+    (FakeStore, SettlementStore, {"put", "row"}),
+    (FakeLeases, LeaseManager, {"hold", "steal"}),
+    (FakeWakeups, Wakeups, {"publish"}),
+    (FakeTombstones, RetentionStore, set()),
+    (FakeLate, LateAnswers, set()),
+]
+
+
+def _public_methods(cls: type) -> dict[str, object]:
+    return {
+        name: value
+        for name, value in vars(cls).items()
+        if not name.startswith("_") and callable(value)
+    }
+
+
+def _parameters(function: object) -> list[tuple[str, object, object]]:
+    signature = inspect.signature(function)  # type: ignore[arg-type]
+    return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
+
+
+@pytest.mark.parametrize(
+    ("fake", "real", "own"), FAKES, ids=[fake.__name__ for fake, _, _ in FAKES]
+)
+def test_a_fakes_methods_take_what_the_real_ones_take(
+    fake: type, real: type, own: set[str]
+) -> None:
+    methods = _public_methods(fake)
+    assert own <= set(methods), own - set(methods)
+    assert not any(hasattr(real, name) for name in own)  # those it shares are compared
+    for name, method in methods.items():
+        if name in own:
+            continue
+        assert hasattr(real, name), f"{fake.__name__}.{name}: {real.__name__} has no {name}"
+        expected = getattr(real, name)
+        assert _parameters(method) == _parameters(expected), f"{fake.__name__}.{name}"
+        assert inspect.iscoroutinefunction(method) == inspect.iscoroutinefunction(expected), (
+            f"{fake.__name__}.{name}"
+        )
