@@ -249,11 +249,7 @@ class LocalAttempts:
             "attempt found the database busy or away",
             extra={"operation_id": op, "error": type(exc).__name__},
         )
-        try:  # the give-up needs the database too; if it is away, the sweeper demotes later
-            await self._give_up(attempt)
-        except Exception as failed:
-            if not isinstance(failed, BUSY) and not database_gone(failed):
-                raise
+        await self._give_up(attempt)
         return Problem(
             "service-unavailable",
             f"the database was busy or unreachable ({type(exc).__name__}); retry with the same key",
@@ -287,9 +283,17 @@ class LocalAttempts:
         )
 
     async def _give_up(self, attempt: AttemptRef) -> None:
-        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again."""
-        with contextlib.suppress(Exception):
+        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
+        The report needs the database too: when it cannot be made (the database away, or
+        anything else), the row stays ``in_progress`` until its lease runs out and the
+        sweeper demotes it; the answer does not change, so it is logged, not raised."""
+        try:
             await settle_attempt(self._store, attempt, attempt_observation(attempt))
+        except Exception as failed:
+            log.warning(
+                "attempt could not report unknown; the sweeper demotes it",
+                extra={"operation_id": attempt.reservation.operation_id, "error": repr(failed)},
+            )
 
 
 def _effect_statement(

@@ -171,7 +171,7 @@ async def test_a_busy_database_is_503_and_the_attempt_gives_up(
 
 
 async def test_a_busy_database_that_cannot_take_the_give_up_either_is_still_503(
-    world: World,
+    world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
     world.store.one_statement = False
     world.store.fail["settle_local"] = PoolTimeout("pool")
@@ -180,6 +180,7 @@ async def test_a_busy_database_that_cannot_take_the_give_up_either_is_still_503(
     assert (answer.slug, answer.state) == ("service-unavailable", "unknown")
     _, row = _only_row(world)
     assert row.state is OperationState.IN_PROGRESS  # left for the sweeper
+    assert "could not report unknown" in caplog.text  # said, not swallowed
 
 
 async def test_a_bug_in_the_effect_is_500_and_a_retry_runs_it_again(world: World) -> None:
