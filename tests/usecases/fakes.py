@@ -19,8 +19,8 @@ import asyncio
 import contextlib
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, cast
 
 from service.core import (
     Apply,
@@ -38,7 +38,7 @@ from service.core import (
     with_lease,
 )
 from service.evidence import SignedEvidence
-from service.leases import Lease, LeaseUnavailable
+from service.leases import Lease, LeaseUnavailable, Wakeups
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
@@ -72,10 +72,12 @@ class FakeClock:
         self.now += seconds
 
 
-class FakeWakeups:
+class FakeWakeups(Wakeups):
     """``Prefer: wait`` wake-ups without Redis: an announcement sets the waiters' events."""
 
     def __init__(self) -> None:
+        # the real announce-and-defer rules; only the publishing and the waits are fakes
+        super().__init__(cast(Any, None), prefix="")
         self.announced: list[str] = []
         """operation ids announced (published), in order"""
         self.subscribable = True
@@ -83,36 +85,14 @@ class FakeWakeups:
         self.waiting = asyncio.Event()
         """set when a request starts waiting for a wake-up"""
         self._waiters: dict[str, list[asyncio.Event]] = {}
-        self._deferred: dict[str, bool] = {}
 
-    def announce(self, operation_id: str) -> None:
-        if operation_id in self._deferred:
-            self._deferred[operation_id] = True
-            return
+    def _publish_soon(self, operation_id: str) -> None:
         self.publish(operation_id)
 
     def publish(self, operation_id: str) -> None:
         self.announced.append(operation_id)
         for event in self._waiters.get(operation_id, []):
             event.set()
-
-    @contextlib.contextmanager
-    def deferred(self, operation_id: str) -> Iterator[Callable[[], str | None]]:
-        if operation_id in self._deferred:
-            yield lambda: None
-            return
-        self._deferred[operation_id] = False
-
-        def take() -> str | None:
-            announced = self._deferred.get(operation_id, False)
-            self._deferred[operation_id] = False
-            return operation_id if announced else None
-
-        try:
-            yield take
-        finally:
-            if self._deferred.pop(operation_id, False):
-                self.publish(operation_id)
 
     @contextlib.asynccontextmanager
     async def wait_for(

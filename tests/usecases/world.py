@@ -174,7 +174,7 @@ class World:
             store=self.store,  # type: ignore[arg-type]
             tombstones=self.tombstones,  # type: ignore[arg-type]
             leases=self.leases,  # type: ignore[arg-type]
-            wakeups=self.wakeups,  # type: ignore[arg-type]
+            wakeups=self.wakeups,
             attempts=self.attempts,
             failpoints=self.failpoints,
             clock=self.clock,
