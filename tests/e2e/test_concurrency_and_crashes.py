@@ -45,6 +45,21 @@ def _wait_until(predicate: object, timeout: float = 15.0) -> None:
     raise AssertionError("condition not reached in time")
 
 
+def _in_progress(app_database: str, key: str) -> None:
+    """Until the operation under ``key`` is claimed and in progress."""
+    _wait_until(
+        lambda: (
+            scalar(
+                app_database,
+                "SELECT count(*) FROM operations WHERE idempotency_key = :k"
+                " AND state = 'in_progress'",
+                k=key,
+            )
+            == 1
+        )
+    )
+
+
 def test_hundred_concurrent_identical_requests_over_two_processes_execute_once(
     services: Services, app_database: str
 ) -> None:
@@ -114,7 +129,17 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
                     == 1
                 )
             )
-            time.sleep(0.3)  # inside the effect's transaction, before its commit
+            # inside the effect's transaction, held open at the failpoint before its commit
+            _wait_until(
+                lambda: (
+                    scalar(
+                        app_database,
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND state = 'idle in transaction'",
+                    )
+                    >= 1
+                )
+            )
         else:
             _wait_until(
                 lambda: (
@@ -266,7 +291,7 @@ def test_prefer_wait_returns_the_outcome_once_settled(
             )
         )
         thread.start()
-        time.sleep(0.5)
+        _in_progress(app_database, "waited")  # the first attempt holds the key
         waited = transfer(
             server.base_url, key, "waited", source, destination, 10, headers={"Prefer": "wait=5"}
         )
@@ -323,7 +348,7 @@ def test_prefer_wait_with_another_body_is_still_a_fingerprint_mismatch(
             target=lambda: transfer(server.base_url, key, "edited", source, destination, 10)
         )
         thread.start()
-        time.sleep(0.5)
+        _in_progress(app_database, "edited")  # the first attempt holds the key
         edited = transfer(
             server.base_url, key, "edited", source, destination, 99, headers={"Prefer": "wait=5"}
         )

@@ -29,7 +29,7 @@ from service.evidence import (
     sign,
 )
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar
+from tests.e2e.client import ADMIN_KEY, auth, new_principal, scalar, until
 from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.provider import signed as signed_call
 from tests.e2e.server import ServerProcess
@@ -268,7 +268,15 @@ def test_success_first_then_the_late_answer_keeps_completed(
     # the retry reaches the provider while the first call is still delayed
     retry = payout(payout_server.base_url, client_key, "p-race")
     assert retry.status_code == 201, retry.text
-    time.sleep(PROVIDER_TIMEOUT * 3 + 0.5)  # the first call's late answer arrives
+    until(  # the first call's late answer arrives
+        lambda: scalar(
+            app_database,
+            "SELECT count(*) FROM observations WHERE operation_id = :op"
+            " AND source = 'late_response'",
+            op=operation_id,
+        ),
+        "the late answer settled",
+    )
     view = status(payout_server.base_url, client_key, operation_id)
     assert view["state"] == "completed"
     assert view["result"]["body"] == retry.json()
@@ -520,7 +528,8 @@ def test_killed_in_flight_payout_is_swept_and_retried_once(
         assert time.monotonic() - started <= LEASE_TTL + SWEEP_INTERVAL + 5
         view = status(restarted.base_url, key, operation_id)
         assert any(a["outcome"] is None for a in view["attempts"])  # the dead attempt
-        time.sleep(3)  # the delayed provider call commits its payment meanwhile
+        # the delayed provider call commits its payment meanwhile
+        until(lambda: provider.counts(sink(view))["count"] == 1, "the delayed payment made")
         retry = payout(restarted.base_url, key, "p-killed")
         assert retry.status_code == 201, retry.text
         assert provider.counts(sink(view)) == {"count": 1, "declines": 0}
@@ -573,7 +582,17 @@ def test_a_waiting_request_hears_at_once_when_the_attempt_ends_without_an_outcom
         target=lambda: first.append(payout(payout_server.base_url, client_key, "p-wait-unknown"))
     )
     call.start()
-    time.sleep(PROVIDER_TIMEOUT / 3)  # the attempt is calling the provider now
+    until(  # the attempt has claimed the key and is calling the provider now
+        lambda: (
+            httpx.get(
+                f"{payout_server.base_url}/v1/operations",
+                params={"key": "p-wait-unknown"},
+                headers=auth(client_key),
+            ).status_code
+            == 200
+        ),
+        "the first attempt claimed the key",
+    )
     started = time.monotonic()
     waited = httpx.post(
         f"{payout_server.base_url}/v1/payouts",
