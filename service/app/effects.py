@@ -2,7 +2,7 @@
 
 A **local** effect is SQL (``statement``: its guard, its writes, and the :class:`Outcome` to
 store when it applies) that rides in its settlement's statement, so it commits only with its
-settlement (``service.store.outcomes.EffectStatement``). Its guard is its one rule set: when
+settlement (``service.store.outcomes.EffectSql``). Its guard is its one rule set: when
 it refuses, it names the problem (a slug of ``BUSINESS_FAILURES``) and its detail, and that
 refusal is the operation's terminal ``failed`` outcome, stored and replayed. An **external**
 effect sends the request downstream under the sink key and returns verified evidence of a
@@ -12,7 +12,7 @@ definitive answer, or raises ``ProviderUnavailable`` when there is none.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import msgspec
 from service.app.answers import ProblemDocument
 from service.core import ReservationTuple
 from service.evidence import SignedEvidence
+from service.store.outcomes import EffectSql
 from service.store.principals import Principal, Role
 
 __all__ = [
@@ -63,9 +64,11 @@ class ExecutionContext:
 
 
 ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
-# a local effect as SQL (see EffectStatement): the guard's and writes' common table
-# expressions, their ``$E<n>`` values, and the outcome when it applies
-StatementHandler = Callable[[ExecutionContext, Any], tuple[str, str, tuple[object, ...], Outcome]]
+# a local effect as SQL (see EffectSql): its SQL, the values of its parameters, and the
+# outcome when it applies
+StatementHandler = Callable[
+    [ExecutionContext, Any], tuple[EffectSql, Mapping[str, object], Outcome]
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -301,14 +301,14 @@ def _effect_statement(
 ) -> EffectStatement:
     """The route's effect as SQL for ``attempt``: what it reports when the effect applies,
     and when the effect's guard refuses it (a ``failed`` outcome: the refusal's problem)."""
-    guard, apply, args, produced = statement_of(context, body)
+    effect, params, produced = statement_of(context, body)
 
     def refused(slug: str, detail: str) -> Observation:
         failure = business_outcome(slug, detail, context.operation_id)
         return attempt_observation(attempt, ObservationKind.FAILED, failure)
 
     completed = attempt_observation(attempt, ObservationKind.COMPLETED, produced)
-    return EffectStatement(guard, apply, args, completed, refused)
+    return EffectStatement(effect, params, completed, refused)
 
 
 def _refused(operation_id: str, exc: EffectRefused, *, state: str | None) -> Problem:

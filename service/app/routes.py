@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
@@ -14,26 +16,27 @@ from service.domain.payouts import (
     ProviderUnavailable,
 )
 from service.evidence import SignedEvidence
+from service.store.outcomes import EffectSql
 
 __all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
 
 
 def _create_account_statement(
     ctx: ExecutionContext, body: ledger.AccountRequest
-) -> tuple[str, str, tuple[object, ...], Outcome]:
-    guard, apply, args, account = ledger.create_account_statement(
+) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+    effect, params, account = ledger.create_account_statement(
         ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
     )
-    return guard, apply, args, Outcome(status=201, body=msgspec.json.encode(account))
+    return effect, params, Outcome(status=201, body=msgspec.json.encode(account))
 
 
 def _transfer_statement(
     ctx: ExecutionContext, body: ledger.TransferRequest
-) -> tuple[str, str, tuple[object, ...], Outcome]:
-    guard, apply, args, made = ledger.transfer_statement(
+) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+    effect, params, made = ledger.transfer_statement(
         ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
     )
-    return guard, apply, args, Outcome(status=201, body=msgspec.json.encode(made))
+    return effect, params, Outcome(status=201, body=msgspec.json.encode(made))
 
 
 ACCOUNTS = IdempotentRoute(

@@ -12,13 +12,32 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgspec
+from sqlalchemy import (
+    ColumnElement,
+    Text,
+    any_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    insert,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, array
+from sqlalchemy.sql.selectable import CTE
 
 from service.domain.currencies import ISO_4217
+from service.store.outcomes import EffectSql, never_refused
+from service.store.tables import accounts, transfers
 
 __all__ = [
+    "OPEN_ACCOUNT",
+    "TRANSFER",
     "Account",
     "AccountRequest",
     "Transfer",
@@ -90,68 +109,175 @@ def _known_currency(code: str) -> None:
         raise ValueError(f"unknown currency {code!r} (ISO 4217)")
 
 
-# transfer_statement's SQL: $E1 both account ids in ascending order, $E2 tenant, $E3 source,
-# $E4 destination, $E5 amount, $E6 currency, $E7 the balance limit, $E8 the transfer's id,
-# $E9 the operation, $E10 its binding generation, $E11 memo, $E12 created_at.
-#
-# The guard judges the rows ``locked`` returns, and the writes set the balances the guard
-# computed from those rows, never ``balance - amount`` of the row the UPDATE itself scans.
-# In one statement every part reads the statement's snapshot; ``FOR UPDATE`` waits for a
-# concurrent transfer and then returns the row version that transfer committed (PostgreSQL's
-# re-check of an updated row, EvalPlanQual), but the UPDATE of the same row starts again from
-# the version in the snapshot: it computes the new row from that older version and checks
-# the table's CHECK constraints on it before it finds the row updated and recomputes. A debit
-# of a balance that a concurrent credit had just funded thus failed the balance CHECK (a 500)
-# although the guard had rightly let it through. Setting the value the guard computed makes
-# the row checked and written the one the guard judged; the lock held since ``locked`` keeps
-# that row the latest until the statement commits.
-_TRANSFER_GUARD = """
-locked AS (
-    SELECT id, currency, balance FROM accounts
-     WHERE id = ANY($E1::uuid[]) AND tenant = $E2::varchar
-     ORDER BY id FOR UPDATE
-), verdict AS (
-    SELECT CASE
-             WHEN s.id IS NULL THEN ARRAY['account-not-found',
-                 'source account ' || $E3::uuid || ' not found']
-             WHEN d.id IS NULL THEN ARRAY['account-not-found',
-                 'destination account ' || $E4::uuid || ' not found']
-             WHEN s.currency <> $E6::varchar THEN ARRAY['currency-mismatch',
-                 'source account holds ' || s.currency || ', the transfer is in ' || $E6::varchar]
-             WHEN d.currency <> $E6::varchar THEN ARRAY['currency-mismatch',
-                 'destination account holds ' || d.currency || ', the transfer is in '
-                 || $E6::varchar]
-             WHEN s.balance < $E5::bigint THEN ARRAY['insufficient-funds',
-                 'source balance ' || s.balance || ' is below the amount ' || $E5::bigint]
-             WHEN d.balance + $E5::bigint > $E7::bigint THEN ARRAY['balance-limit',
-                 'the destination balance would exceed the limit']
-           END AS refusal,
-           s.balance - $E5::bigint AS source_after, d.balance + $E5::bigint AS destination_after
-      FROM (SELECT 1) AS one
-      LEFT JOIN locked s ON s.id = $E3::uuid
-      LEFT JOIN locked d ON d.id = $E4::uuid
-)"""
-_TRANSFER_APPLY = """
-debit AS (
-    UPDATE accounts SET balance = (SELECT source_after FROM effect_ok)
-     WHERE id = $E3::uuid AND EXISTS (SELECT 1 FROM written)
-), credit AS (
-    UPDATE accounts SET balance = (SELECT destination_after FROM effect_ok)
-     WHERE id = $E4::uuid AND EXISTS (SELECT 1 FROM written)
-), moved AS (
-    INSERT INTO transfers (id, tenant, operation_id, binding_generation, source_id,
-        destination_id, amount, currency, memo, created_at)
-    SELECT $E8::uuid, $E2::varchar, $E9::uuid, $E10::int, $E3::uuid, $E4::uuid,
-           $E5::bigint, $E6::varchar, $E11::varchar, $E12::timestamptz
-     WHERE EXISTS (SELECT 1 FROM written)
-)"""
+# The transfer's guard judges the rows ``locked`` returns, and its writes set the balances
+# the guard computed from those rows, never ``balance - amount`` of the row the UPDATE itself
+# scans. In one statement every part reads the statement's snapshot; ``FOR UPDATE`` waits for
+# a concurrent transfer and then returns the row version that transfer committed
+# (PostgreSQL's re-check of an updated row, EvalPlanQual), but the UPDATE of the same row
+# starts again from the version in the snapshot: it computes the new row from that older
+# version and checks the table's CHECK constraints on it before it finds the row updated and
+# recomputes. A debit of a balance that a concurrent credit had just funded thus failed the
+# balance CHECK (a 500) although the guard had rightly let it through. Setting the value the
+# guard computed makes the row checked and written the one the guard judged; the lock held
+# since ``locked`` keeps that row the latest until the statement commits.
+_SOURCE = bindparam("e_source", type_=accounts.c.id.type)
+_DESTINATION = bindparam("e_destination", type_=accounts.c.id.type)
+_AMOUNT = bindparam("e_amount", type_=accounts.c.balance.type)
+_CURRENCY = bindparam("e_currency", type_=accounts.c.currency.type)
+_TENANT = bindparam("e_tenant", type_=accounts.c.tenant.type)
+_OPERATION = bindparam("e_operation_id", type_=accounts.c.operation_id.type)
+_GENERATION = bindparam("e_binding_generation", type_=accounts.c.binding_generation.type)
+
+
+def _text(value: Any) -> ColumnElement[str]:
+    return cast(value, Text)
+
+
+def _constant(words: str) -> ColumnElement[str]:
+    """A text constant of the statement's own, written into its SQL (not a parameter)."""
+    return literal_column("'" + words.replace("'", "''") + "'", Text)
+
+
+def _refuse(slug: str, *detail: Any) -> ColumnElement[Any]:
+    """A refusal: ``ARRAY[slug, detail]`` (the detail's parts joined as text)."""
+    words = [_constant(part) if isinstance(part, str) else _text(part) for part in detail]
+    joined = words[0]
+    for word in words[1:]:
+        joined = joined.concat(word)
+    return array([_constant(slug), joined])
+
+
+def _transfer_guard() -> CTE:
+    """Both accounts locked in ascending id order, then the verdict on them: the transfer's
+    rules in one ``CASE``, and the balances it would leave."""
+    locked = (
+        select(accounts.c.id, accounts.c.currency, accounts.c.balance)
+        .where(
+            accounts.c.id == any_(bindparam("e_accounts", type_=ARRAY(accounts.c.id.type))),
+            accounts.c.tenant == _TENANT,
+        )
+        .order_by(accounts.c.id)
+        .with_for_update()
+        .cte("locked")
+    )
+    source, destination = locked.alias("s"), locked.alias("d")
+    limit = bindparam("e_limit", type_=accounts.c.balance.type)
+    refusal = case(
+        (
+            source.c.id.is_(None),
+            _refuse("account-not-found", "source account ", _SOURCE, " not found"),
+        ),
+        (
+            destination.c.id.is_(None),
+            _refuse("account-not-found", "destination account ", _DESTINATION, " not found"),
+        ),
+        (
+            source.c.currency != _CURRENCY,
+            _refuse(
+                "currency-mismatch",
+                "source account holds ",
+                source.c.currency,
+                ", the transfer is in ",
+                _CURRENCY,
+            ),
+        ),
+        (
+            destination.c.currency != _CURRENCY,
+            _refuse(
+                "currency-mismatch",
+                "destination account holds ",
+                destination.c.currency,
+                ", the transfer is in ",
+                _CURRENCY,
+            ),
+        ),
+        (
+            source.c.balance < _AMOUNT,
+            _refuse(
+                "insufficient-funds",
+                "source balance ",
+                source.c.balance,
+                " is below the amount ",
+                _AMOUNT,
+            ),
+        ),
+        (
+            destination.c.balance + _AMOUNT > limit,
+            _refuse("balance-limit", "the destination balance would exceed the limit"),
+        ),
+    )
+    one = select(literal_column("1").label("one")).subquery("one")
+    return (
+        select(
+            refusal.label("refusal"),
+            (source.c.balance - _AMOUNT).label("source_after"),
+            (destination.c.balance + _AMOUNT).label("destination_after"),
+        )
+        .select_from(
+            one.outerjoin(source, source.c.id == _SOURCE).outerjoin(
+                destination, destination.c.id == _DESTINATION
+            )
+        )
+        .cte("verdict")
+    )
+
+
+def _transfer_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
+    """Debit, credit (to the balances the guard computed) and the transfer's row."""
+    settled = exists(select(written.c.id))
+    debit = (
+        update(accounts)
+        .where(accounts.c.id == _SOURCE, settled)
+        .values(balance=select(effect_ok.c.source_after).scalar_subquery())
+        .cte("debit")
+    )
+    credit = (
+        update(accounts)
+        .where(accounts.c.id == _DESTINATION, settled)
+        .values(balance=select(effect_ok.c.destination_after).scalar_subquery())
+        .cte("credit")
+    )
+    moved = (
+        insert(transfers)
+        .from_select(
+            [
+                "id",
+                "tenant",
+                "operation_id",
+                "binding_generation",
+                "source_id",
+                "destination_id",
+                "amount",
+                "currency",
+                "memo",
+                "created_at",
+            ],
+            select(
+                bindparam("e_transfer_id", type_=transfers.c.id.type),
+                _TENANT,
+                _OPERATION,
+                _GENERATION,
+                _SOURCE,
+                _DESTINATION,
+                _AMOUNT,
+                _CURRENCY,
+                bindparam("e_memo", type_=transfers.c.memo.type),
+                bindparam("e_created_at", type_=transfers.c.created_at.type),
+            ).where(settled),
+        )
+        .cte("moved")
+    )
+    return debit, credit, moved
+
+
+TRANSFER = EffectSql("transfer", guard=_transfer_guard, apply=_transfer_apply)
 
 
 def transfer_statement(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: TransferRequest
-) -> tuple[str, str, tuple[object, ...], Transfer]:
-    """Move ``amount`` from source to destination: (guard, writes, their ``$E<n>`` values,
-    the transfer made when the guard lets it through). The guard refuses with
+) -> tuple[EffectSql, dict[str, object], Transfer]:
+    """Move ``amount`` from source to destination: (the effect's SQL, its parameters, the
+    transfer made when the guard lets it through). The guard refuses with
     ``account-not-found`` (404), ``currency-mismatch``, ``balance-limit`` (422) or
     ``insufficient-funds`` (402)."""
     made = Transfer(
@@ -163,45 +289,57 @@ def transfer_statement(
         memo=request.memo,
         created_at=datetime.now(UTC),
     )
-    args = (
-        sorted((request.source, request.destination)),
-        tenant,
-        request.source,
-        request.destination,
-        request.amount,
-        request.currency,
-        MAX_AMOUNT,
-        made.id,
-        operation_id,
-        binding_generation,
-        request.memo,
-        made.created_at,
+    params: dict[str, object] = {
+        "e_accounts": sorted((request.source, request.destination)),
+        "e_tenant": tenant,
+        "e_source": request.source,
+        "e_destination": request.destination,
+        "e_amount": request.amount,
+        "e_currency": request.currency,
+        "e_limit": MAX_AMOUNT,
+        "e_transfer_id": made.id,
+        "e_operation_id": operation_id,
+        "e_binding_generation": binding_generation,
+        "e_memo": request.memo,
+        "e_created_at": made.created_at,
+    }
+    return TRANSFER, params, made
+
+
+def _account_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
+    opened = (
+        insert(accounts)
+        .from_select(
+            ["id", "tenant", "currency", "balance", "operation_id", "binding_generation"],
+            select(
+                bindparam("e_account_id", type_=accounts.c.id.type),
+                _TENANT,
+                _CURRENCY,
+                bindparam("e_opening_balance", type_=accounts.c.balance.type),
+                _OPERATION,
+                _GENERATION,
+            ).where(exists(select(written.c.id))),
+        )
+        .cte("opened")
     )
-    return _TRANSFER_GUARD, _TRANSFER_APPLY, args, made
+    return (opened,)
 
 
-# create_account_statement's SQL: nothing to lock or check; $E1 id, $E2 tenant, $E3 currency,
-# $E4 opening balance, $E5 the operation, $E6 its binding generation
-_ACCOUNT_GUARD = "verdict AS (SELECT NULL::text[] AS refusal)"
-_ACCOUNT_APPLY = """
-opened AS (
-    INSERT INTO accounts (id, tenant, currency, balance, operation_id, binding_generation)
-    SELECT $E1::uuid, $E2::varchar, $E3::varchar, $E4::bigint, $E5::uuid, $E6::int
-     WHERE EXISTS (SELECT 1 FROM written)
-)"""
+# nothing to lock or check: an account is always opened
+OPEN_ACCOUNT = EffectSql("open-account", guard=never_refused, apply=_account_apply)
 
 
 def create_account_statement(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: AccountRequest
-) -> tuple[str, str, tuple[object, ...], Account]:
-    """Open an account: (guard, writes, their ``$E<n>`` values, the account)."""
+) -> tuple[EffectSql, dict[str, object], Account]:
+    """Open an account: (the effect's SQL, its parameters, the account)."""
     account = Account(id=uuid.uuid4(), currency=request.currency, balance=request.opening_balance)
-    args = (
-        account.id,
-        tenant,
-        request.currency,
-        request.opening_balance,
-        operation_id,
-        binding_generation,
-    )
-    return _ACCOUNT_GUARD, _ACCOUNT_APPLY, args, account
+    params: dict[str, object] = {
+        "e_account_id": account.id,
+        "e_tenant": tenant,
+        "e_currency": request.currency,
+        "e_opening_balance": request.opening_balance,
+        "e_operation_id": operation_id,
+        "e_binding_generation": binding_generation,
+    }
+    return OPEN_ACCOUNT, params, account

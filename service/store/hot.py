@@ -27,7 +27,7 @@ observation through the general settle path, without the effect).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -42,21 +42,21 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
-from service.store.hot_args import finish_args, observation_args, written_args
+from service.store.hot_params import claim_settle_params, finish_params
 from service.store.hot_sql import (
     BY_SCOPE,
     CLAIM_NEW,
     IDENTIFY,
     LOCK,
-    NO_EFFECT_GUARD,
+    NO_EFFECT,
     claim_settle_with,
     finish_with,
 )
-from service.store.outcomes import AttemptRef, EffectStatement, Settled
+from service.store.outcomes import AttemptRef, EffectSql, EffectStatement, Settled
 from service.store.phase import database_refusals
 from service.store.principals import Principal, live_principal
 from service.store.retention import Tombstone
-from service.store.rows import at, record_from_row, record_values, to_ts
+from service.store.rows import at, record_from_row, record_values
 from service.store.unit_of_work import StaleRevision
 
 __all__ = ["Fallback", "HotPath"]
@@ -81,7 +81,12 @@ class HotPath:
         snapshot: a purge's delete and tombstone are seen together); None for an unknown or
         revoked key."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(IDENTIFY, key_hash, route, idempotency_key)
+            row = await conn.fetchrow(
+                IDENTIFY.sql,
+                *IDENTIFY.args(
+                    {"key_hash": key_hash, "route": route, "idempotency_key": idempotency_key}
+                ),
+            )
         principal = live_principal(row, key_hash, prefix="p_")
         if principal is None:
             return None
@@ -102,9 +107,7 @@ class HotPath:
     async def by_scope(self, scope: Scope) -> Record | None:
         """The scope's row, read without a lock."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(
-                BY_SCOPE, scope.tenant, scope.principal_id, scope.route, scope.idempotency_key
-            )
+            row = await conn.fetchrow(BY_SCOPE.sql, *BY_SCOPE.args(_scope_params(scope)))
         return None if row is None else record_from_row(row)
 
     async def claim_new(
@@ -118,27 +121,20 @@ class HotPath:
         """Insert ``record`` (the core's NEW claim) and its attempt; False when the scope
         already has a row (another claimer won; nothing was written). ``KeyExpired`` when
         the scope's tombstone stands."""
-        binding = record.binding
         with database_refusals():  # a live tombstone: KeyExpired
             async with self._pool.acquire() as conn:
                 inserted = await conn.fetchval(
-                    CLAIM_NEW,
-                    uuid.UUID(record.reservation.operation_id),
-                    scope.tenant,
-                    scope.principal_id,
-                    scope.route,
-                    scope.idempotency_key,
-                    record.reservation.binding_generation,
-                    record.reservation.request_fingerprint,
-                    uuid.UUID(binding.principal_id),
-                    binding.credential_generation,
-                    record.state.value,
-                    record.revision,
-                    record.fencing_token,
-                    attempt_id,
-                    to_ts(record.lease_expires_at),
-                    now,
-                    lease_token,
+                    CLAIM_NEW.sql,
+                    *CLAIM_NEW.args(
+                        {
+                            "id": uuid.UUID(record.reservation.operation_id),
+                            **_scope_params(scope),
+                            **record_values(record),
+                            "attempt_id": attempt_id,
+                            "lease_token": lease_token,
+                            "now": now,
+                        }
+                    ),
                 )
         return inserted is not None
 
@@ -166,37 +162,16 @@ class HotPath:
             decision = settle(claimed, observation, now, policy)
             if not isinstance(decision, Apply):
                 return None
-            values = record_values(decision.record)
             expires = None
             if decision.record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
-            guard, apply, args = effect
+            sql, params = effect
+            statement = claim_settle_with(sql)
+            values = claim_settle_params(
+                scope, claimed, decision, observation, attempt_id, lease_token, at(now), expires
+            )
             try:
-                row = await conn.fetchrow(
-                    claim_settle_with(guard, apply),
-                    uuid.UUID(claimed.reservation.operation_id),
-                    scope.tenant,
-                    scope.principal_id,
-                    scope.route,
-                    scope.idempotency_key,
-                    *written_args(values),
-                    attempt_id,
-                    values["lease_expires_at"],
-                    at(now),
-                    values["result_status"],
-                    values["result_content_type"],
-                    values["result_body"],
-                    values["result_digest"],
-                    values["conflict"],
-                    expires,
-                    lease_token,
-                    to_ts(claimed.lease_expires_at),
-                    *observation_args(observation, decision),
-                    decision.expected_revision,
-                    claimed.fencing_token,
-                    claimed.reservation.binding_generation,
-                    *args,
-                )
+                row = await conn.fetchrow(statement.sql, *statement.args({**values, **params}))
             except asyncpg.UniqueViolationError:
                 return None  # an effect row of this operation exists
             return row, decision
@@ -204,7 +179,7 @@ class HotPath:
         observation = statement.observation
         with database_refusals():
             async with self._pool.acquire() as conn:
-                done = await write(observation, (statement.guard, statement.apply, statement.args))
+                done = await write(observation, (statement.effect, statement.params))
                 refusal = None if done is None else done[0]["refusal"]
                 if refusal is not None:  # the guard refused: its problem is the outcome
                     observation = statement.refused(*refusal)
@@ -251,27 +226,24 @@ class HotPath:
             expires = None
             if after.state.terminal and not record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
-            guard, apply, args = effect
-            row = await conn.fetchrow(
-                finish_with(guard, apply),
-                *finish_args(record, after, decision, at(now)),
-                expires,
-                *observation_args(observation, decision),
-                attempt.attempt_id,
-                *args,
+            sql, params = effect
+            statement = finish_with(sql)
+            values = finish_params(
+                record, decision, observation, attempt.attempt_id, at(now), expires
             )
+            row = await conn.fetchrow(statement.sql, *statement.args({**values, **params}))
             return row, decision
 
         observation = statement.observation
         with database_refusals():
             async with self._pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetchrow(LOCK, operation_id)
+                locked = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
                 if locked is None:
                     return None
                 record = record_from_row(locked)
                 if not _owns(attempt, record):
                     return Fallback(attempt.probe())  # the effect does not run
-                done = await write(observation, (statement.guard, statement.apply, statement.args))
+                done = await write(observation, (statement.effect, statement.params))
                 refusal = None if done is None else done[0]["refusal"]
                 if refusal is not None:  # the guard refused: its problem is the outcome
                     observation = statement.refused(*refusal)
@@ -292,10 +264,19 @@ class HotPath:
         return record, settled
 
 
-# an effect's SQL: its guard, its writes and the values of their $E<n> placeholders
-_Sql = tuple[str, str, tuple[object, ...]]
+# an effect's SQL and the values of its parameters
+_Sql = tuple[EffectSql, Mapping[str, object]]
 # what settles an outcome without an effect: a guard that never refuses, no writes
-_NO_EFFECT: _Sql = (NO_EFFECT_GUARD, "", ())
+_NO_EFFECT: _Sql = (NO_EFFECT, {})
+
+
+def _scope_params(scope: Scope) -> dict[str, object]:
+    return {
+        "tenant": scope.tenant,
+        "principal_id": scope.principal_id,
+        "route": scope.route,
+        "idempotency_key": scope.idempotency_key,
+    }
 
 
 def _owns(attempt: AttemptRef, record: Record) -> bool:

@@ -1,15 +1,21 @@
-"""The SQL of the hot path (:mod:`service.store.hot`), prepared on asyncpg.
+"""The SQL of the hot path (:mod:`service.store.hot`), built from :mod:`service.store.tables`
+with SQLAlchemy Core, compiled once for asyncpg and prepared on its connections.
 
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
-* :func:`finish_with`: a local effect's SQL (``EffectStatement``), the row's CAS, the
+* :func:`finish_with`: a local effect's SQL (an :class:`EffectSql`), the row's CAS, the
   observation and the attempt's end, in one statement.
 * :func:`claim_settle_with`: a new operation claimed, run and settled in one statement.
 
 Both answer the observation's id (NULL: nothing was written) and the guard's ``refusal``
-(NULL: the effect applied, or would have). ``NO_EFFECT_GUARD`` is the guard of no effect,
-which never refuses: with it, either statement settles an outcome without an effect.
+(NULL: the effect applied, or would have). :data:`NO_EFFECT` is the effect of nothing, whose
+guard never refuses: with it, either statement settles an outcome without an effect.
+
+Every parameter is named (``bindparam``): a :class:`Prepared` statement takes a mapping of
+names to values and puts them in the order of the compiled ``$n`` (``positiontup``). The
+store's names are the columns' own (the row's after the write) plus those below; an
+effect's names start with ``e_`` (checked when its statements are compiled).
 
 An operation is never inserted under a live tombstone: the schema's trigger (migration 0006)
 fails such an insert with SQLSTATE SK410, which
@@ -19,160 +25,380 @@ fails such an insert with SQLSTATE SK410, which
 from __future__ import annotations
 
 import functools
-import re
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import (
+    DateTime,
+    Select,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql import visitors
+from sqlalchemy.sql.elements import BindParameter, ColumnElement
+from sqlalchemy.sql.selectable import CTE
+
+from service.store.outcomes import EffectSql, never_refused
+from service.store.tables import attempts, observations, operations, principals, tombstones
 
 __all__ = [
     "BY_SCOPE",
     "CLAIM_NEW",
     "IDENTIFY",
     "LOCK",
-    "NO_EFFECT_GUARD",
+    "NO_EFFECT",
+    "ROW_COLUMNS",
+    "Prepared",
     "claim_settle_with",
     "finish_with",
-    "with_effect",
 ]
 
-_RECORD = """o.id, o.binding_generation, o.request_fingerprint, o.bound_principal_id,
-    o.bound_credential_generation, o.state, o.revision, o.fencing_token, o.lease_expires_at,
-    o.result_status, o.result_content_type, o.result_body, o.result_digest, o.conflict"""
+_DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
+# the prefix of an effect's parameter names, so they never meet the store's
+EFFECT_PREFIX = "e_"
 
-IDENTIFY = f"""
-SELECT p.id AS p_id, p.tenant AS p_tenant, p.name AS p_name, p.role AS p_role,
-       p.key_hash AS p_key_hash, p.credential_generation AS p_credential_generation,
-       p.all_tenants AS p_all_tenants, {_RECORD},
-       t.operation_id AS t_operation_id, t.request_fingerprint AS t_request_fingerprint,
-       t.final_state AS t_final_state, t.expired_at AS t_expired_at,
-       t.forget_at AS t_forget_at
-  FROM principals p
-  LEFT JOIN operations o
-    ON o.tenant = p.tenant AND o.principal_id = p.id AND o.route = $2
-   AND o.idempotency_key = $3
-  LEFT JOIN tombstones t
-    ON t.tenant = p.tenant AND t.principal_id = p.id AND t.route = $2
-   AND t.idempotency_key = $3
- WHERE p.key_hash = $1 AND p.revoked_at IS NULL
-"""
 
-CLAIM_NEW = """
-WITH claimed AS (
-    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
-        binding_generation, request_fingerprint, bound_principal_id,
-        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
-        lease_expires_at, created_at, updated_at)
-    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, $6::int, $7::varchar,
-           $8::uuid, $9::int, $10::varchar, $11::bigint, $12::bigint, $13::uuid,
-           $14::timestamptz, $15::timestamptz, $15::timestamptz
-    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
-    RETURNING id
+class Prepared:
+    """A statement compiled once for asyncpg: ``sql`` with ``$n`` placeholders, and
+    :meth:`args`, the values of a mapping of parameter names in their order."""
+
+    __slots__ = ("names", "sql")
+
+    def __init__(self, statement: Any) -> None:
+        compiled = statement.compile(dialect=_DIALECT)
+        self.sql: str = compiled.string
+        self.names: tuple[str, ...] = tuple(compiled.positiontup or ())
+        literals = [name for name in self.names if not compiled.binds[name].required]
+        if literals:  # a value in the SQL's text would be sent anew with every call
+            raise ValueError(f"parameters without a name: {literals}; write constants inline")
+
+    def args(self, values: Mapping[str, object]) -> list[object]:
+        """The positional arguments for ``values``; KeyError names a missing parameter."""
+        return [values[name] for name in self.names]
+
+
+def _typed(column: Any, name: str | None = None) -> BindParameter[Any]:
+    """A parameter named ``name`` (default: the column's name) of the column's type."""
+    return bindparam(name or column.name, type_=column.type)
+
+
+# the operation row as the core's Record reads it
+_RECORD = [
+    operations.c[name]
+    for name in (
+        "id",
+        "binding_generation",
+        "request_fingerprint",
+        "bound_principal_id",
+        "bound_credential_generation",
+        "state",
+        "revision",
+        "fencing_token",
+        "lease_expires_at",
+        "result_status",
+        "result_content_type",
+        "result_body",
+        "result_digest",
+        "conflict",
+    )
+]
+# the columns a Record determines, named as rows.record_values names them: the parameters
+# of the row a write leaves
+ROW_COLUMNS = tuple(column.name for column in _RECORD[1:])
+_SCOPE = ("tenant", "principal_id", "route", "idempotency_key")
+
+
+def _scope_is_given(table: Any) -> ColumnElement[bool]:
+    return and_(*(table.c[name] == _typed(operations.c[name]) for name in _SCOPE))
+
+
+_PRINCIPAL = ("id", "tenant", "name", "role", "key_hash", "credential_generation", "all_tenants")
+_TOMBSTONE = ("operation_id", "request_fingerprint", "final_state", "expired_at", "forget_at")
+
+
+def _same_scope(table: Any) -> ColumnElement[bool]:
+    """``table``'s row of the caller's scope: its principal's, at the route and key given."""
+    return and_(
+        table.c.tenant == principals.c.tenant,
+        table.c.principal_id == principals.c.id,
+        table.c.route == _typed(operations.c.route),
+        table.c.idempotency_key == _typed(operations.c.idempotency_key),
+    )
+
+
+IDENTIFY = Prepared(
+    select(
+        *(principals.c[name].label(f"p_{name}") for name in _PRINCIPAL),
+        *_RECORD,
+        *(tombstones.c[name].label(f"t_{name}") for name in _TOMBSTONE),
+    )
+    .select_from(
+        principals.outerjoin(operations, _same_scope(operations)).outerjoin(
+            tombstones, _same_scope(tombstones)
+        )
+    )
+    .where(
+        principals.c.key_hash == _typed(principals.c.key_hash),
+        principals.c.revoked_at.is_(None),
+    )
 )
-INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
-    lease_expires_at, started_at)
-SELECT $13, id, $12, $6, $16, $14, $15 FROM claimed
-RETURNING operation_id
-"""
 
-LOCK = f"SELECT {_RECORD} FROM operations o WHERE o.id = $1 FOR UPDATE"
+LOCK = Prepared(
+    select(*_RECORD).where(operations.c.id == _typed(operations.c.id)).with_for_update()
+)
 
 # the scope's row, no lock (a 409's re-read, Prefer: wait's)
-BY_SCOPE = f"""SELECT {_RECORD} FROM operations o
- WHERE o.tenant = $1 AND o.principal_id = $2 AND o.route = $3 AND o.idempotency_key = $4"""
+BY_SCOPE = Prepared(select(*_RECORD).where(_scope_is_given(operations)))
 
-_OBSERVATION_COLUMNS = """operation_id, source, kind, binding_generation,
-        request_fingerprint, fencing_token, verified, result_status, result_digest,
-        lease_expires_at, stage, disposition, reason, revision_before, revision_after,
-        attempt_id"""
-
-# $1-$4: the CAS (id, fingerprint, generation, revision); $5-$19: the row after;
-# $20-$31: the observation; $32: the attempt. {gate}: an extra condition of the CAS.
-_WRITTEN = """written AS (
-    UPDATE operations
-       SET binding_generation = $5, request_fingerprint = $6, bound_principal_id = $7,
-           bound_credential_generation = $8, state = $9, revision = $10, fencing_token = $11,
-           lease_expires_at = $12, result_status = $13, result_content_type = $14,
-           result_body = $15, result_digest = $16, conflict = $17, updated_at = $18,
-           expires_at = COALESCE($19, expires_at)
-     WHERE id = $1 AND request_fingerprint = $2 AND binding_generation = $3 AND revision = $4
-           {gate}
-    RETURNING id
-)"""
-_RECORDED = f"""recorded AS (
-    INSERT INTO observations ({_OBSERVATION_COLUMNS})
-    SELECT id, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30, $31, $4, $10, $32
-      FROM written
-    RETURNING id
-), closed AS (
-    UPDATE attempts SET finished_at = $18, outcome = $21, response_status = $26
-     WHERE id = $32 AND EXISTS (SELECT 1 FROM written)
-)"""
-FINISH_PARAMS = 32
-_EFFECT_PLACEHOLDER = re.compile(r"\$E([1-9][0-9]*)")
-# the guard's verdict, the effect's gate, and what each statement answers
-_EFFECT_OK = "effect_ok AS (SELECT * FROM verdict WHERE refusal IS NULL)"
-_ANSWER = """SELECT (SELECT id FROM recorded) AS observation_id,
-       (SELECT refusal FROM verdict) AS refusal"""
-NO_EFFECT_GUARD = "verdict AS (SELECT NULL::text[] AS refusal)"
+# the attempt's own parameters (the row's columns of the same names are the operation's)
+_ATTEMPT_ID = _typed(attempts.c.id, "attempt_id")
+_LEASE_TOKEN = _typed(attempts.c.lease_token)
+_NOW = bindparam("now", type_=DateTime(timezone=True))
 
 
-def with_effect(guard: str, written: str, apply: str, *rest: str, offset: int) -> str:
-    """The common table expressions of a statement carrying an effect's SQL (an
-    ``EffectStatement``'s guard and writes): the guard, ``effect_ok`` (the guard's verdict
-    when it lets the effect through), ``written`` (a write gated on ``effect_ok``, which
-    gates the effect's writes), the writes, then ``rest``; ``$E<n>`` becomes
-    ``$<offset + n>``."""
-
-    def placed(sql: str) -> str:
-        return _EFFECT_PLACEHOLDER.sub(lambda m: f"${offset + int(m[1])}", sql)
-
-    parts = (placed(guard), _EFFECT_OK, written, placed(apply), *rest)
-    return "WITH " + ",\n".join(part for part in parts if part)
-
-
-@functools.lru_cache(maxsize=32)
-def finish_with(guard: str, apply: str) -> str:
-    """The finishing statement carrying an :class:`EffectStatement`'s SQL: its guard gates
-    the CAS, the CAS gates its writes; ``$E<n>`` becomes ``$<32 + n>``."""
-    written = _WRITTEN.format(gate="AND EXISTS (SELECT 1 FROM effect_ok)")
-    return with_effect(guard, written, apply, _RECORDED, offset=FINISH_PARAMS) + "\n" + _ANSWER
+def _operation_insert(*, settled: bool) -> Any:
+    """The insert of a scope's new row: as claimed (``in_progress``), or already settled
+    (with its result and ``expires_at``); None of it when another claimer's row exists."""
+    names = ["id", *_SCOPE, *ROW_COLUMNS]
+    if not settled:
+        names = [name for name in names if not name.startswith(("result_", "conflict"))]
+    values: dict[str, Any] = {name: _typed(operations.c[name]) for name in names}
+    values.update(current_attempt_id=_ATTEMPT_ID, created_at=_NOW, updated_at=_NOW)
+    if settled:
+        values["expires_at"] = _typed(operations.c.expires_at)
+    return values
 
 
-# A new operation claimed, its effect run and its outcome settled, in one statement: the row
-# is inserted as the core settled it (never in_progress), with its attempt (begun and ended)
-# and the observation. $1-$21 the row, $22-$23 the attempt's lease token and claim-time
-# lease, $24-$35 the observation, $36 the claim's revision, $37-$38 the attempt's fencing
-# token and epoch; the effect's $E<n> follow.
-CLAIM_SETTLE_PARAMS = 38
-_CLAIMED_SETTLED = """written AS (
-    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
-        binding_generation, request_fingerprint, bound_principal_id,
-        bound_credential_generation, state, revision, fencing_token, current_attempt_id,
-        lease_expires_at, created_at, updated_at, result_status, result_content_type,
-        result_body, result_digest, conflict, expires_at)
-    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, $6::int, $7::varchar,
-           $8::uuid, $9::int, $10::varchar, $11::bigint, $12::bigint, $13::uuid,
-           $14::timestamptz, $15::timestamptz, $15::timestamptz, $16::int, $17::varchar,
-           $18::bytea, $19::varchar, $20::jsonb, $21::timestamptz
-     WHERE EXISTS (SELECT 1 FROM effect_ok)
-    ON CONFLICT ON CONSTRAINT uq_operations_scope DO NOTHING
-    RETURNING id
-)"""
-_BEGUN_ENDED = f"""begun AS (
-    INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
-        lease_expires_at, started_at, finished_at, outcome, response_status)
-    SELECT $13::uuid, id, $37::bigint, $38::int, $22::varchar, $23::timestamptz,
-           $15::timestamptz, $15::timestamptz, $25::varchar, $30::int
-      FROM written
-), recorded AS (
-    INSERT INTO observations ({_OBSERVATION_COLUMNS})
-    SELECT id, $24, $25, $26, $27, $28, $29, $30, $31, $32, $33, $34, $35, $36, $11, $13
-      FROM written
-    RETURNING id
-)"""
+CLAIM_NEW = Prepared(
+    insert(attempts)
+    .from_select(
+        [
+            "id",
+            "operation_id",
+            "fencing_token",
+            "binding_generation",
+            "lease_token",
+            "lease_expires_at",
+            "started_at",
+        ],
+        select(
+            _ATTEMPT_ID,
+            (
+                claimed := pg_insert(operations)
+                .values(_operation_insert(settled=False))
+                .on_conflict_do_nothing(constraint="uq_operations_scope")
+                .returning(operations.c.id)
+                .cte("claimed")
+            ).c.id,
+            _typed(operations.c.fencing_token),
+            _typed(operations.c.binding_generation),
+            _LEASE_TOKEN,
+            _typed(operations.c.lease_expires_at),
+            _NOW,
+        ),
+    )
+    .returning(attempts.c.operation_id)
+)
 
 
-@functools.lru_cache(maxsize=32)
-def claim_settle_with(guard: str, apply: str) -> str:
-    """The one statement of a new operation with an :class:`EffectStatement`: its guard gates
-    the insert of the settled row, the insert gates its writes; ``$E<n>`` becomes
-    ``$<38 + n>``."""
-    claimed = with_effect(guard, _CLAIMED_SETTLED, apply, _BEGUN_ENDED, offset=CLAIM_SETTLE_PARAMS)
-    return claimed + "\n" + _ANSWER
+def _written_exists(written: CTE) -> ColumnElement[bool]:
+    return exists(select(written.c.id))
+
+
+# the observation's columns a write records, as rows.observation_values names them; each a
+# parameter "o_<column>"
+OBSERVATION_COLUMNS = (
+    "source",
+    "kind",
+    "binding_generation",
+    "request_fingerprint",
+    "fencing_token",
+    "verified",
+    "result_status",
+    "result_digest",
+    "lease_expires_at",
+    "stage",
+    "disposition",
+    "reason",
+)
+
+
+def _recorded(written: CTE) -> CTE:
+    """The observation, inserted when ``written`` wrote the row: revision before (the
+    CAS's) and after (the row's)."""
+    return (
+        insert(observations)
+        .from_select(
+            [
+                "operation_id",
+                *OBSERVATION_COLUMNS,
+                "revision_before",
+                "revision_after",
+                "attempt_id",
+            ],
+            select(
+                written.c.id,
+                *(_typed(observations.c[name], f"o_{name}") for name in OBSERVATION_COLUMNS),
+                _typed(observations.c.revision_before, "expected_revision"),
+                _typed(observations.c.revision_after, "revision"),
+                _ATTEMPT_ID,
+            ),
+        )
+        .returning(observations.c.id)
+        .cte("recorded")
+    )
+
+
+def _answer(verdict: CTE, recorded: CTE, *writes: CTE) -> Select[Any]:
+    """What each statement answers: the observation's id, the guard's refusal."""
+    return select(
+        select(recorded.c.id).scalar_subquery().label("observation_id"),
+        select(verdict.c.refusal).scalar_subquery().label("refusal"),
+    ).add_cte(*writes)
+
+
+def _effect_ok(verdict: CTE) -> CTE:
+    """The guard's verdict when it lets the effect through: one row, or none."""
+    return select(verdict).where(verdict.c.refusal.is_(None)).cte("effect_ok")
+
+
+def _finish(effect: EffectSql) -> Select[Any]:
+    verdict = effect.guard()
+    effect_ok = _effect_ok(verdict)
+    written = (
+        update(operations)
+        .where(
+            operations.c.id == _typed(operations.c.id),
+            operations.c.request_fingerprint
+            == _typed(operations.c.request_fingerprint, "expected_fingerprint"),
+            operations.c.binding_generation
+            == _typed(operations.c.binding_generation, "expected_generation"),
+            operations.c.revision == _typed(operations.c.revision, "expected_revision"),
+            exists(select(effect_ok)),
+        )
+        .values(
+            {name: _typed(operations.c[name]) for name in ROW_COLUMNS}
+            | {
+                "updated_at": _NOW,
+                "expires_at": func.coalesce(
+                    _typed(operations.c.expires_at), operations.c.expires_at
+                ),
+            }
+        )
+        .returning(operations.c.id)
+        .cte("written")
+    )
+    recorded = _recorded(written)
+    closed = (
+        update(attempts)
+        .where(attempts.c.id == _ATTEMPT_ID, _written_exists(written))
+        .values(
+            finished_at=_NOW,
+            outcome=_typed(attempts.c.outcome, "o_kind"),
+            response_status=_typed(attempts.c.response_status, "o_result_status"),
+        )
+        .cte("closed")
+    )
+    return _answer(verdict, recorded, *_writes(effect, verdict, written, effect_ok), closed)
+
+
+def _claim_settle(effect: EffectSql) -> Select[Any]:
+    verdict = effect.guard()
+    effect_ok = _effect_ok(verdict)
+    values = _operation_insert(settled=True)
+    written = (
+        pg_insert(operations)
+        .from_select(list(values), select(*values.values()).where(exists(select(effect_ok))))
+        .on_conflict_do_nothing(constraint="uq_operations_scope")
+        .returning(operations.c.id)
+        .cte("written")
+    )
+    begun = (
+        insert(attempts)
+        .from_select(
+            [
+                "id",
+                "operation_id",
+                "fencing_token",
+                "binding_generation",
+                "lease_token",
+                "lease_expires_at",
+                "started_at",
+                "finished_at",
+                "outcome",
+                "response_status",
+            ],
+            select(
+                _ATTEMPT_ID,
+                written.c.id,
+                _typed(attempts.c.fencing_token, "attempt_fencing_token"),
+                _typed(attempts.c.binding_generation, "attempt_generation"),
+                _LEASE_TOKEN,
+                _typed(attempts.c.lease_expires_at, "attempt_lease_expires_at"),
+                _NOW,
+                _NOW,
+                _typed(attempts.c.outcome, "o_kind"),
+                _typed(attempts.c.response_status, "o_result_status"),
+            ),
+        )
+        .cte("begun")
+    )
+    recorded = _recorded(written)
+    return _answer(verdict, recorded, *_writes(effect, verdict, written, effect_ok), begun)
+
+
+@functools.cache
+def finish_with(effect: EffectSql) -> Prepared:
+    """The finishing statement carrying ``effect``: its guard gates the CAS, the CAS gates
+    its writes. Parameters: the row as read (``id``, ``expected_fingerprint``,
+    ``expected_generation``, ``expected_revision``), the row as written (:data:`ROW_COLUMNS`,
+    ``expires_at``: NULL keeps it), ``now``, the observation (``o_<column>``),
+    ``attempt_id``, and the effect's."""
+    return Prepared(_finish(effect))
+
+
+@functools.cache
+def claim_settle_with(effect: EffectSql) -> Prepared:
+    """The one statement of a new operation carrying ``effect``: its guard gates the insert
+    of the settled row, the insert gates its writes. Parameters: the row (``id``, the
+    scope's columns, :data:`ROW_COLUMNS`, ``expires_at``), ``now``, the attempt
+    (``attempt_id``, ``lease_token``, ``attempt_fencing_token``, ``attempt_generation``,
+    ``attempt_lease_expires_at``), the observation (``o_<column>``, ``expected_revision``),
+    and the effect's."""
+    return Prepared(_claim_settle(effect))
+
+
+def _nothing(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
+    return ()
+
+
+NO_EFFECT = EffectSql("no-effect", guard=never_refused, apply=_nothing)
+
+
+def _writes(effect: EffectSql, verdict: CTE, written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
+    """The effect's writes, once every parameter the effect brings (its guard's, its
+    writes') is named ``e_...``: a name of the store's would silently take the store's
+    value."""
+    writes = tuple(effect.apply(written, effect_ok))
+    store = _binds(written)  # the store's, and (through effect_ok) the guard's
+    own = _binds(verdict) | {bind for bind in _binds(*writes) if bind not in store}
+    strays = sorted({bind.key for bind in own if not bind.key.startswith(EFFECT_PREFIX)})
+    if strays:
+        raise ValueError(f"effect {effect.name}: parameters {strays} must be named e_...")
+    return writes
+
+
+def _binds(*elements: Any) -> set[BindParameter[Any]]:
+    return {
+        node
+        for element in elements
+        for node in visitors.iterate(element)
+        if isinstance(node, BindParameter)
+    }

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
 import msgspec
+from sqlalchemy import Text, cast, null, select
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.sql.selectable import CTE
 
 from service.core import (
     ClaimDecision,
@@ -25,6 +28,7 @@ __all__ = [
     "AttemptRef",
     "ClaimOutcome",
     "EffectRefused",
+    "EffectSql",
     "EffectStatement",
     "KeyExpired",
     "LeaseProbe",
@@ -34,29 +38,47 @@ __all__ = [
     "SettlementHooks",
     "SweepCursor",
     "SweepPage",
+    "never_refused",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class EffectStatement:
-    """A local effect written as SQL that rides in its settlement's statement, so the effect
-    and its settlement commit together (:mod:`service.store.hot`).
+class EffectSql:
+    """A local effect's SQL, built from the tables with SQLAlchemy Core; the store compiles
+    each statement that carries it once (:mod:`service.store.hot_sql`).
 
-    * ``guard``: common table expressions, the last named ``verdict``: one row whose
-      ``refusal`` is NULL when the effect may apply, else ``ARRAY[slug, detail]``, the
-      problem that refuses it (the effect's rules, in one ``CASE``). The guard takes every
-      lock the effect needs, in a fixed order. The store adds ``effect_ok``: ``verdict``'s
-      row when the effect applies, no row when it is refused.
-    * ``apply``: common table expressions that write the effect, each gated on
-      ``EXISTS (SELECT 1 FROM written)`` (the settlement's write of the operation row).
-    * ``args``: the values of the placeholders ``$E1``, ``$E2``, ... in both.
+    * ``guard()``: a CTE named ``verdict``: one row whose ``refusal`` is NULL when the
+      effect may apply, else ``ARRAY[slug, detail]``, the problem that refuses it (the
+      effect's rules, in one ``CASE``). The guard takes every lock the effect needs, in a
+      fixed order. Its other columns are the effect's to use.
+    * ``apply(written, effect_ok)``: the CTEs that write the effect, each gated on
+      ``EXISTS (SELECT written.id)`` (the settlement's write of the operation row);
+      ``effect_ok`` is ``verdict``'s row when the effect applies, no row when refused.
+    * Every parameter of both is a named ``bindparam`` starting with ``e_``."""
+
+    name: str
+    guard: Callable[[], CTE]
+    apply: Callable[[CTE, CTE], Iterable[CTE]]
+
+
+def never_refused() -> CTE:
+    """The guard of an effect with nothing to check: a ``verdict`` that never refuses."""
+    return select(cast(null(), ARRAY(Text)).label("refusal")).cte("verdict")
+
+
+@dataclass(frozen=True, slots=True)
+class EffectStatement:
+    """A local effect that rides in its settlement's statement, so the effect and its
+    settlement commit together (:mod:`service.store.hot`).
+
+    * ``effect``: its SQL (:class:`EffectSql`); ``params``: the values of its ``e_...``
+      parameters.
     * ``observation``: what the attempt reports when the effect applies.
     * ``refused``: what the attempt reports when the guard refuses, from its slug and
       detail (a ``failed`` outcome, settled without the effect's writes)."""
 
-    guard: str
-    apply: str
-    args: tuple[object, ...]
+    effect: EffectSql
+    params: Mapping[str, object]
     observation: Observation
     refused: Callable[[str, str], Observation]
 

@@ -10,6 +10,7 @@ from typing import Any
 from service.core import (
     Binding,
     ConflictInfo,
+    Observation,
     ObservationKind,
     OperationState,
     Record,
@@ -17,7 +18,7 @@ from service.core import (
     Result,
 )
 
-__all__ = ["at", "from_ts", "record_from_row", "record_values", "to_ts"]
+__all__ = ["at", "from_ts", "observation_values", "record_from_row", "record_values", "to_ts"]
 
 
 def to_ts(seconds: float | None) -> datetime | None:
@@ -89,4 +90,21 @@ def record_values(record: Record) -> dict[str, Any]:
             if conflict
             else None
         ),
+    }
+
+
+def observation_values(observation: Observation) -> dict[str, Any]:
+    """The observation columns an Observation determines: what was reported (the core's
+    stage, disposition and reason of it are the decision's)."""
+    result = observation.result
+    return {
+        "source": observation.source.value,
+        "kind": observation.kind.value,
+        "binding_generation": observation.reservation.binding_generation,
+        "request_fingerprint": observation.reservation.request_fingerprint,
+        "fencing_token": observation.fencing_token,
+        "verified": observation.verified,
+        "result_status": result.status if result else None,
+        "result_digest": result.digest if result else None,
+        "lease_expires_at": to_ts(observation.lease_expires_at),
     }

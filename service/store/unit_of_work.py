@@ -17,7 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
 from service.core import Archived, Decision, Observation, Record, ReservationTuple, Scope
-from service.store.rows import record_from_row, record_values, to_ts
+from service.store.rows import observation_values, record_from_row, record_values, to_ts
 from service.store.tables import (
     attempts,
     observations,
@@ -272,20 +272,11 @@ class UnitOfWork:
 
         In the same statement (one round trip): close the attempt row (``finish_attempt``).
         """
-        result = observation.result
         inserted = (
             insert(observations)
             .values(
                 operation_id=operation_id,
-                source=observation.source.value,
-                kind=observation.kind.value,
-                binding_generation=observation.reservation.binding_generation,
-                request_fingerprint=observation.reservation.request_fingerprint,
-                fencing_token=observation.fencing_token,
-                verified=observation.verified,
-                result_status=result.status if result else None,
-                result_digest=result.digest if result else None,
-                lease_expires_at=to_ts(observation.lease_expires_at),
+                **observation_values(observation),
                 stage=stage,
                 disposition=disposition,
                 reason=reason,

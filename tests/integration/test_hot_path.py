@@ -94,9 +94,9 @@ def opening(
     """``POST /v1/accounts``'s effect for ``attempt``: one account of the operation's epoch."""
     op = uuid.UUID(attempt.reservation.operation_id)
     request = ledger.AccountRequest(currency="EUR", opening_balance=7)
-    guard, apply, args, account = ledger.create_account_statement("acme", op, generation, request)
+    effect, params, account = ledger.create_account_statement("acme", op, generation, request)
     observation = completed(record, fencing_token=attempt.fencing_token)
-    return EffectStatement(guard, apply, args, observation, refusals(record, [])), account
+    return EffectStatement(effect, params, observation, refusals(record, [])), account
 
 
 async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
@@ -274,12 +274,12 @@ def moving(
     request = ledger.TransferRequest(
         source=ids[0], destination=ids[1], amount=amount, currency="EUR"
     )
-    guard, apply, args, _ = ledger.transfer_statement(
+    effect, params, _ = ledger.transfer_statement(
         "acme", op, attempt.reservation.binding_generation, request
     )
     observation = completed(record, fencing_token=attempt.fencing_token)
     return EffectStatement(
-        guard, apply, args, observation, refusals(record, [] if said is None else said)
+        effect, params, observation, refusals(record, [] if said is None else said)
     )
 
 
@@ -500,9 +500,9 @@ def new_transfer(
         request = ledger.TransferRequest(
             source=ids[0], destination=ids[1], amount=amount, currency="EUR"
         )
-        guard, apply, args, _ = ledger.transfer_statement("acme", op, 1, request)
+        effect, params, _ = ledger.transfer_statement("acme", op, 1, request)
         refused = refusals(record, [] if said is None else said)
-        return EffectStatement(guard, apply, args, completed(record, fencing_token=1), refused)
+        return EffectStatement(effect, params, completed(record, fencing_token=1), refused)
 
     return build
 

@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import msgspec
 import pytest
-from sqlalchemy import insert, text, update
+from sqlalchemy import bindparam, exists, insert, literal_column, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.selectable import CTE
 
 from service.core import (
     Apply,
@@ -23,6 +24,7 @@ from service.core import (
     Record,
     Replay,
 )
+from service.store.outcomes import EffectSql, never_refused
 from service.store.retention import Retention
 from service.store.rows import at, record_from_row
 from service.store.settlement import (
@@ -270,20 +272,35 @@ async def test_observation_about_unknown_operation_is_recorded_and_refused(
     assert (row["disposition"], row["reason"]) == ("quarantined", "unknown-operation")
 
 
+def _one_account(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
+    opened = (
+        insert(accounts)
+        .from_select(
+            ["id", "tenant", "currency", "balance"],
+            select(
+                bindparam("e_id", type_=accounts.c.id.type),
+                literal_column("'acme'"),
+                literal_column("'EUR'"),
+                bindparam("e_balance", type_=accounts.c.balance.type),
+            ).where(exists(select(written.c.id))),
+        )
+        .cte("opened")
+    )
+    return (opened,)
+
+
+ONE_ACCOUNT = EffectSql("one-account", guard=never_refused, apply=_one_account)
+
+
 def writes_account(record: Record, account_id: uuid.UUID, balance: int) -> EffectStatement:
     """A local effect as SQL: one account row (a negative balance breaks its CHECK)."""
-    apply = """opened AS (
-    INSERT INTO accounts (id, tenant, currency, balance)
-    SELECT $E1::uuid, 'acme', 'EUR', $E2::bigint WHERE EXISTS (SELECT 1 FROM written)
-)"""
 
     def refused(slug: str, detail: str) -> Observation:
         raise AssertionError(f"the guard never refuses ({slug}: {detail})")
 
     return EffectStatement(
-        "verdict AS (SELECT NULL::text[] AS refusal)",
-        apply,
-        (account_id, balance),
+        ONE_ACCOUNT,
+        {"e_id": account_id, "e_balance": balance},
         completed(record, fencing_token=1),
         refused,
     )

@@ -256,9 +256,10 @@ class FakeLate:
 
 class FakeStore:
     """Operation rows in a dict, moved by the real core. A local effect is its
-    ``EffectStatement``: a guard of ``"apply"`` lets it through, ``"refuse <slug>|<detail>"``
-    refuses it (as the guard's SQL verdict would); its ``args`` are its write, kept only when
-    its settlement applies a completed outcome, as its statement's would be."""
+    ``EffectStatement``, read by its effect's name: ``"apply"`` lets it through,
+    ``"refuse <slug>|<detail>"`` refuses it (as the guard's SQL verdict would); its
+    ``params`` are its write, kept only when its settlement applies a completed outcome, as
+    its statement's would be."""
 
     def __init__(
         self,
@@ -274,7 +275,7 @@ class FakeStore:
         self.principals: dict[bytes, Principal] = {}
         self.tombstones: dict[Scope, Tombstone] = {}
         self.committed: list[object] = []
-        """the writes of every effect that committed (its statement's args)"""
+        """the writes of every effect that committed (its statement's params)"""
         self.settled: list[Settled] = []
         self.claims: list[ClaimOutcome] = []
         self.fail: dict[str, BaseException] = {}
@@ -446,15 +447,15 @@ class FakeStore:
         """The effect's write, if its settlement applied a completed outcome."""
         applied = isinstance(settled.decision, Apply)
         if applied and settled.observation.kind is ObservationKind.COMPLETED:
-            self.committed.append(statement.args)
+            self.committed.append(tuple(statement.params.values()))
 
 
 def _outcome(statement: EffectStatement) -> Observation:
     """What the effect reports: its outcome when its guard lets it through, else the refusal
     its guard names."""
-    if statement.guard == "apply":
+    if statement.effect.name == "apply":
         return statement.observation
-    verdict, _, refusal = statement.guard.partition(" ")
-    assert verdict == "refuse", statement.guard
+    verdict, _, refusal = statement.effect.name.partition(" ")
+    assert verdict == "refuse", statement.effect.name
     slug, _, detail = refusal.partition("|")
     return statement.refused(slug, detail)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -34,7 +35,7 @@ from service.evidence import (
 )
 from service.failpoints import Failpoints
 from service.http.problems import SLUGS
-from service.store.outcomes import AttemptRef
+from service.store.outcomes import AttemptRef, EffectSql
 from service.store.principals import Principal, Role, hash_key
 from service.telemetry import Metrics
 from tests.usecases.fakes import (
@@ -74,12 +75,23 @@ def outcome_of(body: Transfer) -> Outcome:
     return Outcome(status=201, body=msgspec.json.encode({"moved": body.amount}))
 
 
+def _never_compiled(*_: object) -> Any:
+    raise AssertionError("the fake store reads an effect by its name; it never compiles one")
+
+
+def fake_effect(name: str) -> EffectSql:
+    """An effect the fake store reads by its name: ``"apply"`` lets it through,
+    ``"refuse <slug>|<detail>"`` refuses it, as the guard's SQL verdict would."""
+    return EffectSql(name, guard=_never_compiled, apply=_never_compiled)
+
+
 def credit(
     context: ExecutionContext, body: Transfer
-) -> tuple[str, str, tuple[object, ...], Outcome]:
-    """A local effect (its statement): a guard that lets it through, one write (its args, kept
-    by the fake store only if its settlement commits), and its outcome."""
-    return "apply", "", (str(context.operation_id), body.amount), outcome_of(body)
+) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+    """A local effect (its statement): a guard that lets it through, one write (its params,
+    kept by the fake store only if its settlement commits), and its outcome."""
+    params = {"e_operation": str(context.operation_id), "e_amount": body.amount}
+    return fake_effect("apply"), params, outcome_of(body)
 
 
 def refusing(slug: str, detail: str) -> StatementHandler:
@@ -87,8 +99,8 @@ def refusing(slug: str, detail: str) -> StatementHandler:
 
     def refused(
         context: ExecutionContext, body: Transfer
-    ) -> tuple[str, str, tuple[object, ...], Outcome]:
-        return f"refuse {slug}|{detail}", "", ("never written",), outcome_of(body)
+    ) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+        return fake_effect(f"refuse {slug}|{detail}"), {"e_never": "written"}, outcome_of(body)
 
     return refused
 

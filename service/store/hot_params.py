@@ -1,0 +1,80 @@
+"""The named parameters of the hot path's settling statements (:mod:`service.store.hot_sql`):
+the row a CAS or an insert writes, and the observation recorded with it. Names, not
+positions: :class:`service.store.hot_sql.Prepared` puts them in the compiled order."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from service.core import Apply, Observation, Record, Scope
+from service.store.rows import observation_values, record_values, to_ts
+
+__all__ = ["claim_settle_params", "finish_params"]
+
+
+def _observed(observation: Observation, decision: Apply) -> dict[str, Any]:
+    """The observation row (``o_<column>``): what was reported, what the core decided of it,
+    and the revisions it moved the row between."""
+    values = {f"o_{name}": value for name, value in observation_values(observation).items()}
+    values.update(
+        o_stage=decision.stage.value,
+        o_disposition=decision.disposition.value,
+        o_reason=decision.reason.value,
+        expected_revision=decision.expected_revision,
+    )
+    return values
+
+
+def finish_params(
+    before: Record,
+    decision: Apply,
+    observation: Observation,
+    attempt_id: uuid.UUID,
+    now: datetime,
+    expires: datetime | None,
+) -> dict[str, Any]:
+    """The finishing CAS (the row as read, as written), the observation, the attempt's end;
+    ``expires``: the row's new ``expires_at`` (None keeps it)."""
+    reservation = before.reservation
+    return {
+        "id": uuid.UUID(reservation.operation_id),
+        "expected_fingerprint": reservation.request_fingerprint,
+        "expected_generation": reservation.binding_generation,
+        **record_values(decision.record),
+        **_observed(observation, decision),
+        "expires_at": expires,
+        "now": now,
+        "attempt_id": attempt_id,
+    }
+
+
+def claim_settle_params(
+    scope: Scope,
+    claimed: Record,
+    decision: Apply,
+    observation: Observation,
+    attempt_id: uuid.UUID,
+    lease_token: str | None,
+    now: datetime,
+    expires: datetime | None,
+) -> dict[str, Any]:
+    """A new row as the core settled it, its attempt (begun as ``claimed``, ended now) and
+    the observation."""
+    return {
+        "id": uuid.UUID(claimed.reservation.operation_id),
+        "tenant": scope.tenant,
+        "principal_id": scope.principal_id,
+        "route": scope.route,
+        "idempotency_key": scope.idempotency_key,
+        **record_values(decision.record),
+        **_observed(observation, decision),
+        "expires_at": expires,
+        "now": now,
+        "attempt_id": attempt_id,
+        "lease_token": lease_token,
+        "attempt_fencing_token": claimed.fencing_token,
+        "attempt_generation": claimed.reservation.binding_generation,
+        "attempt_lease_expires_at": to_ts(claimed.lease_expires_at),
+    }
