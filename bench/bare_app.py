@@ -27,6 +27,7 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
+from sqlalchemy import bindparam, exists, insert, literal_column, select
 
 from bench import serve
 from service.config import Settings
@@ -35,26 +36,45 @@ from service.http.app import create_app
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.problems import problem_response
-from service.store.hot_sql import with_effect
+from service.store.hot_sql import Prepared, effect_ok_of
 from service.store.principals import Role
+from service.store.tables import operations
 
 __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]
 
 PLAIN_ROUTE = "POST /bench/plain-transfer"
 # Stands in for a request fingerprint in the minimal operation row (never compared).
 _NO_FINGERPRINT = "0" * 64
-# The minimal operation row: the foreign-key parent of the transfer, nothing more, written
-# only if the transfer's guard lets it through ($1-$7; the transfer's own values follow).
-_OPERATION_ROW = """written AS (
-    INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,
-        binding_generation, request_fingerprint, bound_principal_id,
-        bound_credential_generation, state, revision, fencing_token)
-    SELECT $1::uuid, $2::varchar, $3::uuid, $4::varchar, $5::varchar, 1, $6::varchar,
-           $3::uuid, $7::int, 'unknown', 1, 1
-     WHERE EXISTS (SELECT 1 FROM effect_ok)
-    RETURNING id
-)"""
-_OPERATION_ROW_PARAMS = 7
+
+
+def _plain_statement() -> Prepared:
+    """The transfer's guard and writes under the minimal operation row: the foreign-key
+    parent of the transfer, nothing more, written only if the guard lets it through."""
+    effect = ledger.TRANSFER
+    verdict = effect.guard()
+    effect_ok = effect_ok_of(verdict)
+    columns = ("id", "tenant", "principal_id", "route", "idempotency_key")
+    columns += ("request_fingerprint", "bound_principal_id", "bound_credential_generation")
+    written = (
+        insert(operations)
+        .from_select(
+            [*columns, "binding_generation", "state", "revision", "fencing_token"],
+            select(
+                *(bindparam(name, type_=operations.c[name].type) for name in columns),
+                literal_column("1"),
+                literal_column("'unknown'"),
+                literal_column("1"),
+                literal_column("1"),
+            ).where(exists(select(effect_ok))),
+        )
+        .returning(operations.c.id)
+        .cte("written")
+    )
+    writes = effect.apply(written, effect_ok)
+    return Prepared(select(select(verdict.c.refusal).scalar_subquery()).add_cte(*writes))
+
+
+_PLAIN = _plain_statement()
 
 
 @get("/bench/bare", summary="Baseline: a plain JSON answer without I/O")
@@ -74,20 +94,20 @@ async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) 
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return problem_response("validation-error", str(exc))
     operation_id = uuid.uuid4()
-    guard, apply, args, made = ledger.transfer_statement(principal.tenant, operation_id, 1, body)
-    statement = with_effect(guard, _OPERATION_ROW, apply, offset=_OPERATION_ROW_PARAMS)
+    _, params, made = ledger.transfer_statement(principal.tenant, operation_id, 1, body)
+    values = {
+        "id": operation_id,
+        "tenant": principal.tenant,
+        "principal_id": principal.id,
+        "route": PLAIN_ROUTE,
+        "idempotency_key": str(operation_id),
+        "request_fingerprint": _NO_FINGERPRINT,
+        "bound_principal_id": principal.id,
+        "bound_credential_generation": principal.credential_generation,
+        **params,
+    }
     async with settlement.pool.acquire() as conn:
-        refusal = await conn.fetchval(
-            statement + "\nSELECT (SELECT refusal FROM verdict)",
-            operation_id,
-            principal.tenant,
-            principal.id,
-            PLAIN_ROUTE,
-            str(operation_id),
-            _NO_FINGERPRINT,
-            principal.credential_generation,
-            *args,
-        )
+        refusal = await conn.fetchval(_PLAIN.sql, *_PLAIN.args(values))
     if refusal is not None:  # not expected here: every account is funded
         slug, detail = refusal
         problem = {"type": f"/problems/{slug}", "status": 422, "detail": detail}

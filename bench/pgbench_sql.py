@@ -1,7 +1,7 @@
 """pgbench scripts of the server's own SQL, written at run time from the statements the
 server sends (:mod:`service.store.hot_sql` with the ledger's guard and writes), so the
 ``pgbench-new`` and ``pgbench-read`` rows measure today's statements, never a copy that went
-stale. Each ``$n`` of a statement becomes a pgbench expression of the script's variables
+stale. Each named parameter of a statement becomes a pgbench expression of the script's variables
 (``-D``: key_hash, tenant, principal, pairs, seeded); run with ``-M prepared``, as asyncpg
 prepares every statement.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from service.domain import ledger
-from service.store.hot_sql import CLAIM_SETTLE_PARAMS, IDENTIFY, claim_settle_with
+from service.store.hot_sql import IDENTIFY, Prepared, claim_settle_with
 
 __all__ = ["NEW", "READ", "write_scripts"]
 
@@ -30,89 +30,95 @@ def _account(variable: str) -> str:
     return f"('00000000-0000-4000-8000-' || lpad(:{variable}::text, 12, '0'))::uuid"
 
 
-def _bound(sql: str, values: Sequence[str]) -> str:
-    """``sql`` with each ``$n`` replaced by ``values[n - 1]`` (parenthesized)."""
-    used = {int(n) for n in _PLACEHOLDER.findall(sql)}
-    if used != set(range(1, len(values) + 1)):
-        raise ValueError(f"the statement takes {len(used)} values, the script {len(values)}")
-    return _PLACEHOLDER.sub(lambda m: f"({values[int(m[1]) - 1]})", sql).strip() + ";"
+def _bound(statement: Prepared, values: Mapping[str, str]) -> str:
+    """``statement``'s SQL with each ``$n`` replaced by the value of its parameter's name
+    (parenthesized); every parameter must have one, and every value a parameter."""
+    if set(statement.names) != set(values):
+        missing = sorted(set(statement.names) - set(values))
+        unused = sorted(set(values) - set(statement.names))
+        raise ValueError(f"the script lacks {missing} and gives {unused} in vain")
+    return (
+        _PLACEHOLDER.sub(
+            lambda m: f"({values[statement.names[int(m[1]) - 1]]})", statement.sql
+        ).strip()
+        + ";"
+    )
 
 
 _OPERATION = "md5('op' || :k::text)::uuid"
-_ATTEMPT = "md5('at' || :k::text)::uuid"
-_KEY = "('pgbench-' || :k::text)::varchar"
 _FINGERPRINT = "(md5(:k::text) || md5(:k::text))::varchar"
+_KEY = "('pgbench-' || :k::text)::varchar"
 
-# CLAIM_SETTLE_PARAMS values of the one statement of a new transfer, in service/store/hot.py's
-# order (service/store/hot_args.py): the row as the core settles a completed transfer, its
-# attempt begun and ended, its observation
-_SETTLED_ROW = [
-    _OPERATION,  # $1 id
-    ":tenant::varchar",  # $2
-    ":principal::uuid",  # $3
-    ROUTE,  # $4
-    _KEY,  # $5
-    "1::int",  # $6 binding generation
-    _FINGERPRINT,  # $7
-    ":principal::uuid",  # $8 bound principal
-    "1::int",  # $9 bound credential generation
-    "'completed'::varchar",  # $10 state
-    "2::bigint",  # $11 revision after the claim and the settlement
-    "1::bigint",  # $12 fencing token
-    _ATTEMPT,  # $13 attempt
-    "NULL::timestamptz",  # $14 lease (none once settled)
-    "now()",  # $15 now
-    "201::int",  # $16 result status
-    "'application/json'::varchar",  # $17
-    "decode(repeat('7b', 229), 'hex')",  # $18 a transfer's answer is about 229 bytes
-    _FINGERPRINT,  # $19 result digest (64 hex characters)
-    "NULL::jsonb",  # $20 conflict
-    "now() + interval '1 day'",  # $21 expires_at
-    "md5(:k::text)::varchar",  # $22 lease token
-    "now() + interval '10 seconds'",  # $23 claim-time lease
-    "'attempt'::varchar",  # $24 observation source
-    "'completed'::varchar",  # $25 kind
-    "1::int",  # $26 binding generation
-    _FINGERPRINT,  # $27
-    "1::bigint",  # $28 fencing token
-    "true",  # $29 verified
-    "201::int",  # $30 result status
-    _FINGERPRINT,  # $31 result digest
-    "NULL::timestamptz",  # $32 lease
-    "'C'::varchar",  # $33 stage
-    "'applied'::varchar",  # $34 disposition
-    "'terminal-applied'::varchar",  # $35 reason
-    "1::bigint",  # $36 revision before
-    "1::bigint",  # $37 the attempt's fencing token
-    "1::int",  # $38 its epoch
-]
-# ledger.transfer_statement's $E1-$E12: one unit from account 2p-1 to account 2p, in EUR
-_TRANSFER = [
-    f"ARRAY[{_account('src')}, {_account('dst')}]",  # $E1 both, in id order
-    ":tenant::varchar",  # $E2
-    _account("src"),  # $E3
-    _account("dst"),  # $E4
-    "1::bigint",  # $E5 amount
-    "'EUR'::varchar",  # $E6
-    f"{ledger.MAX_AMOUNT}::bigint",  # $E7 the balance limit
-    "gen_random_uuid()",  # $E8 the transfer's id
-    _OPERATION,  # $E9
-    "1::int",  # $E10 binding generation
-    "NULL::varchar",  # $E11 memo
-    "now()",  # $E12
-]
+# the one statement of a new transfer (hot_params.claim_settle_params' names): the row as the
+# core settles a completed transfer, its attempt begun and ended, its observation
+_SETTLED_ROW = {
+    "id": _OPERATION,
+    "tenant": ":tenant::varchar",
+    "principal_id": ":principal::uuid",
+    "route": ROUTE,
+    "idempotency_key": _KEY,
+    "binding_generation": "1::int",
+    "request_fingerprint": _FINGERPRINT,
+    "bound_principal_id": ":principal::uuid",
+    "bound_credential_generation": "1::int",
+    "state": "'completed'::varchar",
+    "revision": "2::bigint",  # after the claim and the settlement
+    "fencing_token": "1::bigint",
+    "lease_expires_at": "NULL::timestamptz",  # none once settled
+    "result_status": "201::int",
+    "result_content_type": "'application/json'::varchar",
+    "result_body": "decode(repeat('7b', 229), 'hex')",  # a transfer's answer is ~229 bytes
+    "result_digest": _FINGERPRINT,  # 64 hex characters
+    "conflict": "NULL::jsonb",
+    "expires_at": "now() + interval '1 day'",
+    "now": "now()",
+    "attempt_id": "md5('at' || :k::text)::uuid",
+    "lease_token": "md5(:k::text)::varchar",
+    "attempt_fencing_token": "1::bigint",
+    "attempt_generation": "1::int",
+    "attempt_lease_expires_at": "now() + interval '10 seconds'",  # the claim-time lease
+    "o_source": "'attempt'::varchar",
+    "o_kind": "'completed'::varchar",
+    "o_binding_generation": "1::int",
+    "o_request_fingerprint": _FINGERPRINT,
+    "o_fencing_token": "1::bigint",
+    "o_verified": "true",
+    "o_result_status": "201::int",
+    "o_result_digest": _FINGERPRINT,
+    "o_lease_expires_at": "NULL::timestamptz",
+    "o_stage": "'C'::varchar",
+    "o_disposition": "'applied'::varchar",
+    "o_reason": "'terminal-applied'::varchar",
+    "expected_revision": "1::bigint",
+}
+# ledger.transfer_statement's parameters: one unit from account 2p-1 to account 2p, in EUR
+_TRANSFER = {
+    "e_accounts": f"ARRAY[{_account('src')}, {_account('dst')}]",  # both, in id order
+    "e_tenant": ":tenant::varchar",
+    "e_source": _account("src"),
+    "e_destination": _account("dst"),
+    "e_amount": "1::bigint",
+    "e_currency": "'EUR'::varchar",
+    "e_limit": f"{ledger.MAX_AMOUNT}::bigint",
+    "e_transfer_id": "gen_random_uuid()",
+    "e_operation_id": _OPERATION,
+    "e_binding_generation": "1::int",
+    "e_memo": "NULL::varchar",
+    "e_created_at": "now()",
+}
 
 
 def _identify(key: str) -> str:
     """The principal and its scope's row: the first statement of every request."""
-    return _bound(IDENTIFY, ["decode(:key_hash, 'hex')", ROUTE, key])
+    values = {"key_hash": "decode(:key_hash, 'hex')", "route": ROUTE, "idempotency_key": key}
+    return _bound(IDENTIFY, values)
 
 
 def new_transfer_script() -> str:
-    guard, apply, args, _ = ledger.transfer_statement("t", uuid.uuid4(), 1, _SAMPLE_TRANSFER)
-    if len(_SETTLED_ROW) != CLAIM_SETTLE_PARAMS or len(args) != len(_TRANSFER):
-        raise ValueError("bench/pgbench_sql.py no longer gives the statement's parameters")
-    settle = _bound(claim_settle_with(guard, apply), [*_SETTLED_ROW, *_TRANSFER])
+    effect, params, _ = ledger.transfer_statement("t", uuid.uuid4(), 1, _SAMPLE_TRANSFER)
+    if set(params) != set(_TRANSFER):
+        raise ValueError("bench/pgbench_sql.py no longer gives the transfer's parameters")
+    settle = _bound(claim_settle_with(effect), {**_SETTLED_ROW, **_TRANSFER})
     return "\n".join(
         [
             "-- pgbench: the SQL of one new POST /v1/transfers, as the server sends it",

@@ -42,8 +42,10 @@ def _statements(
     purge_at = now
     return {
         "identify (every idempotent request)": (
-            hot_sql.IDENTIFY,
-            [key_hash, "POST /v1/transfers", key],
+            hot_sql.IDENTIFY.sql,
+            hot_sql.IDENTIFY.args(
+                {"key_hash": key_hash, "route": "POST /v1/transfers", "idempotency_key": key}
+            ),
         ),
         "status by id (GET /v1/operations/{id})": (status.BY_ID, [operation_id]),
         "status by key, no route (GET /v1/operations?key=)": (

@@ -57,6 +57,7 @@ __all__ = [
     "ROW_COLUMNS",
     "Prepared",
     "claim_settle_with",
+    "effect_ok_of",
     "finish_with",
 ]
 
@@ -264,14 +265,14 @@ def _answer(verdict: CTE, recorded: CTE, *writes: CTE) -> Select[Any]:
     ).add_cte(*writes)
 
 
-def _effect_ok(verdict: CTE) -> CTE:
+def effect_ok_of(verdict: CTE) -> CTE:
     """The guard's verdict when it lets the effect through: one row, or none."""
     return select(verdict).where(verdict.c.refusal.is_(None)).cte("effect_ok")
 
 
 def _finish(effect: EffectSql) -> Select[Any]:
     verdict = effect.guard()
-    effect_ok = _effect_ok(verdict)
+    effect_ok = effect_ok_of(verdict)
     written = (
         update(operations)
         .where(
@@ -311,7 +312,7 @@ def _finish(effect: EffectSql) -> Select[Any]:
 
 def _claim_settle(effect: EffectSql) -> Select[Any]:
     verdict = effect.guard()
-    effect_ok = _effect_ok(verdict)
+    effect_ok = effect_ok_of(verdict)
     values = _operation_insert(settled=True)
     written = (
         pg_insert(operations)
