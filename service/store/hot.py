@@ -19,9 +19,10 @@ in the effect's place, the same way and with nothing of the effect written.
 The SQL is in :mod:`service.store.hot_sql`.
 
 The rules are the store's (docs/design.md §4): the row is locked before the core decides, every
-authoritative write is a CAS on the reservation tuple and revision, and what the core did
-not apply never commits (the transaction is rolled back; the caller then records the
-observation through the general settle path, without the effect).
+authoritative write is a CAS on the reservation tuple and revision, and an effect commits
+only with an outcome the core applied. In the one statement, what the core would not apply
+writes nothing (the caller then claims and settles under the row's lock); under the lock,
+it is recorded with its decision, the row and the effect unwritten.
 """
 
 from __future__ import annotations
@@ -32,23 +33,24 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
-import msgspec
 
 from service.core import (
     Apply,
+    Decision,
     Observation,
     Record,
     Scope,
     TerminalPolicy,
     settle,
 )
-from service.store.hot_params import claim_settle_params, finish_params
+from service.store.hot_params import claim_settle_params, finish_params, recorded_params
 from service.store.hot_sql import (
     BY_SCOPE,
     CLAIM_NEW,
     IDENTIFY,
     LOCK,
     NO_EFFECT,
+    RECORD_ALONE,
     claim_settle_with,
     finish_with,
 )
@@ -59,14 +61,7 @@ from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row, record_values
 from service.store.unit_of_work import StaleRevision
 
-__all__ = ["Fallback", "HotPath"]
-
-
-class Fallback(msgspec.Struct, frozen=True):
-    """The hot path wrote nothing: ``observation`` is what the attempt reports instead, to
-    be recorded through the general settle path (which records what the core decided)."""
-
-    observation: Observation
+__all__ = ["HotPath"]
 
 
 class HotPath:
@@ -204,62 +199,64 @@ class HotPath:
         policy: TerminalPolicy,
         retention: float,
         before_commit: Callable[[], Awaitable[None]] | None = None,
-    ) -> tuple[Record, Settled] | Fallback | None:
+    ) -> tuple[Record, Settled] | None:
         """Run ``statement``'s effect for ``attempt`` and settle its outcome, in one
         transaction: lock the row, ask the core, then one statement writes the effect (if its
         guard lets it through), the row (CAS on tuple + revision), the observation and the
         attempt's end. Should the guard refuse, its refusal is settled in the same
         transaction (one more statement, without the effect).
 
-        Returns the row before and the settlement; a :class:`Fallback` when the row is not
-        this attempt's to settle (fenced out, another epoch, already terminal: the effect
-        does not run) or when the core does not apply the outcome (nothing is written); None
-        when there is no such operation.
+        When the row is not this attempt's to settle (fenced out, another epoch, already
+        terminal), the effect does not run: the attempt's probe (``unknown`` under its token)
+        is settled instead. What the core does not apply is recorded with its decision, the
+        row unwritten. Returns the row before and the settlement; None when there is no such
+        operation.
         """
 
-        async def write(observation: Observation, effect: _Sql) -> tuple[Any, Apply] | None:
+        async def write(observation: Observation, effect: _Sql) -> tuple[Any, Any, Decision]:
+            """(the observation's id, the guard's refusal, the core's decision)."""
             now = clock()
             decision = settle(record, observation, now, policy)
-            if not isinstance(decision, Apply):
-                return None
-            after = decision.record
+            if not isinstance(decision, Apply):  # recorded, the row and the effect unwritten
+                values = recorded_params(record, decision, observation, attempt.attempt_id, at(now))
+                return (
+                    await conn.fetchval(RECORD_ALONE.sql, *RECORD_ALONE.args(values)),
+                    None,
+                    decision,
+                )
             expires = None
-            if after.state.terminal and not record.state.terminal:
+            if decision.record.state.terminal and not record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
             sql, params = effect
-            statement = finish_with(sql)
+            prepared = finish_with(sql)
             values = finish_params(
                 record, decision, observation, attempt.attempt_id, at(now), expires
             )
-            row = await conn.fetchrow(statement.sql, *statement.args({**values, **params}))
-            return row, decision
+            row = await conn.fetchrow(prepared.sql, *prepared.args({**values, **params}))
+            return row["observation_id"], row["refusal"], decision
 
-        observation = statement.observation
         with database_refusals():
             async with self._pool.acquire() as conn, conn.transaction():
                 locked = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
                 if locked is None:
                     return None
                 record = record_from_row(locked)
-                if not _owns(attempt, record):
-                    return Fallback(attempt.probe())  # the effect does not run
-                done = await write(observation, (statement.effect, statement.params))
-                refusal = None if done is None else done[0]["refusal"]
+                if _owns(attempt, record):
+                    observation = statement.observation
+                    effect: _Sql = (statement.effect, statement.params)
+                else:  # the effect does not run
+                    observation, effect = attempt.probe(), _NO_EFFECT
+                observation_id, refusal, decision = await write(observation, effect)
                 if refusal is not None:  # the guard refused: its problem is the outcome
                     observation = statement.refused(*refusal)
-                    done = await write(observation, _NO_EFFECT)
-                if done is None:
-                    return Fallback(observation)  # the core did not apply it: nothing written
-                row, decision = done
-                if row["observation_id"] is None:  # the CAS, refused under the row's lock
+                    observation_id, _, decision = await write(observation, _NO_EFFECT)
+                if observation_id is None:  # the CAS, refused under the row's lock
                     raise StaleRevision(f"operation {operation_id}: CAS refused under its lock")
-                if before_commit is not None:
+                if before_commit is not None and effect is not _NO_EFFECT:
                     await before_commit()
+        after = decision.record if isinstance(decision, Apply) else record
         settled = Settled(
-            decision=decision,
-            record=decision.record,
-            observation=observation,
-            observation_id=row["observation_id"],
+            decision=decision, record=after, observation=observation, observation_id=observation_id
         )
         return record, settled
 

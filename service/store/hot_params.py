@@ -8,21 +8,19 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from service.core import Apply, Observation, Record, Scope
+from service.core import Apply, Decision, Observation, Record, Scope
 from service.store.rows import observation_values, record_values, to_ts
 
-__all__ = ["claim_settle_params", "finish_params"]
+__all__ = ["claim_settle_params", "finish_params", "recorded_params"]
 
 
-def _observed(observation: Observation, decision: Apply) -> dict[str, Any]:
-    """The observation row (``o_<column>``): what was reported, what the core decided of it,
-    and the revisions it moved the row between."""
+def _observed(observation: Observation, decision: Decision) -> dict[str, Any]:
+    """The observation row (``o_<column>``): what was reported, what the core decided of it."""
     values = {f"o_{name}": value for name, value in observation_values(observation).items()}
     values.update(
         o_stage=decision.stage.value,
         o_disposition=decision.disposition.value,
         o_reason=decision.reason.value,
-        expected_revision=decision.expected_revision,
     )
     return values
 
@@ -44,6 +42,7 @@ def finish_params(
         "expected_generation": reservation.binding_generation,
         **record_values(decision.record),
         **_observed(observation, decision),
+        "expected_revision": decision.expected_revision,
         "expires_at": expires,
         "now": now,
         "attempt_id": attempt_id,
@@ -70,6 +69,7 @@ def claim_settle_params(
         "idempotency_key": scope.idempotency_key,
         **record_values(decision.record),
         **_observed(observation, decision),
+        "expected_revision": decision.expected_revision,
         "expires_at": expires,
         "now": now,
         "attempt_id": attempt_id,
@@ -77,4 +77,22 @@ def claim_settle_params(
         "attempt_fencing_token": claimed.fencing_token,
         "attempt_generation": claimed.reservation.binding_generation,
         "attempt_lease_expires_at": to_ts(claimed.lease_expires_at),
+    }
+
+
+def recorded_params(
+    record: Record,
+    decision: Decision,
+    observation: Observation,
+    attempt_id: uuid.UUID,
+    now: datetime,
+) -> dict[str, Any]:
+    """An observation the core did not apply (the row stays at ``record``'s revision), and
+    the attempt's end with the decision's reason."""
+    return {
+        "id": uuid.UUID(record.reservation.operation_id),
+        "revision": record.revision,
+        **_observed(observation, decision),
+        "now": now,
+        "attempt_id": attempt_id,
     }

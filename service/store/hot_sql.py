@@ -54,6 +54,7 @@ __all__ = [
     "IDENTIFY",
     "LOCK",
     "NO_EFFECT",
+    "RECORD_ALONE",
     "ROW_COLUMNS",
     "Prepared",
     "claim_settle_with",
@@ -209,6 +210,37 @@ CLAIM_NEW = Prepared(
 )
 
 
+def _recorded_alone() -> Select[Any]:
+    """An observation the core did not apply, recorded under the row's lock: the row is
+    not written (revision before = after), and the attempt ends with the decision's reason."""
+    recorded = (
+        insert(observations)
+        .values(
+            {"operation_id": _typed(operations.c.id)}
+            | {name: _typed(observations.c[name], f"o_{name}") for name in OBSERVATION_COLUMNS}
+            | {
+                "revision_before": _typed(observations.c.revision_before, "revision"),
+                "revision_after": _typed(observations.c.revision_after, "revision"),
+                "attempt_id": _ATTEMPT_ID,
+            }
+        )
+        .returning(observations.c.id)
+        .cte("recorded")
+    )
+    closed = (
+        update(attempts)
+        .where(attempts.c.id == _ATTEMPT_ID)
+        .values(
+            finished_at=_NOW,
+            outcome=_typed(attempts.c.outcome, "o_kind"),
+            response_status=_typed(attempts.c.response_status, "o_result_status"),
+            error=_typed(attempts.c.error, "o_reason"),
+        )
+        .cte("closed")
+    )
+    return select(recorded.c.id.label("observation_id")).add_cte(closed)
+
+
 def _written_exists(written: CTE) -> ColumnElement[bool]:
     return exists(select(written.c.id))
 
@@ -229,6 +261,11 @@ OBSERVATION_COLUMNS = (
     "disposition",
     "reason",
 )
+
+
+# an observation the core did not apply, and the attempt's end (:func:`_recorded_alone`):
+# ``id``, ``revision`` (the row's, unchanged), ``now``, ``attempt_id``, ``o_<column>``
+RECORD_ALONE = Prepared(_recorded_alone())
 
 
 def _recorded(written: CTE) -> CTE:

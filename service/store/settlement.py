@@ -39,7 +39,7 @@ from service.core import (
 from service.store.claims import claim_phase
 from service.store.db import reader
 from service.store.epochs import supersede_phase, sweep_phase
-from service.store.hot import Fallback, HotPath
+from service.store.hot import HotPath
 from service.store.merge import settle_phase
 from service.store.outcomes import (
     AttemptRef,
@@ -195,14 +195,11 @@ class SettlementStore(SettlementReads, SettlementReports):
             retention=self._retention.of(route),
             before_commit=before_commit,
         )
-        match done:
-            case None:
-                raise OperationNotFound(str(operation_id))
-            case Fallback(observation=observation):
-                return await self.settle(operation_id, observation, attempt_id=attempt.attempt_id)
-            case (before, settled):
-                self._report(operation_id, before, settled, time.perf_counter() - started)
-                return settled
+        if done is None:
+            raise OperationNotFound(str(operation_id))
+        before, settled = done
+        self._report(operation_id, before, settled, time.perf_counter() - started)
+        return settled
 
     @property
     def runner(self) -> PhaseRunner:

@@ -237,6 +237,19 @@ async def test_a_late_attempt_of_a_taken_over_operation_is_ignored_and_writes_no
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     current = await store.get(op)
     assert current is not None and current.state is OperationState.COMPLETED
+    assert late.record == current
+    # in the same locked transaction: the probe recorded with its decision, the row's
+    # revision unmoved, and the stale attempt ended with the reason
+    (probe,) = await rows(engine, observations, observations.c.id == late.observation_id)
+    assert (probe["kind"], probe["disposition"], probe["attempt_id"]) == (
+        "unknown",
+        "ignored",
+        stale.attempt_id,
+    )
+    assert probe["revision_before"] == probe["revision_after"] == current.revision
+    (ended,) = await rows(engine, attempts, attempts.c.id == stale.attempt_id)
+    assert ended["finished_at"] is not None
+    assert (ended["outcome"], ended["error"]) == ("unknown", late.decision.reason.value)
 
 
 # -- the transfer (ledger.transfer_statement) -----------------------------------------------
