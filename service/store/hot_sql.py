@@ -178,18 +178,14 @@ def _operation_insert(*, settled: bool) -> Any:
     return values
 
 
+# an attempt's row as it begins
+_ATTEMPT_BEGUN = ("id", "operation_id", "fencing_token", "binding_generation", "lease_token")
+_ATTEMPT_BEGUN += ("lease_expires_at", "started_at")
+
 CLAIM_NEW = Prepared(
     insert(attempts)
     .from_select(
-        [
-            "id",
-            "operation_id",
-            "fencing_token",
-            "binding_generation",
-            "lease_token",
-            "lease_expires_at",
-            "started_at",
-        ],
+        list(_ATTEMPT_BEGUN),
         select(
             _ATTEMPT_ID,
             (
@@ -361,18 +357,7 @@ def _claim_settle(effect: EffectSql) -> Select[Any]:
     begun = (
         insert(attempts)
         .from_select(
-            [
-                "id",
-                "operation_id",
-                "fencing_token",
-                "binding_generation",
-                "lease_token",
-                "lease_expires_at",
-                "started_at",
-                "finished_at",
-                "outcome",
-                "response_status",
-            ],
+            [*_ATTEMPT_BEGUN, "finished_at", "outcome", "response_status"],
             select(
                 _ATTEMPT_ID,
                 written.c.id,
