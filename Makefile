@@ -56,10 +56,11 @@ lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client, the chaos harness and the use-case tests
+typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client, the chaos harness, the use-case tests and bench/
 	$(BIN)/mypy --strict service devstack
 	$(BIN)/mypy --strict clients/python/settlement_client
 	MYPYPATH=clients/python $(BIN)/mypy --strict tests/reliability tests/usecases
+	MYPYPATH=clients/python $(BIN)/mypy --strict bench
 
 test: $(STAMP) lint typecheck ## the whole suite on real PostgreSQL and Redis, with coverage
 	$(BIN)/coverage erase

@@ -53,7 +53,7 @@ def _plain_statement() -> Prepared:
     effect = ledger.TRANSFER
     verdict = effect.guard()
     effect_ok = effect_ok_of(verdict)
-    columns = ("id", "tenant", "principal_id", "route", "idempotency_key")
+    columns: tuple[str, ...] = ("id", "tenant", "principal_id", "route", "idempotency_key")
     columns += ("request_fingerprint", "bound_principal_id", "bound_credential_generation")
     written = (
         insert(operations)

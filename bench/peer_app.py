@@ -196,7 +196,9 @@ def app_factory() -> Litestar:
         )
         closing.append(redis.aclose)
         handlers = [health, asgi_idem_transfer]
-        middleware = [DefineMiddleware(IdempotencyHeaderMiddleware, backend=backend)]
+        # the package types its middleware for Starlette's ASGI aliases, not Litestar's
+        peer: Any = IdempotencyHeaderMiddleware
+        middleware = [DefineMiddleware(peer, backend=backend)]
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

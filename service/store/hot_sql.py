@@ -179,8 +179,8 @@ def _operation_insert(*, settled: bool) -> Any:
 
 
 # an attempt's row as it begins
-_ATTEMPT_BEGUN = ("id", "operation_id", "fencing_token", "binding_generation", "lease_token")
-_ATTEMPT_BEGUN += ("lease_expires_at", "started_at")
+_ATTEMPT_BEGUN: tuple[str, ...] = ("id", "operation_id", "fencing_token", "binding_generation")
+_ATTEMPT_BEGUN += ("lease_token", "lease_expires_at", "started_at")
 
 CLAIM_NEW = Prepared(
     insert(attempts)
