@@ -110,7 +110,12 @@ _TRANSFER = {
 
 def _identify(key: str) -> str:
     """The principal and its scope's row: the first statement of every request."""
-    values = {"key_hash": "decode(:key_hash, 'hex')", "route": ROUTE, "idempotency_key": key}
+    values = {
+        "key_hash": "decode(:key_hash, 'hex')",
+        "route": ROUTE,
+        "idempotency_key": key,
+        "now": "now()",
+    }
     return _bound(IDENTIFY, values)
 
 

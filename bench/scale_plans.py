@@ -44,7 +44,12 @@ def _statements(
         "identify (every idempotent request)": (
             hot_sql.IDENTIFY.sql,
             hot_sql.IDENTIFY.args(
-                {"key_hash": key_hash, "route": "POST /v1/transfers", "idempotency_key": key}
+                {
+                    "key_hash": key_hash,
+                    "route": "POST /v1/transfers",
+                    "idempotency_key": key,
+                    "now": now,
+                }
             ),
         ),
         "status by id (GET /v1/operations/{id})": (status.BY_ID, [operation_id]),

@@ -44,7 +44,6 @@ from service.leases import Lease, LeaseManager, LeaseUnavailable, Wakeups
 from service.store.outcomes import KeyExpired
 from service.store.principals import Principal, hash_key
 from service.store.retention import RetentionStore, Tombstone
-from service.store.rows import at
 from service.store.settlement import RowLocked, SettlementContention, SettlementStore
 from service.telemetry import annotate, span
 
@@ -97,7 +96,8 @@ class Seen(msgspec.Struct, frozen=True):
     key: str
     record: Record | None
     tombstone: Tombstone | None = None
-    """the scope's tombstone, if its earlier operation was purged by retention"""
+    """the scope's tombstone, if its earlier operation was purged by retention and it still
+    stands"""
 
 
 class IdempotentRequests:
@@ -160,8 +160,8 @@ class IdempotentRequests:
         ``seen``: what :meth:`identify` read for this principal and key. ``wait``: seconds to
         wait for an attempt in progress to settle (``Prefer: wait``).
         """
-        tombstone = seen.tombstone
-        if seen.record is None and tombstone is not None and tombstone.live(at(self._clock())):
+        tombstone = seen.tombstone  # read only while it stands
+        if seen.record is None and tombstone is not None:
             return expired(tombstone)  # whatever the body: nothing runs under this key yet
         scope = Scope(
             tenant=principal.tenant,

@@ -69,19 +69,20 @@ class HotPath:
         self._pool = pool
 
     async def identify(
-        self, key_hash: bytes, route: str, idempotency_key: str
+        self, key_hash: bytes, route: str, idempotency_key: str, now: datetime
     ) -> tuple[Principal, Record | None, Tombstone | None] | None:
         """The live principal holding the key whose hash is ``key_hash``, the row of its
-        scope (route, key) if there is one, and the scope's tombstone if there is one (one
-        snapshot: a purge's delete and tombstone are seen together); None for an unknown or
-        revoked key."""
+        scope (route, key) if there is one, and the scope's tombstone if it stands at ``now``
+        (one snapshot: a purge's delete and tombstone are seen together); None for an unknown
+        or revoked key."""
+        values = {
+            "key_hash": key_hash,
+            "route": route,
+            "idempotency_key": idempotency_key,
+            "now": now,
+        }
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(
-                IDENTIFY.sql,
-                *IDENTIFY.args(
-                    {"key_hash": key_hash, "route": route, "idempotency_key": idempotency_key}
-                ),
-            )
+            row = await conn.fetchrow(IDENTIFY.sql, *IDENTIFY.args(values))
         principal = live_principal(row, key_hash, prefix="p_")
         if principal is None:
             return None

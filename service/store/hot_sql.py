@@ -1,7 +1,8 @@
 """The SQL of the hot path (:mod:`service.store.hot`), built from :mod:`service.store.tables`
 with SQLAlchemy Core, compiled once for asyncpg and prepared on its connections.
 
-* ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone.
+* ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone if it
+  still stands at ``now``.
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
 * :func:`finish_with`: a local effect's SQL (an :class:`EffectSql`), the row's CAS, the
@@ -125,14 +126,22 @@ _PRINCIPAL = ("id", "tenant", "name", "role", "key_hash", "credential_generation
 _TOMBSTONE = ("operation_id", "request_fingerprint", "final_state", "expired_at", "forget_at")
 
 
-def _same_scope(table: Any) -> ColumnElement[bool]:
+def _same_scope(table: Any, *more: ColumnElement[bool]) -> ColumnElement[bool]:
     """``table``'s row of the caller's scope: its principal's, at the route and key given."""
     return and_(
         table.c.tenant == principals.c.tenant,
         table.c.principal_id == principals.c.id,
         table.c.route == _typed(operations.c.route),
         table.c.idempotency_key == _typed(operations.c.idempotency_key),
+        *more,
     )
+
+
+# Whether a tombstone still stands at ``now`` (the request's clock): the schema's function
+# (migration 0011), which the claim's trigger asks too
+_STANDS = func.tombstone_stands(
+    tombstones.c.forget_at, bindparam("now", type_=DateTime(timezone=True))
+)
 
 
 IDENTIFY = Prepared(
@@ -143,7 +152,7 @@ IDENTIFY = Prepared(
     )
     .select_from(
         principals.outerjoin(operations, _same_scope(operations)).outerjoin(
-            tombstones, _same_scope(tombstones)
+            tombstones, _same_scope(tombstones, _STANDS)
         )
     )
     .where(

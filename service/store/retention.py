@@ -72,10 +72,8 @@ class Tombstone(msgspec.Struct, frozen=True):
     final_state: str
     expired_at: datetime
     forget_at: datetime
-
-    def live(self, now: datetime) -> bool:
-        """Whether it still answers 410 (after ``forget_at`` the key is new again)."""
-        return now < self.forget_at
+    """it stands (410, nothing claimed under its key) until then: the schema's
+    ``tombstone_stands`` (migration 0011) is the rule"""
 
 
 class PurgePage(msgspec.Struct, frozen=True):

@@ -8,6 +8,7 @@ operation's owner. The read part of :class:`service.store.settlement.SettlementS
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -17,7 +18,7 @@ from service.core import Record, Scope
 from service.store.hot import HotPath
 from service.store.principals import Principal
 from service.store.retention import Tombstone
-from service.store.rows import record_from_row
+from service.store.rows import at, record_from_row
 from service.store.tables import operations
 from service.store.unit_of_work import scope_predicate
 
@@ -29,6 +30,7 @@ class SettlementReads:
 
     _hot: HotPath | None
     _reader: AsyncEngine
+    _clock: Callable[[], float]
 
     async def get(self, operation_id: uuid.UUID) -> Record | None:
         return await self._read_one(operations.c.id == operation_id)
@@ -49,11 +51,11 @@ class SettlementReads:
         self, key_hash: bytes, route: str, idempotency_key: str
     ) -> tuple[Principal, Record | None, Tombstone | None] | None:
         """The live principal whose key hashes to ``key_hash``, the row of its scope for
-        (``route``, ``idempotency_key``) and the scope's tombstone: one statement, no
-        transaction (the hot path)."""
+        (``route``, ``idempotency_key``) and the scope's tombstone if it stands now: one
+        statement, no transaction (the hot path)."""
         if self._hot is None:
             raise RuntimeError("identify needs the store's asyncpg pool")
-        return await self._hot.identify(key_hash, route, idempotency_key)
+        return await self._hot.identify(key_hash, route, idempotency_key, at(self._clock()))
 
     async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
         """(tenant, route) of an operation, or None."""

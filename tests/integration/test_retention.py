@@ -123,13 +123,24 @@ async def test_a_purge_keeps_a_tombstone_and_the_effect_and_drops_the_rest(
         key_hash(principal_id), scope.route, scope.idempotency_key
     )
     assert found is not None and found[1] is None
-    assert found[2] is not None and found[2].operation_id == op
-    assert found[2].live(at(clock.now))
+    assert found[2] is not None and found[2].operation_id == op  # it stands
     with pytest.raises(KeyExpired):  # the one-statement insert refuses, then the locked claim
         await retention_store.claim(
             scope, claim_request(principal_id, clock), lease_token="t", assume_absent=True
         )
     assert await count(engine, operations, operations.c.principal_id == principal_id) == 0
+
+    # at its forget_at the key is new again: identify reads no tombstone, and a claim runs
+    clock.advance(600)
+    found = await retention_store.identify(
+        key_hash(principal_id), scope.route, scope.idempotency_key
+    )
+    assert found is not None and found[1] is None and found[2] is None
+    again = await retention_store.claim(
+        scope, claim_request(principal_id, clock), lease_token="t", assume_absent=True
+    )
+    assert again.record is not None
+    assert await count(engine, operations, operations.c.principal_id == principal_id) == 1
 
 
 async def test_open_operations_are_never_purged(

@@ -319,7 +319,10 @@ class FakeStore:
             route=route,
             idempotency_key=idempotency_key,
         )
-        return principal, self.row(scope), self.tombstones.get(scope)
+        stone = self.tombstones.get(scope)
+        if stone is not None and stone.forget_at.timestamp() <= self._clock():
+            stone = None  # as the schema's tombstone_stands: read only while it stands
+        return principal, self.row(scope), stone
 
     async def get(self, operation_id: uuid.UUID) -> Record | None:
         self._raise_if("get")
