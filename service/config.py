@@ -170,31 +170,21 @@ class Settings:
         rule=POSITIVE,
     )
     db_lock_timeout: float = setting(
-        5.0,
-        "a row lock not granted by then fails the phase instead of queueing forever.",
-        rule=POSITIVE,
-    )
-    db_hot_lock_timeout: float = setting(
         1.0,
-        "hot-path row locks (accounts, the operation row while an effect runs): a held row "
-        "answers 503 rather than a queue behind it.",
+        "every row lock (accounts, an operation row while an effect runs, a sweep's, an "
+        "admin's): a row held longer answers 503 or 409 (retry) rather than a queue behind it.",
         rule=POSITIVE,
     )
     db_pool_size: int = setting(
         10,
-        "hot-path connections (asyncpg) per worker process: requests, local effects and the "
-        "status views.",
+        "database connections per worker process, one pool for every use: requests, local "
+        "effects, status views and the cold paths (admin, sweeps, observations, retries).",
         rule=AT_LEAST_ONE,
     )
     max_running_per_principal: int = setting(
         8,
         "idempotent requests one principal runs at once per worker, so one client cannot take "
         "the whole pool; more wait for a slot, then get 429.",
-        rule=AT_LEAST_ONE,
-    )
-    db_cold_pool_size: int = setting(
-        5,
-        "SQLAlchemy connections per worker: admin, tombstone reads, sweeps, observations, retries.",
         rule=AT_LEAST_ONE,
     )
     redis_timeout: float = setting(

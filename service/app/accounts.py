@@ -15,7 +15,7 @@ __all__ = ["AccountQueries"]
 
 class AccountQueries:
     def __init__(self, views: HotPool) -> None:
-        self._views = views  # the asyncpg pool the account is read on
+        self._views = views  # asyncpg connections of the engine's pool (HotPool)
 
     async def by_id(self, principal: Principal, account_id: uuid.UUID) -> Account | Problem:
         """The account if it is in the principal's tenant; another tenant's account is not

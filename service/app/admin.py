@@ -107,7 +107,7 @@ class Admin:
         self._principals = principals
         self._store = store
         self._reader = reader
-        self._views = views  # the asyncpg pool the operation views are read on
+        self._views = views  # the HotPool the operation views are read on
         self._leases = leases
         self._routes = routes
 

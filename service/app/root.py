@@ -1,8 +1,9 @@
 """The composition root: everything one server process holds, built once from ``Settings``.
 
-``Settlement.open`` makes the engine and the Redis client, checks the schema is at head and
-wires every use case with the same injected clock; the HTTP layer receives the result through
-Litestar's dependency injection and only calls its use cases. ``close`` undoes ``open``.
+``Settlement.open`` makes the engine (the worker's one database pool) and the Redis client,
+checks the schema is at head and wires every use case with the same injected clock; the HTTP
+layer receives the result through Litestar's dependency injection and only calls its use
+cases. ``close`` undoes ``open``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,7 +45,7 @@ from service.leases import (
 from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
-from service.store.pool import make_pool
+from service.store.pool import HotPool
 from service.store.principals import PrincipalStore
 from service.store.retention import Retention, RetentionStore
 from service.store.settlement import SettlementStore
@@ -64,14 +64,15 @@ class Settlement:
         redis: AnyRedis,
         *,
         lease_redis: LeaseRedis,
-        pool: Any,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self._clock = clock
         self.engine = engine
-        self.pool = pool  # asyncpg: the hot path's statements and the local effects
+        # the engine's pool, borrowed as asyncpg connections: the hot path's statements, the
+        # local effects and the read views
+        self.pool = pool = HotPool(engine)
         self.reader = reader(engine)  # single-statement reads without BEGIN/ROLLBACK
         self.redis = redis  # pub/sub waits, health checks
         self.lease_redis = lease_redis  # the lease commands' own pool
@@ -208,23 +209,17 @@ class Settlement:
         retention purge. ``metrics``: the process's (a new one by default)."""
         require_endpoints(settings)
         assert settings.database_url is not None and settings.redis_url is not None
-        engine = make_engine(settings, settings.database_url, pool_size=settings.db_cold_pool_size)
+        engine = make_engine(settings, settings.database_url)
         redis = make_redis(settings, settings.redis_url)
         lease_redis = make_lease_redis(settings, settings.redis_url)
-        pool = None
         try:
             await ensure_current(engine)
-            pool = await make_pool(settings, settings.database_url)
-            settlement = cls(
-                settings, engine, redis, lease_redis=lease_redis, pool=pool, metrics=metrics
-            )
+            settlement = cls(settings, engine, redis, lease_redis=lease_redis, metrics=metrics)
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:
             await lease_redis.aclose()
             await redis.aclose()
-            if pool is not None:
-                await pool.close()
             await engine.dispose()
             raise
         if background:  # a server process; an observer process runs only its observer
@@ -250,7 +245,6 @@ class Settlement:
         finally:
             await self.lease_redis.aclose()
             await self.redis.aclose()
-            await self.pool.close()
             await self.engine.dispose()
 
 

@@ -33,7 +33,7 @@ class StatusQueries:
         *,
         clock: Callable[[], float],
     ) -> None:
-        self._views = views  # the asyncpg pool the views are read on
+        self._views = views  # the HotPool the views are read on
         self._leases = leases
         self._tombstones = tombstones
         self._clock = clock

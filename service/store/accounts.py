@@ -1,6 +1,6 @@
 """Read model of the demo ledger's accounts: one account of one tenant. Reads only.
 
-One statement on the hot path's asyncpg pool (:mod:`service.store.pool`), no lock and no
+One statement on an asyncpg connection (:mod:`service.store.pool`), no lock and no
 transaction; the ledger's writes are the local effect's (:mod:`service.domain.ledger`).
 """
 

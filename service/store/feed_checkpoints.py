@@ -17,7 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.tables import feed_checkpoints, operations
+from service.store.tables import feed_checkpoints, inline, operations
 
 __all__ = ["Checkpoint", "FeedCheckpoints"]
 
@@ -148,6 +148,6 @@ class FeedCheckpoints:
             age = await conn.scalar(
                 select(
                     func.extract("epoch", func.clock_timestamp() - func.min(o.updated_at))
-                ).where(o.state == "unknown", o.route.in_(list(routes)))
+                ).where(o.state == inline("unknown"), o.route.in_(list(routes)))
             )
         return None if age is None else max(0.0, float(age))

@@ -28,7 +28,7 @@ from service.core.feed import ReceiptState, Seen
 from service.store import keyset
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
-from service.store.tables import feed_receipts
+from service.store.tables import feed_receipts, inline
 from service.store.unit_of_work import UnitOfWork
 
 __all__ = ["FeedReceipts", "Receipt", "SettlePhase"]
@@ -143,7 +143,7 @@ class FeedReceipts:
         cursor ``after``: BadCursor when it is not one), how many there are in all, and the
         cursor of the next page (None: this is the last)."""
         r = feed_receipts.c
-        stmt = select(*_WITH_AGE).where(r.feed == feed, r.state == "held")
+        stmt = select(*_WITH_AGE).where(r.feed == feed, r.state == inline("held"))
         if after is not None:
             seen, event_id = keyset.decode(after)
             stmt = stmt.where(keyset.after(r.first_seen_at, r.event_id, seen, event_id))
@@ -152,7 +152,9 @@ class FeedReceipts:
                 await conn.execute(stmt.order_by(r.first_seen_at, r.event_id).limit(limit + 1))
             ).mappings()
             shown = [_receipt(row) for row in rows]
-            total = await conn.scalar(select(func.count()).where(r.feed == feed, r.state == "held"))
+            total = await conn.scalar(
+                select(func.count()).where(r.feed == feed, r.state == inline("held"))
+            )
         last = shown[limit - 1] if len(shown) > limit else None
         following = None if last is None else keyset.encode(last.first_seen_at, last.event_id)
         return shown[:limit], int(total or 0), following
@@ -167,7 +169,7 @@ class FeedReceipts:
                     select(*_WITH_AGE)
                     .where(
                         r.feed == feed,
-                        r.state == "held",
+                        r.state == inline("held"),
                         r.reason != "bad-signature",
                         r.evidence.is_not(None),  # one that kept no event waits for its feed
                     )

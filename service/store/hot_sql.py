@@ -42,10 +42,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql import visitors
+from sqlalchemy.sql import sqltypes, visitors
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
+from service.store.db import json_text
 from service.store.outcomes import EffectSql, never_refused
 from service.store.tables import attempts, observations, operations, principals, tombstones
 
@@ -70,9 +71,14 @@ EFFECT_PREFIX = "e_"
 
 class Prepared:
     """A statement compiled once for asyncpg: ``sql`` with ``$n`` placeholders, and
-    :meth:`args`, the values of a mapping of parameter names in their order."""
+    :meth:`args`, the values of a mapping of parameter names in their order.
 
-    __slots__ = ("names", "sql")
+    A parameter of a JSON type (the row's ``conflict``) is given as its value, the shape
+    :func:`service.store.rows.record_values` makes for both write paths, and sent as JSON
+    text (:func:`service.store.db.json_text`), as SQLAlchemy's own JSON types send it: the
+    connections' json/jsonb codecs are SQLAlchemy's (text in, the decoded value out)."""
+
+    __slots__ = ("_json", "names", "sql")
 
     def __init__(self, statement: Any) -> None:
         compiled = statement.compile(dialect=_DIALECT)
@@ -81,10 +87,19 @@ class Prepared:
         literals = [name for name in self.names if not compiled.binds[name].required]
         if literals:  # a value in the SQL's text would be sent anew with every call
             raise ValueError(f"parameters without a name: {literals}; write constants inline")
+        self._json = tuple(
+            at
+            for at, name in enumerate(self.names)
+            if isinstance(compiled.binds[name].type, sqltypes.JSON)
+        )
 
     def args(self, values: Mapping[str, object]) -> list[object]:
         """The positional arguments for ``values``; KeyError names a missing parameter."""
-        return [values[name] for name in self.names]
+        args = [values[name] for name in self.names]
+        for at in self._json:
+            if args[at] is not None:
+                args[at] = json_text(args[at])
+        return args
 
 
 def _typed(column: Any, name: str | None = None) -> BindParameter[Any]:

@@ -55,18 +55,18 @@ class SettlementContention(RuntimeError):
 def database_refusals() -> Iterator[None]:
     """A lock not granted within the lock timeout is a busy row, not a server fault; an
     insert under a live tombstone is the key's expiry (:class:`KeyExpired`). On the hot
-    path's pool also: a deadlock PostgreSQL broke is a busy row (:class:`RowLocked`), a
+    path's statements also: a deadlock PostgreSQL broke is a busy row (:class:`RowLocked`), a
     constraint refusing a local effect's writes is :class:`EffectRefused`."""
     try:
         yield
-    except DBAPIError as exc:  # SQLAlchemy's pool
+    except DBAPIError as exc:  # a statement sent through SQLAlchemy
         if getattr(exc.orig, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             raise RowLocked("the operation row is locked by another phase") from exc
         cause = exc.orig.__cause__ if exc.orig is not None else None
         if isinstance(cause, asyncpg.PostgresError) and cause.sqlstate == KEY_EXPIRED:
             raise _expired(cause) from exc
         raise
-    except asyncpg.PostgresError as exc:  # the hot path's pool
+    except asyncpg.PostgresError as exc:  # the hot path's statements, on asyncpg
         if exc.sqlstate == LOCK_NOT_AVAILABLE:
             raise RowLocked("a row is locked by another phase") from exc
         if exc.sqlstate == KEY_EXPIRED:

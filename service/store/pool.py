@@ -1,23 +1,33 @@
-"""The hot path's connection pool: asyncpg itself, without SQLAlchemy in between.
+"""The hot path's connections: asyncpg connections borrowed from SQLAlchemy's pool, whose
+statements are sent on asyncpg itself, without SQLAlchemy in between.
 
 SQLAlchemy builds, compiles and adapts every statement it sends: in
 ``python -m bench.statement_cost`` one indexed read costs 0.39-0.55 ms of client CPU through
 SQLAlchemy Core against 0.03-0.19 ms prepared on asyncpg, in the same run 3 to 12 times less
 (the machine is shared; the spread is between runs). The statements every request sends
-(:mod:`service.store.hot`) and the local effects go through this pool; SQLAlchemy keeps the
-schema, the migrations and every cold path. Both pools carry the same server-side timeouts.
+(:mod:`service.store.hot`) and the local effects go through :class:`HotPool`; SQLAlchemy keeps
+the schema, the migrations and every cold path.
+
+There is one pool per worker, the engine's (:func:`service.store.db.make_engine`): one size
+(``db_pool_size``), one acquire timeout (``db_connect_timeout``) and one set of session
+settings (:func:`service.store.db.server_settings`) for every connection, hot or cold. A
+borrow takes the pooled DBAPI connection (``AsyncEngine.raw_connection()``) and hands out
+the asyncpg connection under it (``.driver_connection``): asyncpg's statement cache lives on
+that connection, so a hot statement is prepared once per connection, as before. (Measured in
+process, CPU per checkout and ``SELECT 1``: asyncpg's own pool 76-96 us, ``raw_connection()``
+99-104 us, ``engine.connect()`` with ``get_raw_connection()`` 151-168 us.)
 """
 
 from __future__ import annotations
 
+from types import TracebackType
 from typing import Any
 
-import asyncpg
-import msgspec
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.store.db import server_settings
+from service.store.db import DATABASE_GONE, make_engine
 
 __all__ = ["HotPool", "make_pool", "plain_dsn"]
 
@@ -29,96 +39,70 @@ def plain_dsn(url: str) -> str:
 
 
 class HotPool:
-    """asyncpg's pool, with the one acquire timeout every caller gets: a request never waits
-    for a connection longer than ``db_connect_timeout`` (then TimeoutError: 503).
+    """``async with pool.acquire() as conn``: an asyncpg connection of ``engine``'s pool.
 
-    asyncpg runs an acquire with a timeout as a task of its own (``wait_for``): 20-25 us of
-    CPU per request on this machine. While fewer than ``size`` connections are out, an idle
-    or not yet opened one is there to take without waiting (opening one is bounded by the
-    pool's connect timeout), so only an acquire that may queue gets the timeout."""
+    A request never waits for a connection longer than ``db_connect_timeout``: the engine's
+    ``pool_timeout`` (then :class:`service.store.db.PoolTimeout`: 503); a free connection
+    is taken without waiting (SQLAlchemy's queue only times a wait that happens)."""
 
-    def __init__(self, pool: Any, acquire_timeout: float, size: int) -> None:
-        self._pool = pool
-        self._timeout = acquire_timeout
-        self._size = size
-        self.out = 0  # connections handed out through acquire() and not yet back
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
 
     def acquire(self) -> _Borrow:
-        """``async with pool.acquire() as conn:``"""
-        return _Borrow(self)
+        return _Borrow(self.engine)
 
     async def close(self) -> None:
-        await self._pool.close()
+        """Close the engine's pool (the engine is this pool's, or shared with the store)."""
+        await self.engine.dispose()
 
 
 class _Borrow:
-    """One ``async with`` of :meth:`HotPool.acquire`: counted out from before the acquire
-    until asyncpg has the connection back, and released within the acquire timeout whatever
-    the acquire was given (asyncpg's release waits for a cancelled query or a rollback)."""
+    """One ``async with`` of :meth:`HotPool.acquire`.
 
-    __slots__ = ("_conn", "_hot")
+    Its end gives the connection back to SQLAlchemy's pool (``.close()`` on the pooled
+    connection). The pool's own reset on return (``pool_reset_on_return="rollback"``) rolls
+    back only a transaction SQLAlchemy began; one begun on the asyncpg connection itself is
+    not seen by it. The hot path's transactions are asyncpg's ``conn.transaction()``, which
+    rolls back on any exception; a connection that still is in a transaction at the end, or
+    whose statement was interrupted (a cancellation, asyncpg's own timeout: a cancel request
+    may still be in flight) or whose link broke, is not given to the next user: it is
+    invalidated (closed at once, without waiting; the pool opens a new one when needed).
+    Nothing else on the hot path changes session state, so nothing else is reset (asyncpg's
+    default ``RESET ALL``, ``UNLISTEN *``, ... would be one more round trip per request)."""
 
-    def __init__(self, hot: HotPool) -> None:
-        self._hot = hot
-        self._conn: Any = None
+    __slots__ = ("_engine", "_raw")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._raw: Any = None
 
     async def __aenter__(self) -> Any:
-        hot = self._hot
-        timeout = None if hot.out < hot._size else hot._timeout
-        hot.out += 1  # counted from here: a concurrent acquire must not count it free
-        try:
-            self._conn = await hot._pool.acquire(timeout=timeout)
-        except BaseException:
-            hot.out -= 1
-            raise
-        return self._conn
+        self._raw = await self._engine.raw_connection()
+        return self._raw.driver_connection
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        hot = self._hot
-        try:
-            await hot._pool.release(self._conn, timeout=hot._timeout)
-        finally:
-            hot.out -= 1
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raw, self._raw = self._raw, None
+        conn = raw.driver_connection
+        clean = exc is None or (isinstance(exc, Exception) and not isinstance(exc, _INTERRUPTED))
+        if clean and not conn.is_in_transaction() and not conn.is_closed():
+            raw.close()  # back to SQLAlchemy's pool
+        else:
+            raw.invalidate(exc if isinstance(exc, Exception) else None)
+
+
+# what may leave a statement in flight or a connection unusable (a BaseException that is
+# not an Exception, a cancellation, is treated the same)
+_INTERRUPTED: tuple[type[BaseException], ...] = (TimeoutError, *DATABASE_GONE)
 
 
 async def make_pool(settings: Settings, url: str, *, size: int | None = None) -> HotPool:
-    """An asyncpg pool of ``size`` (default ``db_pool_size``) connections."""
-    pool = await asyncpg.create_pool(
-        plain_dsn(url),
-        min_size=1,
-        max_size=size or settings.db_pool_size,
-        timeout=settings.db_connect_timeout,
-        command_timeout=settings.db_statement_timeout + 1,
-        # the hot path's lock waits are short: a held account answers 503 within a second
-        server_settings={
-            **server_settings(settings),
-            "lock_timeout": str(int(settings.db_hot_lock_timeout * 1000)),
-            # Every hot statement finds its rows by a unique key, so one generic plan per
-            # connection fits all: without this, PostgreSQL plans each statement anew for its
-            # first five executions on every connection (a new transfer's statement is large:
-            # make bench measured 1.23-1.53 -> 0.95-0.99 ms of PostgreSQL CPU per new one).
-            "plan_cache_mode": "force_generic_plan",
-            # timestamps PostgreSQL writes into JSON (the status views' lists) end in +00:00,
-            # as asyncpg's own timestamps are in UTC
-            "timezone": "UTC",
-        },
-        init=_init,
-        reset=_keep_session,
-    )
-    return HotPool(pool, settings.db_connect_timeout, size or settings.db_pool_size)
-
-
-async def _init(conn: Any) -> None:
-    """jsonb as Python values (the ``conflict`` column), encoded and decoded by msgspec."""
-    await conn.set_type_codec(
-        "jsonb",
-        schema="pg_catalog",
-        encoder=lambda value: msgspec.json.encode(value).decode(),
-        decoder=msgspec.json.decode,
-    )
-
-
-async def _keep_session(conn: Any) -> None:
-    """What a released connection needs beyond asyncpg's own rollback of an open
-    transaction: nothing. Nothing on the hot path changes session state, so the default
-    reset (``RESET ALL``, ``UNLISTEN *``, ... : one more round trip per request) is skipped."""
+    """A pool of its own (an engine of ``size`` connections, default ``db_pool_size``), for
+    a caller without the server's engine (tests, benchmarks); ``close()`` disposes it."""
+    return HotPool(make_engine(settings, url, pool_size=size))

@@ -102,7 +102,7 @@ def live_principal(
     )
 
 
-# One prepared statement on the hot path's pool: every authenticated request sends it.
+# One prepared statement on the hot path's connections: every authenticated request sends it.
 _AUTHENTICATE = """
 SELECT id, tenant, name, role, key_hash, credential_generation, all_tenants
   FROM principals WHERE key_hash = $1 AND revoked_at IS NULL
@@ -111,7 +111,7 @@ SELECT id, tenant, name, role, key_hash, credential_generation, all_tenants
 
 class PrincipalStore:
     def __init__(self, engine: AsyncEngine, *, pool: Any = None) -> None:
-        """``pool``: the hot path's asyncpg pool; with it ``authenticate`` is one prepared
+        """``pool``: the hot path's HotPool; with it ``authenticate`` is one prepared
         statement (every authenticated request sends it)."""
         self._engine = engine
         self._reader = reader(engine)

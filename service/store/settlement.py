@@ -92,7 +92,7 @@ class SettlementStore(SettlementReads, SettlementReports):
         clock: Callable[[], float] = time.time,
         pool: Any = None,
     ) -> None:
-        """``pool``: the asyncpg pool of the hot path (:mod:`service.store.pool`); local
+        """``pool``: the hot path's :class:`service.store.pool.HotPool`; local
         effects need it, and with it a new operation is claimed in one statement."""
         self._engine = engine
         self._hot = None if pool is None else HotPath(pool)
@@ -184,7 +184,7 @@ class SettlementStore(SettlementReads, SettlementReports):
         refused the effect's writes (nothing was written).
         """
         if self._hot is None:
-            raise RuntimeError("local effects need the store's asyncpg pool")
+            raise RuntimeError("local effects need the store's HotPool")
         started = time.perf_counter()
         done = await self._hot.settle_locked(
             operation_id,

@@ -54,7 +54,7 @@ class SettlementReads:
         (``route``, ``idempotency_key``) and the scope's tombstone if it stands now: one
         statement, no transaction (the hot path)."""
         if self._hot is None:
-            raise RuntimeError("identify needs the store's asyncpg pool")
+            raise RuntimeError("identify needs the store's HotPool")
         return await self._hot.identify(key_hash, route, idempotency_key, at(self._clock()))
 
     async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:

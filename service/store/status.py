@@ -1,6 +1,6 @@
 """Read models for the status resource (reconciliation queries). Reads only; no authority.
 
-One statement per view, prepared on the hot path's asyncpg pool: the operation row with its
+One statement per view, prepared on asyncpg (:mod:`service.store.pool`): the operation row with its
 attempts, epochs and observations as JSON arrays (through SQLAlchemy these were four
 statements and about 2.4 ms of CPU per answer)."""
 
@@ -102,17 +102,19 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
 
 
 # The operation and everything listed under it, in one statement: its attempts, epochs and
-# first MAX_OBSERVATIONS observations as JSON arrays whose keys are the views' fields.
+# first MAX_OBSERVATIONS observations as JSON arrays whose keys are the views' fields, sent
+# as text (the connections' json codec is SQLAlchemy's, which would decode them to Python
+# lists first) and decoded by msgspec straight into the views.
 _LISTS = f"""
-  (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')
+  (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')::text
      FROM (SELECT id, fencing_token, binding_generation, started_at, finished_at, outcome,
                   response_status, error
              FROM attempts WHERE operation_id = o.id) a) AS attempts_json,
-  (SELECT coalesce(json_agg(e ORDER BY e.binding_generation), '[]')
+  (SELECT coalesce(json_agg(e ORDER BY e.binding_generation), '[]')::text
      FROM (SELECT binding_generation, request_fingerprint, final_state, result_digest, reason,
                   superseded_by, superseded_at
              FROM operation_epochs WHERE operation_id = o.id) e) AS epochs_json,
-  (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')
+  (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')::text
      FROM (SELECT id, source, kind, verified, stage, disposition, reason, revision_before,
                   revision_after, detail, created_at
              FROM observations WHERE operation_id = o.id
@@ -178,8 +180,9 @@ def _view(row: Any) -> OperationView:
 
 
 async def operation_view(pool: Any, operation_id: uuid.UUID) -> OperationView | None:
-    """``pool``: the hot path's asyncpg pool (:mod:`service.store.pool`), whose sessions
-    write timestamps in JSON in UTC."""
+    """``pool``: the hot path's :class:`service.store.pool.HotPool`, whose sessions (every
+    connection's: :func:`service.store.db.server_settings`) write timestamps in JSON in
+    UTC."""
     async with pool.acquire() as conn:
         row = await conn.fetchrow(BY_ID, operation_id)
     return None if row is None else _view(row)

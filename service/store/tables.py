@@ -21,9 +21,11 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    literal,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.sql.elements import BindParameter
 
 __all__ = [
     "OPERATION_STATES",
@@ -33,6 +35,7 @@ __all__ = [
     "feed_alarms",
     "feed_checkpoints",
     "feed_receipts",
+    "inline",
     "metadata",
     "observations",
     "operation_epochs",
@@ -41,6 +44,16 @@ __all__ = [
     "tombstones",
     "transfers",
 ]
+
+
+def inline(value: str) -> BindParameter[str]:
+    """``value`` written into the statement's text, not sent as a parameter: every
+    connection plans its prepared statements once, generically (``plan_cache_mode``,
+    :func:`service.store.db.server_settings`), and a generic plan cannot prove a partial
+    index's predicate (``state = 'in_progress'``) from ``state = $1``: a sweep would read
+    the whole table. Each state filtered on where a partial index names it is inline."""
+    return literal(value, literal_execute=True)
+
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -20,6 +20,7 @@ from service.core import Archived, Decision, Observation, Record, ReservationTup
 from service.store.rows import observation_values, record_from_row, record_values, to_ts
 from service.store.tables import (
     attempts,
+    inline,
     observations,
     operation_epochs,
     operations,
@@ -159,7 +160,7 @@ class UnitOfWork:
         """Lock up to ``limit`` in_progress rows whose lease ended, in (lease end, id) order
         after ``after``, skipping rows another transaction holds."""
         stmt = select(operations).where(
-            operations.c.state == "in_progress", operations.c.lease_expires_at < now
+            operations.c.state == inline("in_progress"), operations.c.lease_expires_at < now
         )
         if after is not None:
             stmt = stmt.where(

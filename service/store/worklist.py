@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import keyset
 from service.store.keyset import BadCursor
-from service.store.tables import operations
+from service.store.tables import inline, operations
 
 __all__ = ["BadCursor", "WorkItem", "WorkPage", "count_operations", "list_operations"]
 
@@ -57,7 +57,7 @@ async def list_operations(
 ) -> WorkPage:
     """Oldest first; ``tenant`` None means every tenant (an all-tenant admin); ``route``
     one route only; ``older_than``: last changed at least that many seconds ago."""
-    stmt = select(operations).where(operations.c.state == state)
+    stmt = select(operations).where(operations.c.state == inline(state))
     if tenant is not None:
         stmt = stmt.where(operations.c.tenant == tenant)
     if route is not None:
@@ -97,7 +97,7 @@ async def count_operations(
     """How many operations each state of the work list holds (every state named, 0 too)."""
     stmt = (
         select(operations.c.state, func.count())
-        .where(operations.c.state.in_(WORK_STATES))
+        .where(operations.c.state.in_([inline(state) for state in WORK_STATES]))
         .group_by(operations.c.state)
     )
     if tenant is not None:

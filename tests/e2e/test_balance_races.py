@@ -47,7 +47,6 @@ def server(services: Services, app_database: str) -> Iterator[ServerProcess]:
     """The server, its account locks waited for as long as the barrier holds them."""
     env = {
         "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
-        "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": str(QUEUE_WAIT),
         "SETTLEMENT_DB_LOCK_TIMEOUT": str(QUEUE_WAIT),
         "SETTLEMENT_DB_STATEMENT_TIMEOUT": str(2 * QUEUE_WAIT),
     }

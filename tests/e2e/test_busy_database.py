@@ -155,25 +155,6 @@ def test_one_principal_cannot_take_every_connection(
         assert [balance(limited.base_url, greedy, source) for source, _ in pairs] == [99, 99, 99]
 
 
-def test_the_hot_path_waits_for_an_account_lock_only_its_own_short_lock_timeout(
-    services: Services, app_database: str
-) -> None:
-    """The account is held far longer than the client waits; the transfer still answers its
-    503, because the hot path's lock timeout is not the cold paths' one."""
-    env = {**ENV, "SETTLEMENT_DB_LOCK_TIMEOUT": "14", "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": "0.3"}
-    with ServerProcess(app_database, services.redis_url, env=env) as proc:
-        key = new_principal(proc.base_url)["api_key"]
-        source = new_account(proc.base_url, key, 100)
-        destination = new_account(proc.base_url, key, 0)
-        lock = "SELECT id FROM accounts WHERE id = $1 FOR UPDATE"
-        with row_locked(app_database, lock, uuid.UUID(source)):
-            busy = transfer(proc.base_url, key, "hot-lock", source, destination, 10, timeout=7)
-            assert busy.status_code == 503, busy.text
-            assert busy.json()["type"] == "/problems/service-unavailable"
-        retry = transfer(proc.base_url, key, "hot-lock", source, destination, 10)
-        assert retry.status_code == 201, retry.text
-
-
 def test_a_database_connection_lost_mid_request_is_a_503_and_the_retry_moves_money_once(
     services: Services, app_database: str
 ) -> None:
@@ -187,7 +168,7 @@ def test_a_database_connection_lost_mid_request_is_a_503_and_the_retry_moves_mon
     port = make_url(app_database).port
     assert port is not None
     relay = Relay(port).start()
-    env = {**ENV, "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": "10", "SETTLEMENT_DB_LOCK_TIMEOUT": "10"}
+    env = {**ENV, "SETTLEMENT_DB_LOCK_TIMEOUT": "10"}
     try:
         with ServerProcess(relay.url_for(app_database, port), services.redis_url, env=env) as proc:
             key = new_principal(proc.base_url)["api_key"]

@@ -60,7 +60,8 @@ def engine(open_engine: Callable[[], AsyncEngine]) -> AsyncEngine:
 
 @pytest.fixture
 async def pool(migrated_url: str) -> AsyncIterator[Any]:
-    """The hot path's asyncpg pool on the migrated database, closed when the test ends."""
+    """The hot path's HotPool (an engine of its own, as the server's settings make it) on the
+    migrated database, closed when the test ends."""
     made = await make_pool(Settings.from_env({}), migrated_url, size=POOL_SIZE)
     yield made
     await made.close()

@@ -107,10 +107,9 @@ async def patient_store(
     engine: AsyncEngine, clock: Clock, migrated_url: str
 ) -> AsyncIterator[SettlementStore]:
     """A store whose hot connections wait for a row lock as long as the barrier holds it
-    (the server's hot lock timeout is 1 s), enough of them for every racer at once."""
+    (the server's lock timeout is 1 s), enough of them for every racer at once."""
     settings = Settings.from_env(
         {
-            "SETTLEMENT_DB_HOT_LOCK_TIMEOUT": str(QUEUE_WAIT),
             "SETTLEMENT_DB_LOCK_TIMEOUT": str(QUEUE_WAIT),
             "SETTLEMENT_DB_STATEMENT_TIMEOUT": str(2 * QUEUE_WAIT),
         }

@@ -13,12 +13,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import update
+from msgspec.structs import replace
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
 from service.core import (
     Claim,
+    ConflictInfo,
     ObservationKind,
     OperationState,
     Record,
@@ -28,7 +30,10 @@ from service.core import (
 )
 from service.core import Observation as CoreObservation
 from service.domain import ledger
+from service.store.db import PoolTimeout
+from service.store.hot_sql import LOCK, Prepared
 from service.store.pool import make_pool
+from service.store.rows import record_from_row, record_values
 from service.store.settlement import AttemptRef, EffectStatement, SettlementStore
 from service.store.tables import (
     accounts,
@@ -45,6 +50,7 @@ from tests.integration.factories import (
     count,
     make_principal,
     make_scope,
+    new_operation,
     rows,
 )
 from tests.unit.factories import make_observation
@@ -622,18 +628,23 @@ async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
     )
 
 
-async def test_hot_connections_plan_each_statement_once(pool: Any) -> None:
-    """Generic plans from the first execution, and the hot path's short lock timeout."""
+async def test_every_connection_plans_once_in_utc_with_one_lock_timeout(pool: Any) -> None:
+    """Generic plans from the first execution, UTC, and the one (short) lock timeout: the
+    settings of every connection of the pool, hot or cold."""
     async with pool.acquire() as conn:
         assert await conn.fetchval("SHOW plan_cache_mode") == "force_generic_plan"
         assert await conn.fetchval("SHOW lock_timeout") == "1s"
+        assert await conn.fetchval("SHOW timezone") == "UTC"
+    async with pool.engine.connect() as cold:
+        assert await cold.scalar(text("SHOW plan_cache_mode")) == "force_generic_plan"
+        assert await cold.scalar(text("SHOW lock_timeout")) == "1s"
 
 
 async def test_an_acquire_beyond_the_pool_size_waits_only_the_acquire_timeout(
     migrated_url: str,
 ) -> None:
-    """Acquires within the size skip asyncpg's timeout task; the one beyond it still gets the
-    timeout, even when the others are still opening their connections."""
+    """The acquire beyond the pool's size waits the connect timeout, then PoolTimeout; the
+    connections given back are the pool's again."""
     settings = Settings.from_env({}, db_connect_timeout=0.5)
     pool = await make_pool(settings, migrated_url, size=2)
     hold = asyncio.Event()
@@ -648,7 +659,7 @@ async def test_an_acquire_beyond_the_pool_size_waits_only_the_acquire_timeout(
         tasks = [asyncio.create_task(borrow()) for _ in range(3)]
         done, _ = await asyncio.wait(tasks, timeout=5.0, return_when=asyncio.FIRST_COMPLETED)
         assert len(done) == 1
-        with pytest.raises(TimeoutError):
+        with pytest.raises(PoolTimeout):
             await done.pop()
         for _ in range(100):  # the second connection may still be opening on a busy machine
             if len(holding) == 2:
@@ -657,9 +668,90 @@ async def test_an_acquire_beyond_the_pool_size_waits_only_the_acquire_timeout(
         assert holding == [1, 1]
         hold.set()
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 5.0)
-        assert pool.out == 0
+        assert pool.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
         async with pool.acquire() as conn:
             assert await conn.fetchval("SELECT 2") == 2
     finally:
         hold.set()
         await pool.close()
+
+
+async def test_a_connection_given_back_in_a_transaction_or_mid_statement_is_not_reused(
+    migrated_url: str,
+) -> None:
+    """A borrow that ends with a transaction still open (begun on asyncpg, which SQLAlchemy's
+    reset on return does not see) or with its statement cancelled does not hand that
+    connection to the next user: it is closed, and the pool opens a new one."""
+    pool = await make_pool(Settings.from_env({}), migrated_url, size=1)
+    try:
+        async with pool.acquire() as conn:
+            first = await conn.fetchval("SELECT pg_backend_pid()")
+            await conn.execute("BEGIN")
+            await conn.execute("CREATE TEMP TABLE left_open (x int)")
+        async with pool.acquire() as conn:
+            assert not conn.is_in_transaction()
+            second = await conn.fetchval("SELECT pg_backend_pid()")
+            assert await conn.fetchval("SELECT to_regclass('pg_temp.left_open')") is None
+        assert second != first
+
+        async def sleeper() -> None:
+            async with pool.acquire() as conn:
+                await conn.execute("SELECT pg_sleep(5)")
+
+        task = asyncio.create_task(sleeper())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT 3") == 3
+            assert await conn.fetchval("SELECT pg_backend_pid()") != second
+
+        with pytest.raises(ValueError):  # an ordinary error between statements: kept
+            async with pool.acquire() as conn:
+                third = await conn.fetchval("SELECT pg_backend_pid()")
+                raise ValueError("not the connection's fault")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == third
+    finally:
+        await pool.close()
+
+
+async def test_a_conflict_is_one_shape_on_both_write_paths(
+    engine: AsyncEngine, store: SettlementStore, clock: Clock, pool: Any
+) -> None:
+    """The row's ``conflict`` (jsonb) as record_values gives it: written through
+    SQLAlchemy, and through a hot statement (JSON text, the engine's codec), read back the
+    same through the hot path's connections."""
+    record, operation_id = await new_operation(engine, store, clock)
+    conflict = ConflictInfo(
+        digests=("d1", "d2"), kinds=(ObservationKind.COMPLETED, ObservationKind.FAILED)
+    )
+    written = replace(record, state=OperationState.CONFLICT, conflict=conflict)
+    async with engine.begin() as conn:
+        await conn.execute(
+            update(operations)
+            .where(operations.c.id == operation_id)
+            .values(conflict=record_values(written)["conflict"])
+        )
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
+    assert record_from_row(row).conflict == conflict
+    statement = Prepared(
+        update(operations)
+        .where(operations.c.id == bindparam("id", type_=operations.c.id.type))
+        .values(conflict=bindparam("conflict", type_=operations.c.conflict.type))
+    )
+    again = ConflictInfo(digests=("d3",), kinds=(ObservationKind.FAILED,))
+    shape = record_values(replace(written, conflict=again))["conflict"]
+    values = {"id": operation_id, "conflict": shape}
+    async with pool.acquire() as conn:
+        await conn.execute(statement.sql, *statement.args(values))
+    async with engine.connect() as conn:
+        stored = await conn.scalar(
+            select(operations.c.conflict).where(operations.c.id == operation_id)
+        )
+    assert stored == {"digests": ["d3"], "kinds": ["failed"]}
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
+    assert record_from_row(row).conflict == again

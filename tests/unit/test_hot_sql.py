@@ -47,7 +47,15 @@ def test_every_settling_statement_compiles_to_one_placeholder_per_name(effect: E
         assert f"${len(prepared.names)}::" in prepared.sql
         assert f"${len(prepared.names) + 1}" not in prepared.sql
         values = {name: index for index, name in enumerate(prepared.names)}
-        assert prepared.args(values) == list(range(len(prepared.names)))
+        # the row's conflict (jsonb) goes as JSON text, everything else as it is given
+        expected = [
+            str(index) if name == "conflict" else index for index, name in enumerate(prepared.names)
+        ]
+        assert prepared.args(values) == expected
+        shape = {"digests": ["d1"], "kinds": ["failed"]}
+        sent = prepared.args({**values, "conflict": shape})
+        assert sent[prepared.names.index("conflict")] == '{"digests":["d1"],"kinds":["failed"]}'
+        assert prepared.args({**values, "conflict": None})[prepared.names.index("conflict")] is None
 
 
 def test_the_reads_and_the_claim_take_their_names() -> None:

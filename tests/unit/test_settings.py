@@ -1,4 +1,4 @@
-"""Settings: the hot path's own lock timeout."""
+"""Settings: the lock timeout, the rules joining settings."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ from service.config import ConfigError, Settings
 
 
 def test_the_defaults_are_valid() -> None:
+    """One lock timeout for every path, short: a held row answers within a second."""
     settings = Settings.from_env({})
-    assert settings.db_hot_lock_timeout < settings.db_lock_timeout
+    assert settings.db_lock_timeout == 1.0
 
 
 @pytest.mark.parametrize("value", ["0", "-1"])
-def test_the_hot_lock_timeout_must_be_positive(value: str) -> None:
-    with pytest.raises(ConfigError, match="SETTLEMENT_DB_HOT_LOCK_TIMEOUT must be > 0"):
-        Settings.from_env({"SETTLEMENT_DB_HOT_LOCK_TIMEOUT": value})
+def test_the_lock_timeout_must_be_positive(value: str) -> None:
+    with pytest.raises(ConfigError, match="SETTLEMENT_DB_LOCK_TIMEOUT must be > 0"):
+        Settings.from_env({"SETTLEMENT_DB_LOCK_TIMEOUT": value})
 
 
 @pytest.mark.parametrize(("retention", "window"), [("300", "300"), ("100", "300")])
