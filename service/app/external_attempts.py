@@ -110,20 +110,34 @@ class ExternalAttempts:
         return answer_of(answer_after(settled, attempt))
 
     async def _outcome_unknown(self, attempt: AttemptRef, why: str) -> Answer:
-        """The attempt ends without a definitive answer: ``unknown``, safe to retry."""
+        """The attempt ends without a definitive answer: ``unknown``, safe to retry.
+
+        Should writing ``unknown`` fail (the database away), the client gets the same
+        answer: the call is with the late answer keeper already, the row stays in_progress
+        under a lease that runs out, and the lease sweeper then demotes it to ``unknown``; a
+        retry with the same key meanwhile gets 409 or, once demoted, resumes. Nothing leaves
+        ``handle()`` to be mapped as a server error."""
         op = attempt.reservation.operation_id
         log.warning("external outcome unknown", extra={"operation_id": op, "why": why})
-        settled = await settle_attempt(self._store, attempt, attempt_observation(attempt))
+        unknown = Problem(  # why goes to the log above, not to the client
+            "operation-outcome-unknown",
+            "the provider gave no definitive answer in time; "
+            "retry with the same key: the provider never pays twice",
+            op,
+            state="unknown",
+            retry_after=True,
+        )
+        try:
+            settled = await settle_attempt(self._store, attempt, attempt_observation(attempt))
+        except Exception as exc:
+            log.warning(
+                "attempt could not record unknown; the lease sweeper demotes it",
+                extra={"operation_id": op, "error": repr(exc)},
+            )
+            return unknown
         match answer_after(settled, attempt):
             case Unsettled():
-                return Problem(  # why goes to the log above, not to the client
-                    "operation-outcome-unknown",
-                    "the provider gave no definitive answer in time; "
-                    "retry with the same key: the provider never pays twice",
-                    op,
-                    state="unknown",
-                    retry_after=True,
-                )
+                return unknown
             case settled_meanwhile:  # a definitive answer was settled meanwhile
                 return answer_of(settled_meanwhile)
 

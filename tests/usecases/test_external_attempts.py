@@ -107,6 +107,32 @@ async def test_no_answer_within_the_provider_timeout_is_504_and_the_call_is_kept
     await world.close()
 
 
+async def test_no_answer_in_time_and_unknown_not_recorded_is_still_504_and_kept_late(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Writing ``unknown`` fails (the database away): the client gets the same 504, the call
+    stays with the late answer keeper, the row stays in_progress for the lease sweeper, and
+    the log says so; nothing leaves as a server error."""
+    world = World(provider_timeout=0.01)
+    world.store.fail["settle"] = ConnectionResetError("the database went away")
+    answer = problem(await world.send(external_route(never_answers)))
+    assert (answer.slug, status_of(answer), answer.state, answer.retry_after) == (
+        "operation-outcome-unknown",
+        504,
+        "unknown",
+        True,
+    )
+    [(call, operation_id)] = world.late.adopted
+    assert not call.done() and str(operation_id) == answer.operation_id
+    assert _row(world).state is OperationState.IN_PROGRESS
+    assert any(
+        "could not record unknown" in record.getMessage()
+        and getattr(record, "operation_id", None) == answer.operation_id
+        for record in caplog.records
+    )
+    await world.close()
+
+
 async def test_a_lease_lost_during_the_call_is_504_and_the_call_is_kept_late(
     world: World,
 ) -> None:
