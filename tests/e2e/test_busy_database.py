@@ -17,7 +17,16 @@ import pytest
 
 from service.store.pool import plain_dsn
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, balance, new_account, new_principal, scalar, transfer
+from tests.e2e.client import (
+    ADMIN_KEY,
+    auth,
+    balance,
+    new_account,
+    new_principal,
+    scalar,
+    transfer,
+    until,
+)
 from tests.e2e.server import ServerProcess
 
 ENV = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_DB_LOCK_TIMEOUT": "0.5"}
@@ -137,7 +146,11 @@ def test_one_principal_cannot_take_every_connection(
         running = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for thread in running:
             thread.start()
-        time.sleep(0.5)  # both are inside their effect now
+        # both are inside their effect now: claimed, each holding its slot for 1.5 s
+        claimed = (
+            "SELECT count(*) FROM operations WHERE idempotency_key IN ('greedy-0', 'greedy-1')"
+        )
+        until(lambda: scalar(app_database, claimed) == 2, "both greedy requests claimed")
         # the third waits for a slot up to the connect timeout (0.3 s here), then is refused
         refused = transfer(limited.base_url, greedy, "greedy-2", *pairs[2], 1)
         assert refused.status_code == 429, refused.text
@@ -225,7 +238,12 @@ def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_h
 
         for round_, duplicate in (("alone", False), ("raced", True)):
             sent = [send(f"{round_}-holder", f"{round_}-holder", 0)]
-            time.sleep(0.4)  # the holder runs its effect, in the one slot
+            # the holder runs its effect (claimed, then 2.5 s in it), in the one slot
+            holder = "SELECT count(*) FROM operations WHERE idempotency_key = :k"
+            until(
+                lambda: scalar(app_database, holder, k=f"{round_}-holder") == 1,  # noqa: B023
+                "the holder claimed",
+            )
             sent.append(send(f"{round_}-queued", f"{round_}-queued", 1))
             if duplicate:
                 time.sleep(1.3)  # the queued request's lease has run out

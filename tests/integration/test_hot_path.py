@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import asyncpg
 import pytest
 from msgspec.structs import replace
 from sqlalchemy import bindparam, select, text, update
@@ -32,7 +33,7 @@ from service.core import Observation as CoreObservation
 from service.domain import ledger
 from service.store.db import PoolTimeout
 from service.store.hot_sql import LOCK, Prepared
-from service.store.pool import make_pool
+from service.store.pool import make_pool, plain_dsn
 from service.store.rows import record_from_row, record_values
 from service.store.settlement import AttemptRef, EffectStatement, SettlementStore
 from service.store.tables import (
@@ -694,12 +695,25 @@ async def test_a_connection_given_back_in_a_transaction_or_mid_statement_is_not_
             assert await conn.fetchval("SELECT to_regclass('pg_temp.left_open')") is None
         assert second != first
 
+        borrowed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
         async def sleeper() -> None:
             async with pool.acquire() as conn:
+                borrowed.set_result(await conn.fetchval("SELECT pg_backend_pid()"))
                 await conn.execute("SELECT pg_sleep(5)")
 
         task = asyncio.create_task(sleeper())
-        await asyncio.sleep(0.3)
+        watcher = await asyncpg.connect(plain_dsn(migrated_url))
+        try:  # cancelled only once its statement runs on the server
+            running = "SELECT query FROM pg_stat_activity WHERE pid = $1 AND state = 'active'"
+            pid = await borrowed
+            async with asyncio.timeout(10):
+                while True:  # polled: the server's state, no event of ours
+                    if await watcher.fetchval(running, pid) == "SELECT pg_sleep(5)":
+                        break
+                    await asyncio.sleep(0.01)
+        finally:
+            await watcher.close()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
