@@ -128,7 +128,21 @@ def test_unknown_and_conflict_operations_are_listed_and_never_purged(
             state=state,
             id=uuid.UUID(made.headers["operation-id"]),
         )
-    time.sleep(2.0)  # ten purge passes
+    # a completed operation expired beside them: once it is purged, a purge pass has seen
+    # the open ones too
+    control = transfer(base, key, "open-control", source, destination, 1)
+    assert control.status_code == 201
+    control_id = control.headers["operation-id"]
+    execute(
+        app_database,
+        "UPDATE operations SET expires_at = now() - interval '1 hour' WHERE id = :id",
+        id=uuid.UUID(control_id),
+    )
+    purged = until(
+        lambda: httpx.get(f"{base}/v1/operations/{control_id}", headers=auth(key)),
+        lambda r: r.status_code == 410,
+    )
+    assert purged.status_code == 410, purged.text
     for op in ops:
         assert httpx.get(f"{base}/v1/operations/{op}", headers=auth(key)).status_code == 200
     listed = httpx.get(f"{base}/admin/v1/operations?state=unknown", headers=auth(ADMIN_KEY))

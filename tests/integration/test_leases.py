@@ -120,7 +120,7 @@ async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(
     leases = connect_leases(services.redis_url, ttl=1.0)
     held = await leases.acquire(name)
     assert held is not None
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # time itself: part of the ttl must go by, then the extend counts
     forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
 
     assert await leases.extend(forged) is None
@@ -144,7 +144,7 @@ async def test_lease_expires_after_its_ttl_without_heartbeats(
     leases = connect_leases(services.redis_url, ttl=0.3)
     stale = await leases.acquire(name)
     assert stale is not None
-    await asyncio.sleep(0.45)
+    await asyncio.sleep(0.45)  # time itself: the 0.3 s ttl runs out in Redis
 
     fresh = await leases.acquire(name)
     assert fresh is not None
