@@ -267,20 +267,9 @@ def _written_exists(written: CTE) -> ColumnElement[bool]:
 
 # the observation's columns a write records, as rows.observation_values names them; each a
 # parameter "o_<column>"
-OBSERVATION_COLUMNS = (
-    "source",
-    "kind",
-    "binding_generation",
-    "request_fingerprint",
-    "fencing_token",
-    "verified",
-    "result_status",
-    "result_digest",
-    "lease_expires_at",
-    "stage",
-    "disposition",
-    "reason",
-)
+OBSERVATION_COLUMNS: tuple[str, ...] = ("source", "kind", "binding_generation", "verified")
+OBSERVATION_COLUMNS += ("request_fingerprint", "fencing_token", "result_status", "result_digest")
+OBSERVATION_COLUMNS += ("lease_expires_at", "stage", "disposition", "reason")
 
 
 # an observation the core did not apply, and the attempt's end (:func:`_recorded_alone`):
