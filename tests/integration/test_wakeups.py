@@ -21,8 +21,9 @@ async def test_an_announcement_wakes_a_subscribed_waiter(redis: Redis) -> None:
     wakeups = Wakeups(redis, prefix=f"test:{uuid.uuid4().hex}:")
     async with wakeups.wait_for("op-1") as wait:
         assert wait is not None
+        # no barrier needed: wait_for confirmed the subscription on entry, so from here on an
+        # announcement reaches wait() whether or not it is reading yet
         woken = asyncio.create_task(wait(5.0))
-        await asyncio.sleep(0.05)
         wakeups.announce("op-1")
         assert await asyncio.wait_for(woken, 5.0) is True
     await wakeups.close()
