@@ -14,7 +14,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from service.config import Settings
-from service.leases import Lease, LeaseManager, LeaseUnavailable, make_lease_redis
+from service.leases import Heartbeat, Lease, LeaseManager, LeaseUnavailable, make_lease_redis
 from tests.conftest import Services
 from tests.integration.redis_relay import RedisRelay
 
@@ -49,6 +49,14 @@ def _free_port() -> int:
 async def _steal(redis: Redis, lease: Lease, token: str = "thief") -> None:
     await redis.delete(lease.key)
     await redis.set(lease.key, token, px=5_000)
+
+
+async def _a_beat(beat: Heartbeat, lease: Lease) -> None:
+    """Until ``beat`` has extended ``lease`` once (its expiry moved on); fail after PROMPT."""
+    deadline = asyncio.get_running_loop().time() + PROMPT
+    while beat.lease.expires_at <= lease.expires_at:
+        assert asyncio.get_running_loop().time() < deadline, "the heartbeat never extended"
+        await asyncio.sleep(0.01)
 
 
 def _no_pending_tasks() -> bool:
@@ -120,7 +128,7 @@ async def test_extend_with_a_wrong_token_returns_none_and_does_not_extend(
     leases = connect_leases(services.redis_url, ttl=1.0)
     held = await leases.acquire(name)
     assert held is not None
-    await asyncio.sleep(0.3)  # time itself: part of the ttl must go by, then the extend counts
+    await asyncio.sleep(0.3)  # time itself: the lease's remaining ttl must shrink
     forged = Lease(key=held.key, token="not-the-token", ttl=held.ttl, expires_at=0.0)
 
     assert await leases.extend(forged) is None
@@ -144,7 +152,7 @@ async def test_lease_expires_after_its_ttl_without_heartbeats(
     leases = connect_leases(services.redis_url, ttl=0.3)
     stale = await leases.acquire(name)
     assert stale is not None
-    await asyncio.sleep(0.45)  # time itself: the 0.3 s ttl runs out in Redis
+    await asyncio.sleep(0.45)  # time itself: the 0.3 s ttl must run out
 
     fresh = await leases.acquire(name)
     assert fresh is not None
@@ -205,7 +213,7 @@ async def test_on_lost_can_cancel_the_work_holding_the_lease(
         assert handler is not None
         async with leases.heartbeat(held, on_lost=handler.cancel):
             started.set()
-            await asyncio.sleep(PROMPT * 10)
+            await asyncio.sleep(PROMPT * 10)  # the work: runs until on_lost cancels it
 
     task = asyncio.create_task(work())
     await started.wait()
@@ -228,7 +236,7 @@ async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_t
         held = await relayed.acquire(name)
         assert held is not None
         async with relayed.heartbeat(held, on_lost=lambda: calls.append(None)) as beat:
-            await asyncio.sleep(TTL)  # a few good beats first
+            await _a_beat(beat, held)  # a good beat first
             assert not beat.lost.is_set()
             await relay.cut()
 
@@ -245,7 +253,7 @@ async def test_heartbeat_gives_the_lease_up_when_redis_stays_unreachable_for_a_t
     # nobody extended it after the cut, so Redis lets it expire too
     left = await leases.remaining(name)
     assert left is None or left <= TTL
-    await asyncio.sleep((left or 0.0) + 0.05)
+    await asyncio.sleep((left or 0.0) + 0.05)  # time itself: what was left of the ttl runs out
     assert await leases.holder(name) is None
 
 
@@ -290,7 +298,7 @@ async def test_leaving_the_heartbeat_leaves_no_pending_tasks(
     held = await leases.acquire(_name())
     assert held is not None
     async with leases.heartbeat(held) as beat:
-        await asyncio.sleep(TTL / 2)
+        await _a_beat(beat, held)  # the heartbeat is running between its beats
         assert not _no_pending_tasks()
     assert _no_pending_tasks()
     assert not beat.lost.is_set()
