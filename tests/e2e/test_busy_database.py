@@ -118,6 +118,16 @@ def slots_env(*, running: int, slot_wait: float, effect_sleep: float) -> dict[st
     }
 
 
+def in_effect(database_url: str, count: int) -> None:
+    """Until ``count`` requests hold a transaction open inside their effect (the failpoint's
+    sleep before its commit): each is running, in a slot of its principal's."""
+    open_ = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'idle in transaction'"
+    )
+    until(lambda: scalar(database_url, open_) >= count, f"{count} requests inside their effect")
+
+
 def account_pairs(server: ServerProcess, key: str, count: int) -> list[tuple[str, str]]:
     """``count`` (source with 100, destination with 0) pairs of the principal of ``key``."""
     return [
@@ -146,11 +156,7 @@ def test_one_principal_cannot_take_every_connection(
         running = [threading.Thread(target=send, args=(i,)) for i in range(2)]
         for thread in running:
             thread.start()
-        # both are inside their effect now: claimed, each holding its slot for 1.5 s
-        claimed = (
-            "SELECT count(*) FROM operations WHERE idempotency_key IN ('greedy-0', 'greedy-1')"
-        )
-        until(lambda: scalar(app_database, claimed) == 2, "both greedy requests claimed")
+        in_effect(app_database, 2)
         # the third waits for a slot up to the connect timeout (0.3 s here), then is refused
         refused = transfer(limited.base_url, greedy, "greedy-2", *pairs[2], 1)
         assert refused.status_code == 429, refused.text
@@ -238,15 +244,10 @@ def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_h
 
         for round_, duplicate in (("alone", False), ("raced", True)):
             sent = [send(f"{round_}-holder", f"{round_}-holder", 0)]
-            # the holder runs its effect (claimed, then 2.5 s in it), in the one slot
-            holder = "SELECT count(*) FROM operations WHERE idempotency_key = :k"
-            until(
-                lambda: scalar(app_database, holder, k=f"{round_}-holder") == 1,  # noqa: B023
-                "the holder claimed",
-            )
+            in_effect(app_database, 1)  # the holder runs its effect, in the one slot
             sent.append(send(f"{round_}-queued", f"{round_}-queued", 1))
             if duplicate:
-                time.sleep(1.3)  # the queued request's lease has run out
+                time.sleep(1.3)  # time itself: the queued request's 1 s lease runs out
                 sent.append(send(f"{round_}-duplicate", f"{round_}-queued", 1))
             for thread in sent:
                 thread.join(40)
