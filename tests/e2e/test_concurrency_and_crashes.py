@@ -156,7 +156,7 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
         doomed.stop(signal.SIGKILL)
 
     with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as restarted:
-        time.sleep(LEASE_TTL + 0.2)  # the dead worker's lease runs out
+        time.sleep(LEASE_TTL + 0.2)  # time itself: the dead worker's lease runs out
         retry = transfer(restarted.base_url, key, "crashy", source, destination, 40)
         again = transfer(restarted.base_url, key, "crashy", source, destination, 40)
         assert retry.status_code == 201, retry.text
@@ -256,7 +256,8 @@ def test_slow_handler_keeps_its_lease_and_a_second_request_gets_409(
             )
         )
         thread.start()
-        time.sleep(LEASE_TTL * 1.8)  # well past one TTL: only heartbeats keep the lease
+        _in_progress(app_database, "slow")  # the first attempt holds the key
+        time.sleep(LEASE_TTL * 1.8)  # time itself: well past one TTL, only heartbeats keep it
         second = transfer(server.base_url, key, "slow", source, destination, 10)
         asked_at = datetime.now(UTC)
         live = httpx.get(f"{server.base_url}{second.headers['location']}", headers=auth(key))
@@ -329,7 +330,7 @@ def test_lost_lease_cancels_the_handler_and_commits_nothing(
             == 0
         )
     with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as healthy:
-        time.sleep(LEASE_TTL + 0.2)
+        time.sleep(LEASE_TTL + 0.2)  # time itself: the lost attempt's lease runs out
         retry = transfer(healthy.base_url, key, "heartless", source, destination, 10)
         assert retry.status_code == 201
         assert retry.headers["idempotent-replayed"] == "false"
