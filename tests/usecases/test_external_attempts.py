@@ -1,8 +1,8 @@
 """What an external attempt answers (``Attempts`` through ``IdempotentRequests``): the
 provider's definitive answer, no answer in time (504, the call handed to the late answer
-keeper), a lost lease, an answer that could not be recorded yet, an answer settled by
-another source meanwhile, and a request cancelled mid-call. On the fakes of
-:mod:`tests.usecases.fakes`."""
+keeper; still 504 when ``unknown`` cannot be written), a lost lease, an answer that could
+not be recorded yet, an answer settled by another source meanwhile, and a request cancelled
+mid-call. On the fakes of :mod:`tests.usecases.fakes`."""
 
 from __future__ import annotations
 
@@ -107,29 +107,44 @@ async def test_no_answer_within_the_provider_timeout_is_504_and_the_call_is_kept
     await world.close()
 
 
-async def test_no_answer_in_time_and_unknown_not_recorded_is_still_504_and_kept_late(
+async def test_no_answer_in_time_whose_unknown_cannot_be_written_is_still_504(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Writing ``unknown`` fails (the database away): the client gets the same 504, the call
-    stays with the late answer keeper, the row stays in_progress for the lease sweeper, and
-    the log says so; nothing leaves as a server error."""
+    """Writing ``unknown`` fails (the database away): the client is still told 504, the
+    call is still kept late, the failure is logged, and the row is left ``in_progress``:
+    once its lease runs out a retry's claim (or the sweeper) demotes it."""
     world = World(provider_timeout=0.01)
+    calls: list[ReservationTuple] = []
+
+    async def answers_the_second_time(
+        context: ExecutionContext, reservation: ReservationTuple, body: Any
+    ) -> SignedEvidence:
+        calls.append(reservation)
+        if len(calls) == 1:
+            await asyncio.Event().wait()
+        return evidence_for(reservation)
+
+    route = external_route(answers_the_second_time)
     world.store.fail["settle"] = ConnectionResetError("the database went away")
-    answer = problem(await world.send(external_route(never_answers)))
-    assert (answer.slug, status_of(answer), answer.state, answer.retry_after) == (
+    refused = problem(await world.send(route))
+    assert (refused.slug, status_of(refused), refused.state, refused.retry_after) == (
         "operation-outcome-unknown",
         504,
         "unknown",
         True,
     )
+    op = _row(world).reservation.operation_id
+    assert refused.operation_id == op and _row(world).state is OperationState.IN_PROGRESS
     [(call, operation_id)] = world.late.adopted
-    assert not call.done() and str(operation_id) == answer.operation_id
-    assert _row(world).state is OperationState.IN_PROGRESS
-    assert any(
-        "could not record unknown" in record.getMessage()
-        and getattr(record, "operation_id", None) == answer.operation_id
-        for record in caplog.records
-    )
+    assert not call.done() and str(operation_id) == op
+    [logged] = [r for r in caplog.records if "could not record unknown" in r.getMessage()]
+    assert logged.levelname == "WARNING" and logged.__dict__["operation_id"] == op
+    busy = problem(await world.send(route))  # the row's claim-time lease has not run out
+    assert busy.slug == "operation-in-progress" and len(calls) == 1
+    world.clock.advance(world.leases.ttl + 1)
+    retried = await world.send(route)  # its claim demotes the stale row and calls again
+    assert isinstance(retried, Stored) and not retried.replayed and status_of(retried) == 201
+    assert calls[0] == calls[1] and _row(world).fencing_token == 2
     await world.close()
 
 
