@@ -74,6 +74,10 @@ class Row:
                     for group, seconds in self.usage.cpu_seconds.items()
                 }
                 out["cpu_ms_per_request"][SERVED] = round(self.cpu_ms_per_request(), 3)
+                out["cpu_ms_per_request_within"] = {
+                    part: round(1000 * seconds / self.result.requests, 3)
+                    for part, seconds in self.usage.within.items()
+                }
                 out["redis_commands_per_request"] = round(
                     self.usage.redis_commands / self.result.requests, 2
                 )
@@ -132,10 +136,13 @@ class Runner:
             server.client_connections if server is not None else None,
             postgres=stack.postgres_processes,
             redis=stack.redis_processes,
+            postgres_background=stack.postgres_background,
         ) as usage:
             before = process_cpu_seconds()
             result = run()
             after = process_cpu_seconds()
+        # a part of "postgres", kept apart so no CPU is counted twice
+        usage.within["postgres_background"] = usage.cpu_seconds.pop("postgres_background", 0.0)
         # the load generator's CPU: wrk / pgbench (reaped children of this process), and this
         # process (the contention client, the sampler)
         usage.cpu_seconds["loadgen"] = after - before
@@ -198,13 +205,21 @@ class Runner:
             row.extra["attempts"] = [
                 {"rps": round(rps, 1), "connections": split} for rps, split in attempts
             ]
+        usage = row.usage
+        background = 0.0 if usage is None else usage.within.get("postgres_background", 0.0)
+        if usage is not None and row.result.requests:
+            per_request = 1000 / row.result.requests
+            row.notes.append(
+                f"PostgreSQL's own processes (autovacuum, checkpointer, writers): "
+                f"{background * per_request:.3f} of its "
+                f"{usage.cpu_seconds.get('postgres', 0.0) * per_request:.3f} ms CPU per request"
+            )
         self.rows.append(row)
         r = row.result
         line = (
             f"  {row.name}: {r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
             f"non-2xx {r.non_2xx}"
         )
-        usage = row.usage
         if usage is not None and usage.worker_cpu_seconds:
             pids = sorted(usage.peak_rss_mib)
             rss = "/".join(f"{v:.0f}" for v in usage.rss_values)

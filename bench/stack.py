@@ -173,6 +173,10 @@ class ServerProcess:
         self.stop()
 
 
+# the process titles of PostgreSQL's own work, apart from the backends of connections
+_BACKGROUND = ("autovacuum", "checkpointer", "background writer", "walwriter", "io worker")
+
+
 class Stack:
     """Embedded PostgreSQL and Redis (not durable) under a temporary directory.
 
@@ -226,6 +230,17 @@ class Stack:
         """The postmaster and every backend (one per open connection)."""
         postmaster = psutil.Process(self.pg_pid)
         return [postmaster, *postmaster.children()]
+
+    def postgres_background(self) -> list[psutil.Process]:
+        """The PostgreSQL processes that serve no client connection: autovacuum, the
+        checkpointer, the WAL and background writers (their titles say so)."""
+        found = []
+        for process in self.postgres_processes()[1:]:
+            with contextlib.suppress(psutil.Error):
+                title = " ".join(process.cmdline())
+                if any(role in title for role in _BACKGROUND):
+                    found.append(process)
+        return found
 
     def redis_processes(self) -> list[psutil.Process]:
         return [psutil.Process(self.redis_pid)]

@@ -42,6 +42,9 @@ class Usage:
     worker_connections: dict[int, int] = field(default_factory=dict)
     # commands Redis processed meanwhile, whoever sent them (bench.runner counts them)
     redis_commands: int = 0
+    # CPU seconds of a part of a group, kept apart from the groups' sum (bench.runner: the
+    # PostgreSQL processes that serve no connection)
+    within: dict[str, float] = field(default_factory=dict)
 
     @property
     def worker_cores(self) -> list[float]:
