@@ -43,7 +43,12 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
-from service.store.hot_params import claim_settle_params, finish_params, recorded_params
+from service.store.hot_params import (
+    claim_settle_params,
+    finish_params,
+    recorded_params,
+    scope_params,
+)
 from service.store.hot_sql import (
     BY_SCOPE,
     CLAIM_NEW,
@@ -103,7 +108,7 @@ class HotPath:
     async def by_scope(self, scope: Scope) -> Record | None:
         """The scope's row, read without a lock."""
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(BY_SCOPE.sql, *BY_SCOPE.args(_scope_params(scope)))
+            row = await conn.fetchrow(BY_SCOPE.sql, *BY_SCOPE.args(scope_params(scope)))
         return None if row is None else record_from_row(row)
 
     async def claim_new(
@@ -124,7 +129,7 @@ class HotPath:
                     *CLAIM_NEW.args(
                         {
                             "id": uuid.UUID(record.reservation.operation_id),
-                            **_scope_params(scope),
+                            **scope_params(scope),
                             **record_values(record),
                             "attempt_id": attempt_id,
                             "lease_token": lease_token,
@@ -242,7 +247,8 @@ class HotPath:
                 if locked is None:
                     return None
                 record = record_from_row(locked)
-                if _owns(attempt, record):
+                owned = _owns(attempt, record)
+                if owned:
                     observation = statement.observation
                     effect: _Sql = (statement.effect, statement.params)
                 else:  # the effect does not run
@@ -253,7 +259,7 @@ class HotPath:
                     observation_id, _, decision = await write(observation, _NO_EFFECT)
                 if observation_id is None:  # the CAS, refused under the row's lock
                     raise StaleRevision(f"operation {operation_id}: CAS refused under its lock")
-                if before_commit is not None and effect is not _NO_EFFECT:
+                if before_commit is not None and owned:
                     await before_commit()
         after = decision.record if isinstance(decision, Apply) else record
         settled = Settled(
@@ -266,15 +272,6 @@ class HotPath:
 _Sql = tuple[EffectSql, Mapping[str, object]]
 # what settles an outcome without an effect: a guard that never refuses, no writes
 _NO_EFFECT: _Sql = (NO_EFFECT, {})
-
-
-def _scope_params(scope: Scope) -> dict[str, object]:
-    return {
-        "tenant": scope.tenant,
-        "principal_id": scope.principal_id,
-        "route": scope.route,
-        "idempotency_key": scope.idempotency_key,
-    }
 
 
 def _owns(attempt: AttemptRef, record: Record) -> bool:

@@ -11,7 +11,17 @@ from typing import Any
 from service.core import Apply, Decision, Observation, Record, Scope
 from service.store.rows import observation_values, record_values, to_ts
 
-__all__ = ["claim_settle_params", "finish_params", "recorded_params"]
+__all__ = ["claim_settle_params", "finish_params", "recorded_params", "scope_params"]
+
+
+def scope_params(scope: Scope) -> dict[str, Any]:
+    """The scope's columns, by name."""
+    return {
+        "tenant": scope.tenant,
+        "principal_id": scope.principal_id,
+        "route": scope.route,
+        "idempotency_key": scope.idempotency_key,
+    }
 
 
 def _observed(observation: Observation, decision: Decision) -> dict[str, Any]:
@@ -63,10 +73,7 @@ def claim_settle_params(
     the observation."""
     return {
         "id": uuid.UUID(claimed.reservation.operation_id),
-        "tenant": scope.tenant,
-        "principal_id": scope.principal_id,
-        "route": scope.route,
-        "idempotency_key": scope.idempotency_key,
+        **scope_params(scope),
         **record_values(decision.record),
         **_observed(observation, decision),
         "expected_revision": decision.expected_revision,

@@ -152,11 +152,11 @@ def _same_scope(table: Any, *more: ColumnElement[bool]) -> ColumnElement[bool]:
     )
 
 
-# Whether a tombstone still stands at ``now`` (the request's clock): the schema's function
-# (migration 0011), which the claim's trigger asks too
-_STANDS = func.tombstone_stands(
-    tombstones.c.forget_at, bindparam("now", type_=DateTime(timezone=True))
-)
+# the request's clock: a new row's created_at, the moment a tombstone is judged at
+_NOW = bindparam("now", type_=DateTime(timezone=True))
+# Whether a tombstone still stands at ``now``: the schema's function (migration 0011), which
+# the claim's trigger asks too
+_STANDS = func.tombstone_stands(tombstones.c.forget_at, _NOW)
 
 
 IDENTIFY = Prepared(
@@ -186,7 +186,6 @@ BY_SCOPE = Prepared(select(*_RECORD).where(_scope_is_given(operations)))
 # the attempt's own parameters (the row's columns of the same names are the operation's)
 _ATTEMPT_ID = _typed(attempts.c.id, "attempt_id")
 _LEASE_TOKEN = _typed(attempts.c.lease_token)
-_NOW = bindparam("now", type_=DateTime(timezone=True))
 
 
 def _operation_insert(*, settled: bool) -> Any:

@@ -127,3 +127,13 @@ def until(check: Callable[[], Any], what: str, timeout: float = PATIENCE) -> Any
         if time.monotonic() > deadline:
             raise AssertionError(f"never: {what}")
         time.sleep(0.1)
+
+
+def in_effect(database_url: str, count: int) -> None:
+    """Until ``count`` requests hold a transaction open inside their effect (a failpoint's
+    sleep or crash point before its commit), as ``pg_stat_activity`` shows them."""
+    open_ = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND state = 'idle in transaction'"
+    )
+    until(lambda: scalar(database_url, open_) >= count, f"{count} requests inside their effect")

@@ -21,11 +21,11 @@ from tests.e2e.client import (
     ADMIN_KEY,
     auth,
     balance,
+    in_effect,
     new_account,
     new_principal,
     scalar,
     transfer,
-    until,
 )
 from tests.e2e.server import ServerProcess
 
@@ -116,16 +116,6 @@ def slots_env(*, running: int, slot_wait: float, effect_sleep: float) -> dict[st
         "SETTLEMENT_ENABLE_FAILPOINTS": "1",
         "SETTLEMENT_FAILPOINTS": f"effect.before_commit=sleep:{effect_sleep}",
     }
-
-
-def in_effect(database_url: str, count: int) -> None:
-    """Until ``count`` requests hold a transaction open inside their effect (the failpoint's
-    sleep before its commit): each is running, in a slot of its principal's."""
-    open_ = (
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-        " AND state = 'idle in transaction'"
-    )
-    until(lambda: scalar(database_url, open_) >= count, f"{count} requests inside their effect")
 
 
 def account_pairs(server: ServerProcess, key: str, count: int) -> list[tuple[str, str]]:

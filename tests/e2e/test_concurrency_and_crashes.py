@@ -19,10 +19,12 @@ from tests.e2e.client import (
     ADMIN_KEY,
     auth,
     balance,
+    in_effect,
     new_account,
     new_principal,
     scalar,
     transfer,
+    until,
 )
 from tests.e2e.server import ServerProcess
 
@@ -36,18 +38,9 @@ def _failpoint_env(spec: str) -> dict[str, str]:
     return {**BASE_ENV, "SETTLEMENT_ENABLE_FAILPOINTS": "1", "SETTLEMENT_FAILPOINTS": spec}
 
 
-def _wait_until(predicate: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not reached in time")
-
-
 def _in_progress(app_database: str, key: str) -> None:
     """Until the operation under ``key`` is claimed and in progress."""
-    _wait_until(
+    until(
         lambda: (
             scalar(
                 app_database,
@@ -56,7 +49,8 @@ def _in_progress(app_database: str, key: str) -> None:
                 k=key,
             )
             == 1
-        )
+        ),
+        f"{key} in progress",
     )
 
 
@@ -119,7 +113,7 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
         )
         thread.start()
         if failpoint == "effect.before_commit":
-            _wait_until(
+            until(
                 lambda: (
                     scalar(
                         app_database,
@@ -127,21 +121,13 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
                         " ON o.id = a.operation_id WHERE o.idempotency_key = 'crashy'",
                     )
                     == 1
-                )
+                ),
+                "the crashy attempt begun",
             )
             # inside the effect's transaction, held open at the failpoint before its commit
-            _wait_until(
-                lambda: (
-                    scalar(
-                        app_database,
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                        " AND state = 'idle in transaction'",
-                    )
-                    >= 1
-                )
-            )
+            in_effect(app_database, 1)
         else:
-            _wait_until(
+            until(
                 lambda: (
                     scalar(
                         app_database,
@@ -149,15 +135,18 @@ def test_sigkill_at_failpoint_then_retry_completes_exactly_once(
                         s=source,
                     )
                     == 1
-                )
+                ),
+                "the crashy transfer committed",
             )
         doomed.stop(signal.SIGKILL)
     finally:
         doomed.stop(signal.SIGKILL)
 
     with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as restarted:
-        time.sleep(LEASE_TTL + 0.2)  # time itself: the dead worker's lease runs out
-        retry = transfer(restarted.base_url, key, "crashy", source, destination, 40)
+        # the dead worker's lease holds the key until it runs out: retried until then
+        retry = _past_the_dead_lease(
+            lambda: transfer(restarted.base_url, key, "crashy", source, destination, 40)
+        )
         again = transfer(restarted.base_url, key, "crashy", source, destination, 40)
         assert retry.status_code == 201, retry.text
         if failpoint == "effect.after_commit":
@@ -330,8 +319,10 @@ def test_lost_lease_cancels_the_handler_and_commits_nothing(
             == 0
         )
     with ServerProcess(app_database, services.redis_url, env=BASE_ENV) as healthy:
-        time.sleep(LEASE_TTL + 0.2)  # time itself: the lost attempt's lease runs out
-        retry = transfer(healthy.base_url, key, "heartless", source, destination, 10)
+        # the lost attempt's lease holds the key until it runs out: retried until then
+        retry = _past_the_dead_lease(
+            lambda: transfer(healthy.base_url, key, "heartless", source, destination, 10)
+        )
         assert retry.status_code == 201
         assert retry.headers["idempotent-replayed"] == "false"
         assert balance(healthy.base_url, key, source) == 90
