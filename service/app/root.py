@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -52,6 +53,8 @@ from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
 
 __all__ = ["Settlement", "require_endpoints"]
+
+log = logging.getLogger("settlement.leases")
 
 
 class Settlement:
@@ -214,6 +217,12 @@ class Settlement:
         lease_redis = make_lease_redis(settings, settings.redis_url)
         try:
             await ensure_current(engine)
+            if not await lease_redis.warm(settings.redis_timeout):
+                log.warning(
+                    "the Redis Cluster's slots could not be read at start; the first lease "
+                    "command reads them",
+                    extra={"within_s": settings.redis_timeout},
+                )
             settlement = cls(settings, engine, redis, lease_redis=lease_redis, metrics=metrics)
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)

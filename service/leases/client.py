@@ -23,6 +23,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import RedisClusterException, RedisError
 
 from service.config import Settings
 
@@ -141,6 +142,22 @@ class LeaseRedis:
                 return await command(client)
             finally:
                 self._idle.append(client)
+
+    async def warm(self, within: float) -> bool:
+        """On a Redis Cluster, read its slots now, so that the first requests' lease commands
+        do not pay for it within their timeout; True once read (at once for one Redis, whose
+        connections open with their first commands). False if no node answered within
+        ``within`` s: the first lease command reads them instead."""
+        if self._pool is not None:
+            return True
+        cluster = self._clients[0]
+        assert isinstance(cluster, RedisCluster)
+        try:
+            async with asyncio.timeout(within):
+                await cluster.initialize()
+        except (RedisError, RedisClusterException, OSError, TimeoutError):
+            return False
+        return True
 
     async def aclose(self) -> None:
         for client in self._clients:

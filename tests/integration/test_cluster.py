@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import redis
+from redis.asyncio import RedisCluster
 
 from devstack import EmbeddedRedisCluster
 from service.config import Settings
@@ -187,6 +188,34 @@ async def test_a_url_naming_several_nodes_reaches_the_cluster_past_a_dead_one(
     held = await leases.acquire("one")
     assert held is not None
     assert await leases.release(held) is True
+
+
+async def test_a_server_reads_the_slots_at_start_and_starts_without_them_when_none_answers(
+    cluster: EmbeddedRedisCluster,
+) -> None:
+    """``LeaseRedis.warm``, which ``Settlement.open`` calls: the slots are read before the
+    first request; an unreachable cluster makes it answer False within its bound, not hang."""
+    settings = Settings.from_env({}, redis_url=cluster.url, redis_timeout=TIMEOUT)
+    client = make_lease_redis(settings, cluster.url)
+    try:
+        masters = await client.call(_masters)
+        assert masters == []  # nothing read yet
+        assert await client.warm(STARTUP) is True
+        assert len(await client.call(_masters)) == 3
+    finally:
+        await client.aclose()
+    dead = f"redis+cluster://127.0.0.1:{_dead_port()}"
+    client = make_lease_redis(settings, dead)
+    try:
+        async with asyncio.timeout(PROMPT):
+            assert await client.warm(TIMEOUT) is False
+    finally:
+        await client.aclose()
+
+
+async def _masters(client: AnyRedis) -> list[object]:
+    assert isinstance(client, RedisCluster)
+    return list(client.get_primaries())
 
 
 async def test_an_unreachable_cluster_is_unavailable_promptly(open_leases: Open) -> None:
