@@ -274,12 +274,12 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
     import time
 
-    from service.app.purger import Purged, Purger, feed_reach
+    from service.app.purger import Purged, Purger, retention_of
     from service.app.sweeper import Sweeper
     from service.leases import LeaseManager, make_lease_redis
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
-    from service.store.retention import Retention, RetentionStore
+    from service.store.retention import RetentionStore
     from service.store.settlement import SettlementStore
     from service.telemetry import Metrics
 
@@ -295,25 +295,15 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
             total = await sweeper.run_once()
             while sweeper.more:
                 total += await sweeper.run_once()
-            retention = Retention(
-                default=settings.retention,
-                tombstone=settings.tombstone_retention,
-                feed_rows=settings.feed_retention,
-                feed_reach=feed_reach(settings.feed_specs(), settings.feed_audit_window),
-            )
             purger = Purger(
-                RetentionStore(engine, retention),
+                RetentionStore(engine, retention_of(settings)),
                 metrics,
                 interval=settings.sweep_interval,
                 clock=time.time,
             )
             purged = await purger.run_once()
             while purged.more:
-                more = await purger.run_once()
-                purged.operations += more.operations
-                purged.tombstones += more.tombstones
-                purged.feed_rows += more.feed_rows
-                purged.more = more.more
+                purged.add(await purger.run_once())
             return total, purged
         finally:
             await redis.aclose()
@@ -325,7 +315,8 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     print(f"demoted {demoted} operation(s)")
     print(
         f"purged {purged.operations} expired operation(s), forgot {purged.tombstones} tombstone(s)"
-        f" and {purged.feed_rows} feed receipt(s) and alarm(s)"
+        f", {purged.feed_rows} feed receipt(s) and alarm(s)"
+        f" and {purged.orphans} observation(s) about no operation"
     )
     return 0
 

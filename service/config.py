@@ -157,6 +157,12 @@ class Settings:
         "again, are kept; more than the audit window.",
         rule=NOT_NEGATIVE,
     )
+    orphan_retention: float = setting(
+        2_592_000.0,
+        "how long an observation about an operation that was never here (an observer's "
+        "evidence, a feed event past its grace) is kept, for whoever looks into it.",
+        rule=NOT_NEGATIVE,
+    )
     db_connect_timeout: float = setting(
         5.0,
         "a database that does not accept a connection by then is reported down; also the "

@@ -1,6 +1,7 @@
 """The retention purge (docs/design.md §9): expired terminal operations become tombstones,
 tombstones past their own retention are forgotten, and so are a feed's final receipts out of
-every page's reach and its alarms not raised again.
+every page's reach, its alarms not raised again, and observations about an operation that was
+never here.
 
 A background loop in every server process (``run``), and part of ``settlement sweep``
 (``run_once`` until nothing is left). Each batch is one short transaction over at most
@@ -12,15 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 
-from service.config import FeedSpec
-from service.store.retention import PurgePage, RetentionStore
+from service.config import FeedSpec, Settings
+from service.store.retention import PurgePage, Retention, RetentionStore
 from service.store.rows import at
 from service.telemetry import Metrics
 
-__all__ = ["PURGE_BATCH", "Purged", "Purger", "feed_reach"]
+__all__ = ["PURGE_BATCH", "Purged", "Purger", "feed_reach", "retention_of"]
 
 log = logging.getLogger("settlement.purger")
 
@@ -45,14 +46,37 @@ def feed_reach(specs: Sequence[FeedSpec], audit_window: float) -> dict[str, int]
     return reach
 
 
+def retention_of(settings: Settings, routes: Mapping[str, float] | None = None) -> Retention:
+    """What the settings keep, and for how long; ``routes``: the routes that keep their
+    terminal results for a time of their own (what their settlement writes as the row's
+    expiry; the purge reads only that)."""
+    return Retention(
+        default=settings.retention,
+        tombstone=settings.tombstone_retention,
+        routes=dict(routes or {}),
+        feed_rows=settings.feed_retention,
+        feed_reach=feed_reach(settings.feed_specs(), settings.feed_audit_window),
+        orphans=settings.orphan_retention,
+    )
+
+
 class Purged:
-    """What one pass did."""
+    """What one pass did (or several, :meth:`add`-ed up)."""
 
     def __init__(self) -> None:
         self.operations = 0
         self.tombstones = 0
         self.feed_rows = 0
+        self.orphans = 0
         self.more = False
+
+    def add(self, later: Purged) -> None:
+        """Count a later pass in; ``more`` is the later pass's."""
+        self.operations += later.operations
+        self.tombstones += later.tombstones
+        self.feed_rows += later.feed_rows
+        self.orphans += later.orphans
+        self.more = later.more
 
 
 class Purger:
@@ -72,28 +96,33 @@ class Purger:
         self._batch = batch
 
     async def run_once(self, max_batches: int = MAX_BATCHES_PER_PASS) -> Purged:
-        """Purge expired operations, then forget old tombstones, then old feed rows, batch by
-        batch (at most ``max_batches`` of each), and refresh the oldest-open-operation gauge."""
+        """Purge expired operations, then forget old tombstones, old feed rows and old
+        observations about no operation, batch by batch (at most ``max_batches`` of each),
+        and refresh the oldest-open-operation gauge."""
         done = Purged()
         done.operations = await self._drain(self._store.purge, max_batches, done)
         done.tombstones = await self._drain(self._store.forget, max_batches, done)
         done.feed_rows = await self._drain(self._store.forget_feed_rows, max_batches, done)
+        done.orphans = await self._drain(self._store.forget_orphans, max_batches, done)
         if done.operations:
             self._metrics.inc("settlement_purged_operations_total", done.operations)
         if done.tombstones:
             self._metrics.inc("settlement_forgotten_tombstones_total", done.tombstones)
         if done.feed_rows:
             self._metrics.inc("settlement_forgotten_feed_rows_total", done.feed_rows)
+        if done.orphans:
+            self._metrics.inc("settlement_forgotten_orphan_observations_total", done.orphans)
         oldest = await self._store.oldest_open()
         age = 0.0 if oldest is None else max(0.0, self._clock() - oldest.timestamp())
         self._metrics.set("settlement_oldest_open_operation_age_seconds", age)
-        if done.operations or done.tombstones or done.feed_rows:
+        if done.operations or done.tombstones or done.feed_rows or done.orphans:
             log.info(
                 "retention purge",
                 extra={
                     "purged_operations": done.operations,
                     "forgot_tombstones": done.tombstones,
                     "forgot_feed_rows": done.feed_rows,
+                    "forgot_orphan_observations": done.orphans,
                 },
             )
         return done

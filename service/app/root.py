@@ -26,7 +26,7 @@ from service.app.feed_events import FeedEvents
 from service.app.feeds import FeedAdmin
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
-from service.app.purger import Purger, feed_reach
+from service.app.purger import Purger, retention_of
 from service.app.requests import IdempotentRequests
 from service.app.routes import ACCOUNTS, TRANSFERS, payouts
 from service.app.status import StatusQueries
@@ -48,7 +48,7 @@ from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
 from service.store.pool import HotPool
 from service.store.principals import PrincipalStore
-from service.store.retention import Retention, RetentionStore
+from service.store.retention import RetentionStore
 from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
 
@@ -94,12 +94,9 @@ class Settlement:
         self.routes: dict[str, IdempotentRoute] = {
             spec.route: spec for spec in (self.accounts, self.transfers, self.payouts)
         }
-        self.retention = Retention(
-            default=settings.retention,
-            tombstone=settings.tombstone_retention,
-            routes={r: s.retention for r, s in self.routes.items() if s.retention is not None},
-            feed_rows=settings.feed_retention,
-            feed_reach=feed_reach(settings.feed_specs(), settings.feed_audit_window),
+        self.retention = retention_of(
+            settings,
+            {r: s.retention for r, s in self.routes.items() if s.retention is not None},
         )
         self.store = SettlementStore(
             engine,

@@ -23,6 +23,10 @@
   Only an overlap page repeats an event behind that reach; one whose receipt is gone is
   decided again like any late event (alarmed; its operation's settled or expired outcome
   makes it a replay or a quarantine), never a second effect. Holds are never purged.
+* :meth:`RetentionStore.forget_orphans`: one bounded batch of observations about an
+  operation that was never here (``unknown-operation``: an observer's evidence, a feed event
+  past its grace), past ``Retention.orphans``, oldest first through their own partial
+  index. One whose operation id is here after all is left to go with that operation.
 
 ``in_progress``, ``unknown`` and ``conflict`` operations are never purged: the statement
 selects only ``completed`` and ``failed`` rows.
@@ -50,13 +54,15 @@ class Retention(msgspec.Struct, frozen=True):
     tombstone is kept after that; seconds a feed's final receipt out of every page's reach
     (and an alarm not raised again) is kept, and per feed whose receipts may go, how far
     behind its checkpoint its pages still reach (timestamp feeds: the audit window in
-    seconds; cursor feeds that promise no-backfill: 0)."""
+    seconds; cursor feeds that promise no-backfill: 0); seconds an observation about an
+    operation that was never here is kept."""
 
     default: float
     tombstone: float
     routes: Mapping[str, float] = msgspec.field(default_factory=dict)
     feed_rows: float = 2_592_000.0
     feed_reach: Mapping[str, int] = msgspec.field(default_factory=dict)
+    orphans: float = 2_592_000.0
 
     def of(self, route: str) -> float:
         return self.routes.get(route, self.default)
@@ -177,6 +183,23 @@ SELECT count(*) FROM gone
 """
 )
 
+_FORGET_ORPHANS = text(
+    """
+WITH doomed AS (
+    SELECT o.id FROM observations o
+     WHERE o.reason = 'unknown-operation' AND o.created_at <= :cutoff
+       AND NOT EXISTS (SELECT 1 FROM operations WHERE id = o.operation_id)
+     ORDER BY o.created_at
+     LIMIT :batch
+     FOR UPDATE OF o SKIP LOCKED
+), gone AS (
+    DELETE FROM observations o USING doomed d WHERE o.id = d.id
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+)
+
 _OLDEST_OPEN = text(
     "SELECT min(created_at) FROM operations WHERE state IN ('in_progress', 'unknown', 'conflict')"
 )
@@ -232,6 +255,16 @@ class RetentionStore:
         return PurgePage(
             purged=int(receipts) + int(alarms), full=receipts >= batch or alarms >= batch
         )
+
+    async def forget_orphans(self, batch: int, now: datetime) -> PurgePage:
+        """Delete up to ``batch`` observations about an operation that was never here, past
+        ``orphans``, in one transaction."""
+        cutoff = now - timedelta(seconds=self.retention.orphans)
+        async with self._engine.begin() as conn:
+            gone = (
+                await conn.execute(_FORGET_ORPHANS, {"cutoff": cutoff, "batch": batch})
+            ).scalar_one()
+        return PurgePage(purged=int(gone), full=gone >= batch)
 
     async def oldest_open(self) -> datetime | None:
         """When the oldest operation that is not settled for good (in_progress, unknown,

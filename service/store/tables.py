@@ -269,6 +269,14 @@ observations = Table(
     CheckConstraint(_in("disposition", DISPOSITIONS), name="disposition"),
 )
 
+# what the retention purge reads: observations about an operation that was never here, oldest
+# first (the observations of every settlement, the bulk, never enter it)
+Index(
+    "ix_observations_unknown_operation_created_at",
+    observations.c.created_at,
+    postgresql_where=text("reason = 'unknown-operation'"),
+)
+
 tombstones = Table(
     "tombstones",
     metadata,

@@ -144,6 +144,9 @@ DECLARED: dict[str, _Declared] = {
     "settlement_forgotten_feed_rows_total": _Declared(
         "counter", "Final feed receipts out of every page's reach, and feed alarms, deleted."
     ),
+    "settlement_forgotten_orphan_observations_total": _Declared(
+        "counter", "Observations about an operation that was never here, deleted."
+    ),
     "settlement_oldest_open_operation_age_seconds": _Declared(
         "gauge",
         "Age of the oldest in_progress, unknown or conflict operation (0: none), as of the "

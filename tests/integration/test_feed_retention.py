@@ -2,7 +2,7 @@
 service/app/purger.py): final receipts out of every page's reach and alarms not raised
 again go after ``feed_rows``; holds, receipts a page may still serve, and every receipt of
 a cursor feed that may backfill stay; observations written about an expired operation go
-with its tombstone."""
+with its tombstone, and those about an operation that was never here after ``orphans``."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.purger import Purger, feed_reach
 from service.config import FeedSpec
 from service.store.retention import Retention, RetentionStore
 from service.store.rows import at
+from service.store.settlement import SettlementStore
 from service.store.tables import feed_alarms, feed_receipts, observations, tombstones
 from service.telemetry import Metrics
-from tests.integration.factories import Clock
+from tests.integration.factories import Clock, new_operation
 from tests.integration.test_feed_observer import set_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -191,6 +192,51 @@ async def test_observations_of_an_expired_operation_go_with_its_tombstone(
             )
         )
         assert [row.operation_id for row in left] == [other]
+
+
+async def test_observations_about_an_operation_never_here_go_after_their_retention(
+    engine: AsyncEngine, clock: Clock, store: SettlementStore
+) -> None:
+    """An ``unknown-operation`` observation older than ``orphans`` goes, through its partial
+    index and in bounded batches; a younger one stays, and so does an old one whose
+    operation is here after all (it goes with that operation) and an old one of another
+    reason (an expired operation's: it goes with the tombstone)."""
+    _, here = await new_operation(engine, store, clock)
+    never, young, expired = (uuid.uuid4() for _ in range(3))
+    old, recent = at(clock() - KEEP - 1), at(clock() - KEEP + 60)
+    async with engine.begin() as conn:
+        rows = [(never, old)] * 3 + [(young, recent), (here, old)]
+        for operation_id, created in rows:
+            values = {**_quarantined(operation_id), "reason": "unknown-operation"}
+            await conn.execute(observations.insert().values(**values, created_at=created))
+        values = {**_quarantined(expired), "created_at": old}
+        await conn.execute(observations.insert().values(**values))
+        await conn.execute(text("SET LOCAL enable_seqscan = off"))  # a table of a few rows
+        plan = "\n".join(
+            row[0]
+            for row in await conn.execute(
+                text(
+                    "EXPLAIN SELECT id FROM observations WHERE reason = 'unknown-operation'"
+                    " AND created_at <= now() ORDER BY created_at LIMIT 2"
+                )
+            )
+        )
+    assert "ix_observations_unknown_operation_created_at" in plan
+
+    first = await RetentionStore(engine, retention()).forget_orphans(2, at(clock()))
+    assert (first.purged, first.full) == (2, True)
+    done = await purger(engine, clock, retention()).run_once()
+
+    assert done.orphans >= 1  # the third; others of the database's earlier tests may go too
+    async with engine.connect() as conn:
+        left = await conn.execute(
+            select(observations.c.operation_id).where(
+                observations.c.operation_id.in_([never, young, here, expired])
+            )
+        )
+        assert sorted(str(row.operation_id) for row in left) == sorted(
+            str(kept) for kept in (young, here, expired)
+        )
 
 
 def _quarantined(operation_id: uuid.UUID) -> dict[str, Any]:
