@@ -13,6 +13,8 @@ Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
    conflicting identity) stops the attempt; the checkpoint stays. An operator who reviewed a
    conflicting identity may accept it: the receipts involved are unpinned (their outcome
    stays; their place and content are no longer held against the feed) and the page passes.
+   An event twice in one page is not accepted (:func:`twice_in_one_page` tells its alarm
+   apart): no receipt holds it against the feed, only the source serving the page in order.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
    one (a backfill) is processed like any other, and alarmed: never skipped.
 3. The returned cursor is promoted only when every event of the page ahead of the applied
@@ -37,6 +39,7 @@ stalls (an alarm), and nothing is skipped.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -56,7 +59,14 @@ __all__ = [
     "check_timestamp_page",
     "closable_through",
     "cursor_barrier",
+    "twice_in_one_page",
 ]
+
+# How the detail of a conflicting identity met twice in one page begins (see
+# :func:`twice_in_one_page`).
+TWICE_IN_ONE_PAGE = "served twice in one page"
+# that detail as alarmed, behind a walk's "<walk>: " (service/app/feed_walks.py) if any
+_TWICE_ALARMED = re.compile(rf"(?:[a-z]+: )?{re.escape(TWICE_IN_ONE_PAGE)}: ")
 
 
 class ReceiptState(enum.StrEnum):
@@ -310,11 +320,20 @@ def _twice_in_page(in_page: dict[str, FeedEvent], event: FeedEvent) -> Stop | bo
         return Stop(
             "conflicting-identity",
             event.event_id,
-            f"served twice in one page: at {first.order} and at {event.order}, "
+            f"{TWICE_IN_ONE_PAGE}: at {first.order} and at {event.order}, "
             + ("with other content" if first.digest != event.digest else "with the same content"),
             event.order,
         )
     return True
+
+
+def twice_in_one_page(detail: str) -> bool:
+    """Whether a ``conflicting-identity`` alarm's ``detail`` is the one
+    :func:`_twice_in_page` stops a page with (an observer's walk puts its name in front).
+    Such an alarm has no operator action: the stop holds no receipt against the feed, so
+    unpinning one changes nothing; the feed resumes once the source serves the page in
+    order. The other details begin otherwise (an event id is never at their start)."""
+    return _TWICE_ALARMED.match(detail) is not None
 
 
 def _changed(known: Seen, event: FeedEvent) -> Stop | None:

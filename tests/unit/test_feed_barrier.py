@@ -22,6 +22,7 @@ from service.core.feed import (
     check_timestamp_page,
     closable_through,
     cursor_barrier,
+    twice_in_one_page,
 )
 
 A, IGN, Q, H = (
@@ -100,6 +101,28 @@ def test_an_unpinned_receipt_holds_neither_its_place_nor_its_content() -> None:
     # a stop says where the page served the event, for the operator's acceptance
     pinned = check_cursor_page(None, moved_and_changed, {"a": Seen(5, A, digest="d1")}, {})
     assert isinstance(pinned, Stop) and pinned.order == 9
+
+
+def test_only_the_alarm_of_an_event_twice_in_one_page_is_told_apart() -> None:
+    """The details a conflicting identity is alarmed with: only the one of an event twice in
+    one page (as the observer or a walk alarms it) has no operator action, even when another
+    event's id reads like it."""
+    twice = check_cursor_page(None, [FeedEvent("x", 5, "d1"), FeedEvent("x", 6, "d1")], {}, {})
+    tie = check_timestamp_page(None, [FeedEvent("x", 5, "d1"), FeedEvent("x", 5, "d2")], {})
+    assert isinstance(twice, Stop) and isinstance(tie, Stop)
+    for detail in (twice.detail, tie.detail, f"reconciliation: {twice.detail}"):
+        assert twice_in_one_page(detail), detail
+    owner = f"y: {twice.detail}"
+    others = [
+        check_cursor_page(None, [FeedEvent("a", 9, "d1")], {"a": Seen(5, A, "d1")}, {}),
+        check_cursor_page(None, [FeedEvent("a", 9, "d1")], {}, {9: owner}),
+        check_timestamp_page(None, [FeedEvent("a", 9, "d1")], {"a": Seen(5, A, "d1")}),
+        check_timestamp_page(None, [FeedEvent("a", 5, "d2")], {"a": Seen(5, A, "d1")}),
+    ]
+    for other in others:
+        assert isinstance(other, Stop) and other.kind == "conflicting-identity"
+        assert not twice_in_one_page(other.detail), other.detail
+        assert not twice_in_one_page(f"audit: {other.detail}"), other.detail
 
 
 # -- cursor feeds: the barrier -----------------------------------------------------------------
