@@ -13,7 +13,7 @@ import msgspec
 from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
-from service.store.feed_alarms import Alarm
+from service.store.feed_alarms import Alarm, InOnePage
 from service.store.feed_checkpoints import Checkpoint
 from service.store.feed_receipts import Receipt
 from service.store.feeds import FeedStore
@@ -215,7 +215,9 @@ class FeedAdmin:
     ) -> ConflictAccepted | Problem:
         """After review, take the feed's account of an event whose identity conflicted with
         the receipts: the receipts involved are unpinned (outcomes stay), so the page that
-        stopped the feed passes; the alarm stays as ``conflict-accepted``."""
+        stopped the feed passes; the alarm stays as ``conflict-accepted``. An event twice in
+        one page is refused (``conflict-in-one-page``) and nothing changes: no receipt holds
+        it against the feed, only the source serving the page in order resumes it."""
         if not admin.all_tenants:
             return _forbidden()
         if not FEED_NAME.match(name) or "\x00" in event_id:
@@ -225,6 +227,13 @@ class FeedAdmin:
         )
         if accepted is None:
             return Problem("not-found", f"no conflicting identity {event_id!r} on feed {name!r}")
+        if isinstance(accepted, InOnePage):
+            return Problem(
+                "conflict-in-one-page",
+                f"event {event_id!r} was served twice in one page of feed {name!r}: no "
+                "operator can accept that; the feed resumes once the source serves the page "
+                "in order",
+            )
         log.warning(
             "feed conflicting identity accepted by an operator",
             extra={

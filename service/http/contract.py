@@ -151,7 +151,10 @@ OPERATIONS: dict[str, RouteDoc] = {
         200, HoldDecided, (*_AUTH, *_BODY, "not-found", *_ALWAYS), HoldAction
     ),
     "acceptFeedConflict": RouteDoc(
-        200, ConflictAccepted, (*_AUTH, *_BODY, "not-found", *_ALWAYS), ConflictAction
+        200,
+        ConflictAccepted,
+        (*_AUTH, *_BODY, "not-found", "conflict-in-one-page", *_ALWAYS),
+        ConflictAction,
     ),
     "postObservation": RouteDoc(
         202, Accepted, (*_AUTH, *_BODY, "invalid-evidence", "not-found", *_ALWAYS), SignedEvidence

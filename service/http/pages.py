@@ -188,6 +188,13 @@ _TEXTS: dict[str, tuple[str, bool, str]] = {
         False,
         "Resend the supersede with force: true if running the effect again is intended.",
     ),
+    "conflict-in-one-page": (
+        "The feed's conflicting identity is an event served twice in one page (at two places "
+        "or with two contents). No receipt holds it against the feed, so accepting it could "
+        "not let the page pass: nothing was changed, and the alarm stays open.",
+        False,
+        "Have the source serve the page in order: the feed resumes on its own.",
+    ),
     "internal-error": (
         "The server failed on a bug. An idempotent operation is left unknown, not terminal; "
         "nothing of a local effect was committed.",

@@ -13,9 +13,10 @@ from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.core.feed import twice_in_one_page
 from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
 
-__all__ = ["Accepted", "Alarm", "FeedAlarms"]
+__all__ = ["Accepted", "Alarm", "FeedAlarms", "InOnePage"]
 
 
 class Alarm(msgspec.Struct, frozen=True):
@@ -34,6 +35,11 @@ class Accepted(msgspec.Struct, frozen=True):
     """What accepting a conflicting identity did: the receipts it unpinned."""
 
     unpinned: list[str]
+
+
+class InOnePage(msgspec.Struct, frozen=True):
+    """Accepting refused: the conflicting identity is an event twice in one page, which no
+    receipt holds against the feed; only the source serving the page in order resumes it."""
 
 
 class FeedAlarms:
@@ -56,22 +62,26 @@ class FeedAlarms:
         async with self._engine.begin() as conn:
             await conn.execute(_raise(feed, kind, event_id, detail, now, order))
 
-    async def accept_conflict(self, feed: str, event_id: str, now: datetime) -> Accepted | None:
+    async def accept_conflict(
+        self, feed: str, event_id: str, now: datetime
+    ) -> Accepted | InOnePage | None:
         """An operator accepts the conflicting identity alarmed for ``event_id`` after review,
         in one transaction: the event's receipt is unpinned, and on a cursor feed so is the
         receipt holding the place the page served it at; the alarm becomes a
-        ``conflict-accepted`` alarm (the trail). None: no such alarm."""
+        ``conflict-accepted`` alarm (the trail). None: no such alarm. :class:`InOnePage`: the
+        alarm is for the event twice in one page, which unpinning cannot let pass; nothing
+        is written (the alarm and the receipts stay as they are)."""
         a, r = feed_alarms.c, feed_receipts.c
+        this = (a.feed == feed, a.kind == "conflicting-identity", a.event_id == event_id)
         async with self._engine.begin() as conn:
             alarm = (
-                await conn.execute(
-                    delete(feed_alarms)
-                    .where(a.feed == feed, a.kind == "conflicting-identity", a.event_id == event_id)
-                    .returning(a.detail, a.event_order)
-                )
+                await conn.execute(select(a.detail, a.event_order).where(*this).with_for_update())
             ).first()
             if alarm is None:
                 return None
+            if twice_in_one_page(alarm.detail):
+                return InOnePage()
+            await conn.execute(delete(feed_alarms).where(*this))
             kind = (
                 await conn.execute(
                     select(feed_checkpoints.c.kind).where(feed_checkpoints.c.name == feed)

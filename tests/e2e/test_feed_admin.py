@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal
+from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal, scalar
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -191,6 +191,47 @@ def test_an_operator_accepts_a_conflicting_identity_once(
     assert again.headers["content-type"] == "application/problem+json"
     view = httpx.get(f"{base}/admin/v1/feeds/{feed}", headers=auth(ADMIN_KEY)).json()
     assert [(a["kind"], a["event_id"]) for a in view["alarms"]] == [("conflict-accepted", "moved")]
+
+
+def test_an_event_twice_in_one_page_is_not_accepted(
+    server: ServerProcess, app_database: str
+) -> None:
+    """The alarm of an event served twice in one page (here by the reconciliation walk): a
+    409 problem saying the source must serve the page in order; the alarm and the receipts
+    stay as they were."""
+    base = server.base_url
+    feed = "twice-" + uuid.uuid4().hex[:8]
+    execute(app_database, "INSERT INTO feed_checkpoints (name, kind) VALUES (:n, 'cursor')", n=feed)
+    for event_id, position in (("twice", 3), ("owner", 8)):
+        execute(
+            app_database,
+            "INSERT INTO feed_receipts (feed, event_id, event_order, state, reason, "
+            "first_seen_at, decided_at) VALUES (:f, :e, :p, 'applied', 'applied', now(), now())",
+            f=feed,
+            e=event_id,
+            p=position,
+        )
+    detail = "reconciliation: served twice in one page: at 3 and at 8, with the same content"
+    execute(
+        app_database,
+        "INSERT INTO feed_alarms (feed, kind, event_id, detail, event_order) VALUES "
+        "(:f, 'conflicting-identity', 'twice', :d, 8)",
+        f=feed,
+        d=detail,
+    )
+    url = f"{base}/admin/v1/feeds/{feed}/conflicts/twice"
+
+    refused = httpx.post(url, json={"action": "accept"}, headers=auth(ADMIN_KEY))
+
+    assert refused.status_code == 409, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["type"] == "/problems/conflict-in-one-page"
+    assert "serves the page in order" in refused.json()["detail"]
+    view = httpx.get(f"{base}/admin/v1/feeds/{feed}", headers=auth(ADMIN_KEY)).json()
+    kept = [(a["kind"], a["event_id"], a["count"], a["detail"]) for a in view["alarms"]]
+    assert kept == [("conflicting-identity", "twice", 1, detail)]
+    pinned = "SELECT count(*) FROM feed_receipts WHERE feed = :f AND pinned"
+    assert scalar(app_database, pinned, f=feed) == 2
 
 
 def test_metrics_show_the_feeds_figures(server: ServerProcess, app_database: str) -> None:

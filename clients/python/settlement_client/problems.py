@@ -22,6 +22,7 @@ __all__ = [
     "AccountNotFound",
     "BalanceLimit",
     "BindingMismatch",
+    "ConflictInOnePage",
     "CurrencyMismatch",
     "EffectRefused",
     "Forbidden",
@@ -262,6 +263,13 @@ class SupersedeNeedsForce(Problem):
     again)."""
 
     slug = "supersede-needs-force"
+
+
+class ConflictInOnePage(Problem):
+    """409: a feed's conflicting identity served twice in one page cannot be accepted (the
+    source must serve the page in order)."""
+
+    slug = "conflict-in-one-page"
 
 
 class InternalError(Problem):
