@@ -70,7 +70,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "service-unavailable": (503, "Service unavailable"),
     "principal-exists": (409, "Principal exists"),
     "supersede-needs-force": (409, "Superseding a completed operation needs force"),
-    "conflict-in-one-page": (409, "An event twice in one page is the source's to fix"),
+    "conflict-in-one-page": (409, "An event twice in one page is for the source to fix"),
     "internal-error": (500, "Internal server error"),
 }
 
