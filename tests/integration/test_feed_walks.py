@@ -1,17 +1,19 @@
 """The walks behind a feed's checkpoint (service/app/feed_walks.py) on either feed kind: a
-walk page whose event is left without an outcome is read again. Real PostgreSQL, scripted
-feeds."""
+walk page whose event is left without an outcome is read again, and a timestamp feed's
+audit page the source refuses. Real PostgreSQL, scripted feeds."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app.feed_walks import WALK_FAILURES
 from service.app.observer import MAX_PAGE, PageResult
-from service.config import FeedSpec
-from service.domain.feeds import CursorPage
+from service.config import TIMESTAMP_PROMISES, FeedSpec
+from service.domain.feeds import CursorPage, FeedUnavailable, TimestampPage
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
 from tests.integration.factories import Clock
@@ -91,3 +93,61 @@ async def test_a_walk_page_with_an_event_left_undecided_keeps_its_place_and_is_r
     assert await receipt_states(engine, feed_name) == {"b20": "applied", "b25": "quarantined"}
     assert await feed_settlements(engine, paid.operation_id) == 1
     assert await walk_place(feed_store, feed_name, kind) == onward
+
+
+class AuditRefused(ScriptedFeed):
+    """A timestamp source that gives the main pages but refuses every page of the audit
+    (500 events) while ``refusing``."""
+
+    refusing = True
+
+    async def timestamp_page(self, after: int | None, limit: int) -> TimestampPage:
+        if limit == MAX_PAGE and self.refusing:
+            self.asked.append((after, limit))
+            raise FeedUnavailable("feed: HTTP 400")
+        return await super().timestamp_page(after, limit)
+
+
+async def test_an_audit_the_source_refuses_never_stops_the_feed_and_starts_anew(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every audit page fails (the kept ``walk_after`` of 50 is one the source no longer
+    takes, say): each refusal is logged and skipped, every request reads its main page all
+    the same, and after WALK_FAILURES in a row the kept place is dropped: the next audit
+    starts anew, one audit window behind the closed timestamp."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
+    paid = [await unknown_payout(store, principal_id, clock) for _ in range(3)]
+    await set_checkpoint(
+        engine, feed_name, "timestamp", closed_through_timestamp=100, walk_after=50
+    )
+    feed = AuditRefused(spec)
+    feed.events = [event(op, f"e{n}", timestamp=101 + n) for n, op in enumerate(paid)]
+    feed.watermark = 103
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0, audit_window=20)
+    results = []
+    with caplog.at_level(logging.WARNING, logger="settlement.observer"):
+        for _ in range(2 + WALK_FAILURES):
+            page = await watcher.run_once()
+            results.append(page.result)
+            watcher.wait_after(page)
+    # the first page closes through the watermark; the second is caught up (no audit page
+    # yet: busy so far); idle from then on, each request reads an audit page, refused
+    assert results == [PageResult.PROMOTED] + [PageResult.CAUGHT_UP] * (1 + WALK_FAILURES)
+    assert walked(feed) == [50] * WALK_FAILURES
+    main = [after for after, limit in feed.asked if limit != MAX_PAGE]
+    assert main == [100] + [103] * (1 + WALK_FAILURES)  # one main page with every request
+    refused = [r for r in caplog.records if r.getMessage() == "feed walk page unavailable"]
+    assert len(refused) == WALK_FAILURES
+    assert await receipt_states(engine, feed_name) == {f"e{n}": "applied" for n in range(3)}
+    checkpoint = await feed_store.checkpoint(feed_name, "timestamp")
+    assert (checkpoint.closed_through_timestamp, checkpoint.walk_after) == (103, None)
+
+    feed.refusing = False
+    await watcher.run_once()
+    assert walked(feed) == [50] * WALK_FAILURES + [103 - 20 - 1]  # anew, not from 50
