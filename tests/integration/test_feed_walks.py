@@ -1,6 +1,7 @@
 """The walks behind a feed's checkpoint (service/app/feed_walks.py) on either feed kind: a
-walk page whose event is left without an outcome is read again, and a timestamp feed's
-audit page the source refuses. Real PostgreSQL, scripted feeds."""
+walk page whose event is left without an outcome is read again, a timestamp feed's audit
+page the source refuses, and an idle timestamp observer's audit. Real PostgreSQL, scripted
+feeds."""
 
 from __future__ import annotations
 
@@ -151,3 +152,30 @@ async def test_an_audit_the_source_refuses_never_stops_the_feed_and_starts_anew(
     feed.refusing = False
     await watcher.run_once()
     assert walked(feed) == [50] * WALK_FAILURES + [103 - 20 - 1]  # anew, not from 50
+
+
+async def test_an_idle_timestamp_feed_reads_a_page_of_its_audit_with_every_request(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """A timestamp feed with nothing new: its first request (busy so far) reads no audit
+    page, and from the second on, its last page having made no progress, every request
+    reads one, so the audit over its window ends in bounded time."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=1000)
+    feed = ScriptedFeed(spec)
+    feed.events = [foreign(f"x{n}", timestamp=990 + n) for n in range(5)]
+    watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    audits = []
+    for _ in range(4):
+        page = await watcher.run_once()
+        assert page.result is PageResult.CAUGHT_UP
+        watcher.wait_after(page)
+        audits.append(len(walked(feed)))
+    assert audits == [0, 1, 2, 3]
+    assert walked(feed)[0] == 1000 - 300 - 1  # one audit window behind the closed timestamp
+    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    assert late == {f"x{n}" for n in range(5)}  # the audit read them: late, each alarmed
