@@ -14,7 +14,7 @@ before, until its next promotion.
 
 Revision ID: 0013
 Revises: 0012
-Create Date: 2026-12-05 09:00:00.000000
+Create Date: 2026-12-04 21:00:00.000000
 """
 
 from __future__ import annotations
