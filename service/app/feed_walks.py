@@ -67,7 +67,9 @@ class FeedWalks:
         self._marks: deque[tuple[float, str]] = deque()
 
     def started_at(self, cursor: str) -> None:
-        """The checkpoint the observer starts from: the base of its first passes."""
+        """The checkpoint the observer starts from (:attr:`Checkpoint.start_cursor`: the
+        cursor a page was last promoted to, never a token adopted from an empty page): the
+        base of its first passes."""
         if not self._marks:
             self.promoted_to(cursor)
 

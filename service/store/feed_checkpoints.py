@@ -35,6 +35,17 @@ class Checkpoint(msgspec.Struct, frozen=True):
     """where a cursor feed's reconciliation pass reads next (None: a new pass)"""
     walk_after: int | None = None
     """where a timestamp feed's audit walk reads next (None: a new walk; -1: the start)"""
+    promoted_cursor: str | None = None
+    """the cursor a page was last promoted to ('' the feed's start); an empty page's adopted
+    token never moves it (None: a row written before migration 0013)"""
+
+    @property
+    def start_cursor(self) -> str:
+        """Where an observer starting at this checkpoint marks its start (the base of its
+        first reconciliation passes): the cursor a page was last promoted to, never a token
+        adopted from an empty page, which may skip events the source broke its promise on.
+        A row written before migration 0013 has none: its ``resume_cursor`` stands in."""
+        return self.resume_cursor if self.promoted_cursor is None else self.promoted_cursor
 
 
 class FeedCheckpoints:
@@ -48,7 +59,7 @@ class FeedCheckpoints:
         async with self._engine.begin() as conn:
             await conn.execute(
                 pg_insert(feed_checkpoints)
-                .values(name=name, kind=kind)
+                .values(name=name, kind=kind, promoted_cursor="")
                 .on_conflict_do_nothing(index_elements=["name"])
             )
             row = (
@@ -75,12 +86,14 @@ class FeedCheckpoints:
     async def promote_cursor(
         self, current: Checkpoint, cursor: str, applied_position: int | None, now: datetime
     ) -> bool:
-        """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read."""
+        """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read;
+        ``cursor`` is also the one a page was last promoted to (:attr:`Checkpoint.start_cursor`)."""
         return await self._cas(
             current,
             new_version=True,
             updated_at=now,
             resume_cursor=cursor,
+            promoted_cursor=cursor,
             applied_position=applied_position,
         )
 
@@ -104,7 +117,8 @@ class FeedCheckpoints:
     async def advance_cursor(self, current: Checkpoint, cursor: str, now: datetime) -> bool:
         """An empty page's new cursor: kept (if nobody moved the checkpoint since
         ``current``), without a new version (nothing was passed), and the feed noted caught
-        up, in one statement."""
+        up, in one statement. The cursor a page was last promoted to stays: the token may
+        skip events, and no observer starts its passes from it."""
         return await self._cas(current, new_version=False, resume_cursor=cursor, caught_up_at=now)
 
     async def _cas(self, current: Checkpoint, *, new_version: bool, **values: Any) -> bool:

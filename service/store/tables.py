@@ -358,6 +358,11 @@ feed_checkpoints = Table(
     # feed's start); progress markers, moved without the version
     Column("walk_cursor", Text),
     Column("walk_after", BigInteger),
+    # cursor feeds: the cursor a page was last promoted to ('' the feed's start, written when
+    # the row is made); an empty page's adopted token moves ``resume_cursor`` only, never this.
+    # An observer's reconciliation passes start from it (NULL: a row written before
+    # migration 0013, whose ``resume_cursor`` stands in)
+    Column("promoted_cursor", Text),
     CheckConstraint(_in("kind", FEED_KINDS), name="kind"),
     CheckConstraint("version >= 1", name="version"),
 )
