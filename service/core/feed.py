@@ -13,6 +13,9 @@ Opaque-cursor feeds (:func:`check_cursor_page`, :func:`cursor_barrier`):
    conflicting identity) stops the attempt; the checkpoint stays. An operator who reviewed a
    conflicting identity may accept it: the receipts involved are unpinned (their outcome
    stays; their place and content are no longer held against the feed) and the page passes.
+   The unpinning is for that one conflict: a page that passes the checks and serves the
+   event of an unpinned receipt pins it again at the place and content served (``repin``),
+   so a later conflict of that event stops a page again.
    An event twice in one page is not accepted (:func:`twice_in_one_page` tells its alarm
    apart): no receipt holds it against the feed, only the source serving the page in order.
 2. Events at or below the applied position are overlap. A known one is skipped; an unknown
@@ -93,7 +96,8 @@ class Seen(msgspec.Struct, frozen=True):
     """What the receipts say of an event already met: where it was, its state, and the
     digest of its content when it was settled. ``pinned`` False: an operator accepted a
     conflicting identity of the event after review, so neither its place nor its content
-    is held against what the feed serves now (its outcome stays)."""
+    is held against what the feed serves now (its outcome stays), until a page that passes
+    the checks serves it: then it is pinned again as served (the checks' ``repin``)."""
 
     order: int
     state: ReceiptState
@@ -113,10 +117,12 @@ class Stop(msgspec.Struct, frozen=True):
 
 
 class CursorCheck(msgspec.Struct, frozen=True):
-    """The events of the page to process (in order), and the backfilled ones to alarm."""
+    """The events of the page to process (in order), the backfilled ones to alarm, and the
+    unpinned receipts to pin again (see :func:`_repin`)."""
 
     process: list[FeedEvent]
     backfilled: list[FeedEvent]
+    repin: list[FeedEvent] = []
 
 
 def check_cursor_page(
@@ -130,6 +136,7 @@ def check_cursor_page(
     previous: int | None = None
     process: list[FeedEvent] = []
     backfilled: list[FeedEvent] = []
+    repin: list[FeedEvent] = []
     in_page: dict[str, FeedEvent] = {}
     for event in events:
         twice = _twice_in_page(in_page, event)
@@ -160,6 +167,7 @@ def check_cursor_page(
                 f"position {event.order} already holds event {owner}",
                 event.order,
             )
+        _repin(repin, known, event)
         if known is not None and known.state.final:
             changed = _changed(known, event)
             if changed is not None:
@@ -168,7 +176,7 @@ def check_cursor_page(
         if known is None and applied_position is not None and event.order <= applied_position:
             backfilled.append(event)
         process.append(event)
-    return CursorCheck(process=process, backfilled=backfilled)
+    return CursorCheck(process=process, backfilled=backfilled, repin=repin)
 
 
 class Promote(msgspec.Struct, frozen=True):
@@ -230,6 +238,8 @@ class TimestampCheck(msgspec.Struct, frozen=True):
     process: list[FeedEvent]
     late: list[FeedEvent]
     """unknown events at or before the closed timestamp: processed, and alarmed"""
+    repin: list[FeedEvent] = []
+    """unpinned receipts to pin again (see :func:`_repin`)"""
 
 
 def check_timestamp_page(
@@ -238,6 +248,7 @@ def check_timestamp_page(
     previous: int | None = None
     process: list[FeedEvent] = []
     late: list[FeedEvent] = []
+    repin: list[FeedEvent] = []
     in_page: dict[str, FeedEvent] = {}
     for event in events:
         twice = _twice_in_page(in_page, event)
@@ -260,6 +271,7 @@ def check_timestamp_page(
                 f"event seen at timestamp {known.order}, now at {event.order}",
                 event.order,
             )
+        _repin(repin, known, event)
         if known is not None and known.state.final:
             changed = _changed(known, event)
             if changed is not None:
@@ -268,7 +280,7 @@ def check_timestamp_page(
         if known is None and closed_through is not None and event.order <= closed_through:
             late.append(event)
         process.append(event)
-    return TimestampCheck(process=process, late=late)
+    return TimestampCheck(process=process, late=late, repin=repin)
 
 
 def closable_through(
@@ -334,6 +346,15 @@ def twice_in_one_page(detail: str) -> bool:
     unpinning one changes nothing; the feed resumes once the source serves the page in
     order. The other details begin otherwise (an event id is never at their start)."""
     return _TWICE_ALARMED.match(detail) is not None
+
+
+def _repin(repin: list[FeedEvent], known: Seen | None, event: FeedEvent) -> None:
+    """An unpinned receipt's event served where nothing in the page so far conflicts with
+    it: pin it again at the place and content served (its old digest when none is served).
+    The page's check returns the list only when the whole page passes: a page that stops,
+    for whatever reason, pins nothing again."""
+    if known is not None and not known.pinned:
+        repin.append(FeedEvent(event.event_id, event.order, event.digest or known.digest))
 
 
 def _changed(known: Seen, event: FeedEvent) -> Stop | None:

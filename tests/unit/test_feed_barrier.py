@@ -93,11 +93,13 @@ def test_an_event_served_again_with_other_content_is_a_conflicting_identity() ->
 
 def test_an_unpinned_receipt_holds_neither_its_place_nor_its_content() -> None:
     """An operator accepted a conflicting identity: the outcome stays (skipped as settled),
-    but the feed's place and content for the event are taken as they come."""
+    but the feed's place and content for the event are taken as they come, and pinned
+    again as served (tests/unit/test_feed_repin.py)."""
     unpinned = {"a": Seen(5, A, digest="d1", pinned=False)}
     moved_and_changed = [FeedEvent("a", 9, "d2")]
-    assert check_cursor_page(None, moved_and_changed, unpinned, {}) == CursorCheck([], [])
-    assert check_timestamp_page(4, moved_and_changed, unpinned) == TimestampCheck([], [])
+    repinned = moved_and_changed
+    assert check_cursor_page(None, moved_and_changed, unpinned, {}) == CursorCheck([], [], repinned)
+    assert check_timestamp_page(4, moved_and_changed, unpinned) == TimestampCheck([], [], repinned)
     # a stop says where the page served the event, for the operator's acceptance
     pinned = check_cursor_page(None, moved_and_changed, {"a": Seen(5, A, digest="d1")}, {})
     assert isinstance(pinned, Stop) and pinned.order == 9
