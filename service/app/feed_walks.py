@@ -139,6 +139,7 @@ class FeedWalks:
         ]
         if await self._events.outcomes(name, checked.process, behind, seen, alarms) is None:
             return  # an event not decided: the walk reads this page again, never past it
+        await self._events.repin(name, checked.repin, places=True)
         done = not page.events or len(behind) < len(page.events)
         done = done or page.next_cursor == cursor
         following = None if done else page.next_cursor
@@ -176,6 +177,7 @@ class FeedWalks:
         ]
         if await self._events.outcomes(name, checked.process, behind, seen, alarms) is None:
             return after  # an event not decided: this page again, never past it
+        await self._events.repin(name, checked.repin, places=False)
         # The walk trusts no promise of the source (it is how a broken one shows): a short
         # page may be capped, so only an empty page or one reaching the closed timestamp ends
         # it; otherwise it goes on from the page's last timestamp, which may have been cut.

@@ -211,6 +211,7 @@ class FeedObserver:
         if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
         states, processed = outcomes
+        await self._events.repin(name, checked.repin, places=True)
         verdict = cursor_barrier(
             checkpoint.resume_cursor,
             page.next_cursor,
@@ -283,6 +284,7 @@ class FeedObserver:
         if outcomes is None:
             return Page(PageResult.UNAVAILABLE, len(events))
         states, processed = outcomes
+        await self._events.repin(name, checked.repin, places=False)
         promised = self.spec.promises
         # a page may be cut when it fills the limit, or when it is short but the source does
         # not promise that a short page is the whole answer (a silent cap)

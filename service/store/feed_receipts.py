@@ -19,12 +19,12 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, exists, false, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core import Observation
-from service.core.feed import ReceiptState, Seen
+from service.core.feed import FeedEvent, ReceiptState, Seen
 from service.store import keyset
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
@@ -121,6 +121,41 @@ class FeedReceipts:
                 )
             )
             return {row.event_order: row.event_id for row in rows}
+
+    async def repin(self, feed: str, served: Sequence[FeedEvent], *, places: bool) -> list[str]:
+        """Pin again, in one transaction, the unpinned receipts of ``served`` at the place
+        and content a page that passed the checks served them with (the checks' ``repin``);
+        the event ids pinned again. Only a receipt still unpinned is written: an observer
+        that read an older page and lost the race to one that pinned it since changes
+        nothing. ``places`` (cursor feeds, where a position is one event's): a receipt is
+        not pinned at a place another pinned receipt has taken meanwhile; it stays unpinned
+        until the feed serves it again."""
+        r = feed_receipts.c
+        other = feed_receipts.alias("other")
+        pinned: list[str] = []
+        if not served:
+            return pinned
+        async with self._engine.begin() as conn:
+            for event in served:
+                stmt = update(feed_receipts).where(
+                    r.feed == feed, r.event_id == event.event_id, r.pinned == false()
+                )
+                if places:
+                    stmt = stmt.where(
+                        ~exists().where(
+                            other.c.feed == feed,
+                            other.c.event_order == event.order,
+                            other.c.pinned,
+                            other.c.event_id != event.event_id,
+                        )
+                    )
+                written = await conn.execute(
+                    stmt.values(
+                        pinned=True, event_order=event.order, digest=event.digest
+                    ).returning(r.event_id)
+                )
+                pinned.extend(written.scalars())
+        return pinned
 
     async def receipt(self, feed: str, event_id: str) -> Receipt | None:
         r = feed_receipts.c
