@@ -49,7 +49,8 @@ class Receipt(msgspec.Struct, frozen=True):
     """the event's evidence as served, kept while the receipt is held"""
     signature: str | None = None
     pinned: bool = True
-    """False once an operator accepted a conflicting identity of its event"""
+    """False once an operator accepted a conflicting identity of its event, until a page that
+    passes serves the event again (:meth:`FeedReceipts.repin`)"""
     age: float = 0.0
     """seconds since the event was first seen, on the database's clock"""
 

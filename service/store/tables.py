@@ -388,7 +388,8 @@ feed_receipts = Table(
     Column("evidence", LargeBinary),
     Column("signature", String(256)),
     # false once an operator accepted a conflicting identity of the event: its outcome
-    # stays, its place and content are no longer held against what the feed serves
+    # stays, its place and content are no longer held against what the feed serves, until
+    # a page that passes serves the event: true again, at the place and content served
     Column("pinned", Boolean, nullable=False, server_default=text("true")),
     CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
 )
