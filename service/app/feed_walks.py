@@ -79,6 +79,11 @@ class FeedWalks:
         now = self._clock()
         if not self._marks or self._marks[-1][1] != cursor:
             self._marks.append((now, cursor))
+        self._forget_marks(now)
+
+    def _forget_marks(self, now: float) -> None:
+        """Forget the marks older than the newest one at least a window old: on promotion,
+        and when a pass starts (a feed that promotes no more still moves its base on)."""
         while len(self._marks) > 1 and self._marks[1][0] <= now - self._window:
             self._marks.popleft()
 
@@ -111,6 +116,7 @@ class FeedWalks:
         started at, if the observer has run for less)."""
         if "no-backfill" not in self.spec.promises:
             return ""
+        self._forget_marks(self._clock())
         return self._marks[0][1]
 
     async def _reconcile_page(self, checkpoint: Checkpoint) -> None:

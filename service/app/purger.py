@@ -35,8 +35,10 @@ MAX_BATCHES_PER_PASS = 200
 def feed_reach(specs: Sequence[FeedSpec], audit_window: float) -> dict[str, int]:
     """The feeds whose final receipts may be purged, each with how far behind its checkpoint
     its pages still reach: a timestamp feed's audit window; 0 for a cursor feed whose source
-    promises no-backfill. A cursor feed that may backfill is read again from its start, so
-    none of its receipts is ever out of reach (it is not listed)."""
+    promises no-backfill (behind the checkpoint it was promoted to longer ago than the
+    retention: its passes read after one promoted to one audit window ago). A cursor feed
+    that may backfill is read again from its start, so none of its receipts is ever out of
+    reach (it is not listed)."""
     reach: dict[str, int] = {}
     for spec in specs:
         if spec.kind == "timestamp":

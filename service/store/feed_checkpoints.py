@@ -17,7 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.tables import feed_checkpoints, inline, operations
+from service.store.tables import feed_checkpoints, feed_promotions, inline, operations
 
 __all__ = ["Checkpoint", "FeedCheckpoints"]
 
@@ -87,10 +87,14 @@ class FeedCheckpoints:
         self, current: Checkpoint, cursor: str, applied_position: int | None, now: datetime
     ) -> bool:
         """Move a cursor feed's checkpoint, if nobody moved it since ``current`` was read;
-        ``cursor`` is also the one a page was last promoted to (:attr:`Checkpoint.start_cursor`)."""
+        ``cursor`` is also the one a page was last promoted to (:attr:`Checkpoint.start_cursor`).
+        The move that wins notes, in the same statement, that the checkpoint passed
+        ``applied_position`` at ``now`` (``feed_promotions``; the first such note of a position
+        stands): the retention purge takes a receipt only once it was passed that long ago."""
         return await self._cas(
             current,
             new_version=True,
+            note_promotion=True,
             updated_at=now,
             resume_cursor=cursor,
             promoted_cursor=cursor,
@@ -121,26 +125,43 @@ class FeedCheckpoints:
         skip events, and no observer starts its passes from it."""
         return await self._cas(current, new_version=False, resume_cursor=cursor, caught_up_at=now)
 
-    async def _cas(self, current: Checkpoint, *, new_version: bool, **values: Any) -> bool:
+    async def _cas(
+        self, current: Checkpoint, *, new_version: bool, note_promotion: bool = False, **values: Any
+    ) -> bool:
         """Write ``values`` if the checkpoint is still as ``current`` read it (its version,
-        cursor and closed timestamp); ``new_version``: a position was passed."""
+        cursor and closed timestamp); ``new_version``: a position was passed;
+        ``note_promotion``: a row written moves a cursor feed's applied position, noted in
+        ``feed_promotions`` by the same statement (one with a common table expression)."""
         c = feed_checkpoints.c
         if new_version:
             values["version"] = c.version + 1
+        move = (
+            update(feed_checkpoints)
+            .where(
+                c.name == current.name,
+                c.version == current.version,
+                c.resume_cursor == current.resume_cursor,
+                c.closed_through_timestamp.is_not_distinct_from(current.closed_through_timestamp),
+            )
+            .values(**values)
+        )
         async with self._engine.begin() as conn:
-            moved = await conn.execute(
-                update(feed_checkpoints)
-                .where(
-                    c.name == current.name,
-                    c.version == current.version,
-                    c.resume_cursor == current.resume_cursor,
-                    c.closed_through_timestamp.is_not_distinct_from(
-                        current.closed_through_timestamp
+            if not note_promotion:
+                return (await conn.execute(move)).rowcount == 1
+            won = move.returning(c.name, c.applied_position, c.updated_at).cte("won")
+            noted = (
+                pg_insert(feed_promotions)
+                .from_select(
+                    ["feed", "applied_position", "promoted_at"],
+                    select(won.c.name, won.c.applied_position, won.c.updated_at).where(
+                        won.c.applied_position.is_not(None)
                     ),
                 )
-                .values(**values)
+                .on_conflict_do_nothing(index_elements=["feed", "applied_position"])
+                .cte("noted")
             )
-        return moved.rowcount == 1
+            moved = await conn.scalar(select(func.count()).select_from(won).add_cte(noted))
+        return moved == 1
 
     async def caught_up(self, name: str, now: datetime) -> None:
         """Note that a page came back with nothing new (for the lag shown to operators)."""

@@ -18,8 +18,11 @@
   main pages ask strictly after the closed timestamp and its audit reads back the audit
   window, so a receipt whose timestamp is more than the window behind the closed timestamp
   is out of every page's reach; a cursor feed whose source promises ``no-backfill`` asks
-  only after its checkpoint, so a receipt at or below the applied position is out of reach;
-  a cursor feed that may backfill is read again from its start, so its receipts are kept.
+  only after its checkpoint and reads again from the checkpoint it was promoted to one audit
+  window ago, so a receipt at or below a position the checkpoint was promoted to longer ago
+  than ``feed_rows`` (``feed_promotions``: when it was passed, not when it was decided) is
+  out of reach, and the promotions behind the newest such one go too; a cursor feed that
+  may backfill is read again from its start, so its receipts are kept.
   Only an overlap page repeats an event behind that reach; one whose receipt is gone is
   decided again like any late event (alarmed; its operation's settled or expired outcome
   makes it a replay or a quarantine), never a second effect. Holds are never purged.
@@ -142,15 +145,29 @@ SELECT count(*) FROM gone
 """
 )
 
+# Per cursor feed, the greatest position its checkpoint was promoted to at or before
+# :cutoff (NULL: no promotion that long ago): what the checkpoint has been past for the
+# retention. Every pass reads after a checkpoint promoted to less than the retention ago.
+_PASSED = """passed AS (
+    SELECT c.name,
+           (SELECT max(p.applied_position) FROM feed_promotions p
+             WHERE p.feed = c.name AND p.promoted_at <= :cutoff) AS position
+      FROM feed_checkpoints c
+     WHERE c.kind = 'cursor'
+)"""
+
 _FORGET_RECEIPTS = text(
     """
 WITH reach AS (
     SELECT * FROM unnest(CAST(:names AS text[]), CAST(:reach AS bigint[])) AS f(name, reach)
-), floors AS (
+), """
+    + _PASSED
+    + """, floors AS (
     SELECT c.name,
            CASE c.kind WHEN 'timestamp' THEN c.closed_through_timestamp - reach.reach
-                       ELSE c.applied_position + 1 END AS floor
+                       ELSE passed.position + 1 END AS floor
       FROM feed_checkpoints c JOIN reach ON reach.name = c.name
+      LEFT JOIN passed ON passed.name = c.name
 ), doomed AS (
     SELECT r.feed, r.event_id
       FROM feed_receipts r JOIN floors ON floors.name = r.feed
@@ -161,6 +178,26 @@ WITH reach AS (
 ), gone AS (
     DELETE FROM feed_receipts r USING doomed d
      WHERE (r.feed, r.event_id) = (d.feed, d.event_id)
+    RETURNING 1
+)
+SELECT count(*) FROM gone
+"""
+)
+
+# A promotion behind the newest one past the retention no longer sets any floor.
+_FORGET_PROMOTIONS = text(
+    """
+WITH """
+    + _PASSED
+    + """, doomed AS (
+    SELECT p.feed, p.applied_position
+      FROM feed_promotions p JOIN passed ON passed.name = p.feed
+     WHERE p.applied_position < passed.position
+     LIMIT :batch
+     FOR UPDATE OF p SKIP LOCKED
+), gone AS (
+    DELETE FROM feed_promotions p USING doomed d
+     WHERE (p.feed, p.applied_position) = (d.feed, d.applied_position)
     RETURNING 1
 )
 SELECT count(*) FROM gone
@@ -237,8 +274,9 @@ class RetentionStore:
         return PurgePage(purged=int(forgotten), full=forgotten >= batch)
 
     async def forget_feed_rows(self, batch: int, now: datetime) -> PurgePage:
-        """Delete up to ``batch`` final feed receipts out of every page's reach and up to
-        ``batch`` alarms, each past ``feed_rows``, in one transaction."""
+        """Delete up to ``batch`` final feed receipts out of every page's reach, up to
+        ``batch`` alarms, each past ``feed_rows``, and up to ``batch`` cursor feed promotions
+        behind the newest one past ``feed_rows``, in one transaction."""
         cutoff = now - timedelta(seconds=self.retention.feed_rows)
         names = sorted(self.retention.feed_reach)
         reach = [self.retention.feed_reach[name] for name in names]
@@ -252,8 +290,12 @@ class RetentionStore:
             alarms = (
                 await conn.execute(_FORGET_ALARMS, {"cutoff": cutoff, "batch": batch})
             ).scalar_one()
+            promotions = (
+                await conn.execute(_FORGET_PROMOTIONS, {"cutoff": cutoff, "batch": batch})
+            ).scalar_one()
         return PurgePage(
-            purged=int(receipts) + int(alarms), full=receipts >= batch or alarms >= batch
+            purged=int(receipts) + int(alarms) + int(promotions),
+            full=max(receipts, alarms, promotions) >= batch,
         )
 
     async def forget_orphans(self, batch: int, now: datetime) -> PurgePage:

@@ -34,6 +34,7 @@ __all__ = [
     "console_sessions",
     "feed_alarms",
     "feed_checkpoints",
+    "feed_promotions",
     "feed_receipts",
     "inline",
     "metadata",
@@ -67,15 +68,7 @@ metadata = MetaData(naming_convention=NAMING)
 
 OPERATION_STATES = ("in_progress", "unknown", "completed", "failed", "conflict")
 OBSERVATION_KINDS = ("in_progress", "unknown", "completed", "failed")
-OBSERVATION_SOURCES = (
-    "attempt",
-    "late_response",
-    "evidence",
-    "feed",
-    "sweeper",
-    "claim",
-    "admin",
-)
+OBSERVATION_SOURCES = ("attempt", "late_response", "evidence", "feed", "sweeper", "claim", "admin")
 DISPOSITIONS = ("applied", "strengthened", "ignored", "quarantined", "conflict")
 ROLES = ("client", "observer", "admin")
 
@@ -365,6 +358,19 @@ feed_checkpoints = Table(
     Column("promoted_cursor", Text),
     CheckConstraint(_in("kind", FEED_KINDS), name="kind"),
     CheckConstraint("version >= 1", name="version"),
+)
+
+# a cursor feed's checkpoint was promoted to applied_position at promoted_at (its first
+# promotion there: written with the CAS that won it); the retention purge takes a receipt of a
+# no-backfill feed only once the checkpoint has been past it for the retention
+# (docs/design.md §9)
+feed_promotions = Table(
+    "feed_promotions",
+    metadata,
+    Column("feed", String(64), primary_key=True),
+    Column("applied_position", BigInteger, primary_key=True),
+    Column("promoted_at", DateTime(timezone=True), nullable=False),
+    Index("ix_feed_promotions_feed_promoted_at", "feed", "promoted_at"),
 )
 
 feed_receipts = Table(

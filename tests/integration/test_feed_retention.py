@@ -1,6 +1,7 @@
 """Retention of the feeds' own rows against real PostgreSQL (service/store/retention.py,
 service/app/purger.py): final receipts out of every page's reach and alarms not raised
-again go after ``feed_rows``; holds, receipts a page may still serve, and every receipt of
+again go after ``feed_rows``; holds, receipts a page may still serve (on a no-backfill
+cursor feed: those its checkpoint passed less than ``feed_rows`` ago), and every receipt of
 a cursor feed that may backfill stay; observations written about an expired operation go
 with its tombstone, and those about an operation that was never here after ``orphans``."""
 
@@ -14,8 +15,11 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import TextClause
 
+from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.app.purger import Purger, feed_reach
 from service.config import FeedSpec
+from service.domain.feeds import CursorPage
+from service.store.feeds import FeedStore
 from service.store.retention import (  # a purge statement, for its plan
     _FORGET_ORPHANS,
     Retention,
@@ -23,10 +27,24 @@ from service.store.retention import (  # a purge statement, for its plan
 )
 from service.store.rows import at
 from service.store.settlement import SettlementStore
-from service.store.tables import feed_alarms, feed_receipts, observations, tombstones
+from service.store.tables import (
+    feed_alarms,
+    feed_promotions,
+    feed_receipts,
+    observations,
+    tombstones,
+)
 from service.telemetry import Metrics
 from tests.integration.factories import Clock, new_operation
-from tests.integration.test_feed_observer import set_checkpoint
+from tests.integration.test_feed_observer import (
+    ScriptedFeed,
+    event,
+    foreign,
+    observer,
+    receipt_states,
+    set_checkpoint,
+    unknown_payout,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +81,26 @@ async def receipt(
         )
 
 
+async def promoted(engine: AsyncEngine, feed: str, position: int, age: float, clock: Clock) -> None:
+    """The feed's checkpoint was promoted to ``position`` ``age`` seconds before now."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            feed_promotions.insert().values(
+                feed=feed, applied_position=position, promoted_at=at(clock() - age)
+            )
+        )
+
+
+async def promotions(engine: AsyncEngine, feed: str) -> list[int]:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(feed_promotions.c.applied_position)
+            .where(feed_promotions.c.feed == feed)
+            .order_by(feed_promotions.c.applied_position)
+        )
+        return [row.applied_position for row in found]
+
+
 async def kept(engine: AsyncEngine, feed: str) -> set[str]:
     async with engine.connect() as conn:
         found = await conn.execute(
@@ -94,6 +132,7 @@ async def test_a_cursor_feeds_receipts_go_behind_its_checkpoint_only_if_it_never
     engine: AsyncEngine, clock: Clock, feed_name: str, no_backfill: bool
 ) -> None:
     await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C", applied_position=50)
+    await promoted(engine, feed_name, 50, KEEP + 1, clock)
     old = KEEP + 1
     await receipt(engine, feed_name, "behind", 40, "applied", old, clock)
     await receipt(engine, feed_name, "at", 50, "quarantined", old, clock)
@@ -108,6 +147,90 @@ async def test_a_cursor_feeds_receipts_go_behind_its_checkpoint_only_if_it_never
     # a feed that may backfill is read again from its start: every receipt is in reach
     expected = {"ahead"} if no_backfill else {"behind", "at", "ahead"}
     assert await kept(engine, feed_name) == expected
+
+
+async def test_a_no_backfill_feeds_receipts_go_once_its_checkpoint_passed_them_a_retention_ago(
+    engine: AsyncEngine, clock: Clock, feed_store: FeedStore, feed_name: str
+) -> None:
+    """A receipt decided long ago that the checkpoint passed only lately (a jump after a
+    hold) stays until the promotion that passed it is older than the retention; then it
+    goes, and so do the promotions behind the newest one that old."""
+    spec = FeedSpec(feed_name, "cursor", "http://f.invalid/c", frozenset({"no-backfill"}))
+    policy = retention(**feed_reach([spec], WINDOW))
+    await set_checkpoint(engine, feed_name, "cursor", resume_cursor="C10", applied_position=10)
+    await promoted(engine, feed_name, 10, KEEP + DAY, clock)
+    old = 2 * KEEP
+    await receipt(engine, feed_name, "passed-long-ago", 10, "applied", old, clock)
+    await receipt(engine, feed_name, "passed-lately", 40, "applied", old, clock)
+    await receipt(engine, feed_name, "ahead", 60, "applied", old, clock)
+    current = await feed_store.checkpoint(feed_name, "cursor")
+    assert await feed_store.promote_cursor(current, "C50", 50, at(clock()))  # the jump
+    assert not await feed_store.promote_cursor(current, "C90", 90, at(clock()))  # lost: no note
+
+    await purger(engine, clock, policy).run_once()
+
+    assert await kept(engine, feed_name) == {"passed-lately", "ahead"}
+    assert await promotions(engine, feed_name) == [10, 50]
+    clock.advance(KEEP - 1)
+    again = await feed_store.checkpoint(feed_name, "cursor")
+    # an overlap page promotes to a new cursor at the same position: passed when first noted
+    assert await feed_store.promote_cursor(again, "C50b", 50, at(clock()))
+    await purger(engine, clock, policy).run_once()
+    assert await kept(engine, feed_name) == {"passed-lately", "ahead"}
+
+    clock.advance(1)
+    await purger(engine, clock, policy).run_once()
+
+    assert await kept(engine, feed_name) == {"ahead"}
+    assert await promotions(engine, feed_name) == [50]
+
+
+async def test_a_checkpoint_jumping_after_a_long_hold_leaves_the_next_pass_its_receipts(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+) -> None:
+    """A hold keeps a no-backfill cursor feed's checkpoint behind a decided receipt for
+    longer than the retention; the checkpoint jumps over it; a purge runs; the next
+    reconciliation pass (from the checkpoint of one audit window ago) still reads it and
+    finds its receipt: no false backfill alarm. Once the jump is older than the retention,
+    the pass reads after it and the receipts go."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", frozenset({"no-backfill"}))
+    policy = retention(**feed_reach([spec], WINDOW))
+    payout, later = await unknown_payout(store, principal_id, clock), str(uuid.uuid4())
+    feed = ScriptedFeed(spec)
+    feed.cursor_pages[""] = CursorPage(
+        events=[foreign("h5", later, position=5), event(payout, "e10", position=10)],
+        next_cursor="C10",
+    )
+    # an event about an operation not here yet is held (for longer than the retention)
+    watcher = observer(spec, feed, store, feed_store, engine, clock, audit_window=WINDOW)
+    assert (await watcher.run_once()).result is PageResult.BLOCKED
+    assert await receipt_states(engine, feed_name) == {"h5": "held", "e10": "applied"}
+    clock.advance(KEEP + DAY)
+    await unknown_payout(store, principal_id, clock, new_operation_id=later)
+    assert (await watcher.run_once()).result is PageResult.PROMOTED  # h5 settled: the jump
+
+    await purger(engine, clock, policy).run_once()
+    for _ in range(AUDIT_EVERY):
+        await watcher.run_once()
+
+    assert ("", MAX_PAGE) in feed.asked  # the pass read the jumped-over receipts again
+    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "backfill"]
+    assert await receipt_states(engine, feed_name) == {"h5": "applied", "e10": "applied"}
+
+    clock.advance(KEEP + 1)
+    asked = len(feed.asked)
+    await purger(engine, clock, policy).run_once()
+    for _ in range(2 * AUDIT_EVERY):
+        await watcher.run_once()
+
+    assert ("", MAX_PAGE) not in feed.asked[asked:]  # the pass reads after the jump now
+    assert await receipt_states(engine, feed_name) == {}
+    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "backfill"]
 
 
 async def test_receipts_of_a_feed_this_process_does_not_observe_stay(
