@@ -60,18 +60,22 @@ class FeedWalks:
         self._clock = clock
         self._window = int(audit_window)
         self._failures = 0  # walk pages in a row the source did not give
-        # (clock, cursor): the checkpoint the observer started at and those it promoted to,
-        # oldest first, kept for one audit window: a no-backfill cursor feed is read again
-        # from one a window old. A token adopted from an empty page is never one (it could
-        # skip events), nor one another observer made (reading back further is only safer)
+        # (clock, cursor): the checkpoint the observer started at and those a page was
+        # promoted to since, by it or by another observer, oldest first, kept for one audit
+        # window: a no-backfill cursor feed is read again from one a window old. A token
+        # adopted from an empty page is never one (it could skip events)
         self._marks: deque[tuple[float, str]] = deque()
 
-    def started_at(self, cursor: str) -> None:
-        """The checkpoint the observer starts from (:attr:`Checkpoint.start_cursor`: the
-        cursor a page was last promoted to, never a token adopted from an empty page): the
-        base of its first passes."""
-        if not self._marks:
-            self.promoted_to(cursor)
+    def at_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """The checkpoint as a page reads it: the cursor a page was last promoted to is
+        remembered as of now, whoever promoted (an observer that never wins a promotion
+        still moves its passes' base on, as far as the retention purge lets receipts go:
+        R3). Another observer's promotion is seen after it was made, so its mark is dated
+        late and the base it gives is never newer than the one a promoting observer has. A
+        row written before migration 0013 has no such cursor: its ``resume_cursor`` stands
+        in as the first mark only (it may be a token adopted from an empty page)."""
+        if checkpoint.promoted_cursor is not None or not self._marks:
+            self.promoted_to(checkpoint.start_cursor)
 
     def promoted_to(self, cursor: str) -> None:
         """Remember a cursor the observer promoted to, as of now (once per cursor),

@@ -191,7 +191,7 @@ class FeedObserver:
     async def _cursor_page(self, checkpoint: Checkpoint) -> Page:
         name = self.spec.name
         self._pages += 1
-        self._walks.started_at(checkpoint.start_cursor)
+        self._walks.at_checkpoint(checkpoint)
         if self._walk_due():
             await self._walks.page(checkpoint)
         page = await self._client.cursor_page(checkpoint.resume_cursor, self._limit)

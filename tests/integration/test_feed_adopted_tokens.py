@@ -114,3 +114,43 @@ async def test_an_observer_starts_its_passes_at_the_promoted_cursor_or_the_resum
     assert (await watcher.run_once()).result is PageResult.CAUGHT_UP
     passes = [cursor for cursor, limit in feed.asked if limit == MAX_PAGE]
     assert passes == ["C30" if promoted_cursor is None else "C10"]
+
+
+async def test_an_observer_that_never_promotes_moves_its_passes_base_with_the_others(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    principal_id: uuid.UUID,
+    feed_name: str,
+) -> None:
+    """Two observers of a no-backfill feed; one always promotes first. The other remembers
+    the promotions it reads on the checkpoint, so one audit window after the checkpoint was
+    promoted to C30 its passes start there, not at C10 where it started (the purge takes
+    the receipts behind a checkpoint of one retention ago: a base left behind would read
+    events whose receipts are gone)."""
+    spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", frozenset({"no-backfill"}))
+    first, second = [await unknown_payout(store, principal_id, clock) for _ in range(2)]
+    source = ScriptedFeed(spec)
+    source.cursor_pages[""] = CursorPage(
+        events=[event(first, "e10", position=10)], next_cursor="C10"
+    )
+    promoter = observer(spec, source, store, feed_store, engine, clock, audit_window=300)
+    follower_feed = ScriptedFeed(spec)  # every page it asks for is empty: it never promotes
+    follower = observer(spec, follower_feed, store, feed_store, engine, clock, audit_window=300)
+    assert (await promoter.run_once()).result is PageResult.PROMOTED
+    page = await follower.run_once()
+    assert page.result is PageResult.CAUGHT_UP
+    follower.wait_after(page)  # idle: each request also reads a page of its pass
+
+    clock.advance(100)
+    source.cursor_pages["C10"] = CursorPage(
+        events=[event(second, "e30", position=30)], next_cursor="C30"
+    )
+    assert (await promoter.run_once()).result is PageResult.PROMOTED
+    assert (await follower.run_once()).result is PageResult.CAUGHT_UP  # C30 is not old yet
+    clock.advance(300)  # the promotion to C30 is one audit window old
+    assert (await follower.run_once()).result is PageResult.CAUGHT_UP
+
+    passes = [cursor for cursor, limit in follower_feed.asked if limit == MAX_PAGE]
+    assert passes == ["C10", "C30"]
