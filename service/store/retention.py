@@ -17,7 +17,9 @@
   A receipt is kept while its event may still be served to its observer: a timestamp feed's
   main pages ask strictly after the closed timestamp and its audit reads back the audit
   window, so a receipt whose timestamp is more than the window behind the closed timestamp
-  is out of every page's reach; a cursor feed whose source promises ``no-backfill`` asks
+  is out of every page's reach, unless an audit walk under way (``walk_after``: begun
+  before the closed timestamp jumped) still reads after it on its way to the closed
+  timestamp; a cursor feed whose source promises ``no-backfill`` asks
   only after its checkpoint and reads again from the checkpoint it was promoted to one audit
   window ago, so a receipt at or below a position the checkpoint was promoted to longer ago
   than ``feed_rows`` (``feed_promotions``: when it was passed, not when it was decided) is
@@ -164,8 +166,16 @@ WITH reach AS (
     + _PASSED
     + """, floors AS (
     SELECT c.name,
-           CASE c.kind WHEN 'timestamp' THEN c.closed_through_timestamp - reach.reach
-                       ELSE passed.position + 1 END AS floor
+           CASE c.kind
+               WHEN 'timestamp' THEN
+                   -- the next walk reads after one window behind the closed timestamp; a
+                   -- walk under way reads after walk_after (-1: from the start) up to the
+                   -- then closed timestamp. walk_after NULL (no walk under way) or no
+                   -- closed timestamp leaves the comparison NULL: the ELSE arm
+                   CASE WHEN c.walk_after + 1 < c.closed_through_timestamp - reach.reach
+                        THEN c.walk_after + 1
+                        ELSE c.closed_through_timestamp - reach.reach END
+               ELSE passed.position + 1 END AS floor
       FROM feed_checkpoints c JOIN reach ON reach.name = c.name
       LEFT JOIN passed ON passed.name = c.name
 ), doomed AS (

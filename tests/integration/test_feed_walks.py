@@ -1,7 +1,7 @@
 """The walks behind a feed's checkpoint (service/app/feed_walks.py) on either feed kind: a
 walk page whose event is left without an outcome is read again, a timestamp feed's audit
-page the source refuses, and an idle timestamp observer's audit. Real PostgreSQL, scripted
-feeds."""
+page the source refuses, an idle timestamp observer's audit, and the audit's kept place
+across a restart. Real PostgreSQL, scripted feeds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.feed_walks import WALK_FAILURES
-from service.app.observer import MAX_PAGE, PageResult
+from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage, FeedUnavailable, TimestampPage
 from service.store.feeds import FeedStore
@@ -179,3 +179,50 @@ async def test_an_idle_timestamp_feed_reads_a_page_of_its_audit_with_every_reque
     assert walked(feed)[0] == 1000 - 300 - 1  # one audit window behind the closed timestamp
     late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
     assert late == {f"x{n}" for n in range(5)}  # the audit read them: late, each alarmed
+
+
+class Trickled(ScriptedFeed):
+    """A timestamp source that serves at most ``cap`` events a page, whatever the limit
+    asked: an audit page (asked for 500) ends short of the closed timestamp, and the walk
+    goes on from its last timestamp."""
+
+    def __init__(self, spec: FeedSpec, cap: int) -> None:
+        super().__init__(spec)
+        self.cap = cap
+
+    async def timestamp_page(self, after: int | None, limit: int) -> TimestampPage:
+        page = await super().timestamp_page(after, limit)
+        return TimestampPage(events=page.events[: self.cap], finality_watermark=self.watermark)
+
+
+async def test_an_audit_goes_on_where_it_was_after_a_restart(
+    engine: AsyncEngine,
+    store: SettlementStore,
+    feed_store: FeedStore,
+    clock: Clock,
+    feed_name: str,
+) -> None:
+    """Where the audit reads next (``walk_after``) is kept on the checkpoint's row: an
+    observer started anew on the feed goes on from there, not from one audit window behind
+    the closed timestamp (one restarted more often than a walk takes would otherwise never
+    reach the closed timestamp)."""
+    spec = FeedSpec(feed_name, "timestamp", "http://feed.invalid/timestamp", TIMESTAMP_PROMISES)
+    await set_checkpoint(engine, feed_name, "timestamp", closed_through_timestamp=1000)
+    feed = Trickled(spec, cap=2)
+    feed.events = [foreign(name, timestamp=stamp) for name, stamp in [("x", 750), ("y", 800)]]
+    feed.events.append(foreign("z", timestamp=900))  # none has a receipt: each is late
+    before = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
+    for _ in range(AUDIT_EVERY):
+        await before.run_once()
+    assert walked(feed) == [1000 - 300 - 1]
+    assert await walk_place(feed_store, feed_name, "timestamp") == 799  # on from y's, cut
+
+    after = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)  # a restart
+    for _ in range(AUDIT_EVERY):
+        await after.run_once()
+
+    assert walked(feed) == [699, 799]  # on from the kept place, not 699 again
+    assert await receipt_states(engine, feed_name) == {n: "quarantined" for n in "xyz"}
+    late = [a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"]
+    assert sorted(late) == ["x", "y", "z"]
+    assert await walk_place(feed_store, feed_name, "timestamp") == 899
