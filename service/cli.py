@@ -315,7 +315,7 @@ def _sweep(args: argparse.Namespace, settings: Settings) -> int:
     print(f"demoted {demoted} operation(s)")
     print(
         f"purged {purged.operations} expired operation(s), forgot {purged.tombstones} tombstone(s)"
-        f", {purged.feed_rows} feed receipt(s) and alarm(s)"
+        f", {purged.feed_rows} feed receipt(s), alarm(s) and promotion(s)"
         f" and {purged.orphans} observation(s) about no operation"
     )
     return 0

@@ -4,7 +4,8 @@ An observer's evidence, or a feed event past its grace, about an operation that 
 is recorded as a quarantined ``unknown-operation`` observation. Nothing ever deleted these:
 the purge deletes observations with their operation or its tombstone, and these have
 neither. A partial index finds them oldest first; every other observation (one per
-settlement, the bulk) never enters it.
+settlement, the bulk) never enters it. It is built concurrently: a server still running
+the previous revision keeps writing observations meanwhile.
 
 Revision ID: 0012
 Revises: 0011
@@ -27,18 +28,22 @@ UNKNOWN = sa.text("reason = 'unknown-operation'")
 
 
 def upgrade() -> None:
-    op.create_index(
-        "ix_observations_unknown_operation_created_at",
-        "observations",
-        ["created_at"],
-        unique=False,
-        postgresql_where=UNKNOWN,
-    )
+    with op.get_context().autocommit_block():
+        op.create_index(
+            "ix_observations_unknown_operation_created_at",
+            "observations",
+            ["created_at"],
+            unique=False,
+            postgresql_where=UNKNOWN,
+            postgresql_concurrently=True,
+        )
 
 
 def downgrade() -> None:
-    op.drop_index(
-        "ix_observations_unknown_operation_created_at",
-        table_name="observations",
-        postgresql_where=UNKNOWN,
-    )
+    with op.get_context().autocommit_block():
+        op.drop_index(
+            "ix_observations_unknown_operation_created_at",
+            table_name="observations",
+            postgresql_where=UNKNOWN,
+            postgresql_concurrently=True,
+        )

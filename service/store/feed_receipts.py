@@ -28,7 +28,7 @@ from service.core.feed import FeedEvent, ReceiptState, Seen
 from service.store import keyset
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
-from service.store.tables import feed_receipts, inline
+from service.store.tables import feed_checkpoints, feed_receipts, inline
 from service.store.unit_of_work import UnitOfWork
 
 __all__ = ["FeedReceipts", "Receipt", "SettlePhase"]
@@ -130,13 +130,17 @@ class FeedReceipts:
         that read an older page and lost the race to one that pinned it since changes
         nothing. ``places`` (cursor feeds, where a position is one event's): a receipt is
         not pinned at a place another pinned receipt has taken meanwhile; it stays unpinned
-        until the feed serves it again."""
+        until the feed serves it again. Re-pinnings of one cursor feed take turns on its
+        checkpoint's row, so each sees the pins the one before it committed."""
         r = feed_receipts.c
         other = feed_receipts.alias("other")
         pinned: list[str] = []
         if not served:
             return pinned
         async with self._engine.begin() as conn:
+            if places:
+                c = feed_checkpoints.c
+                await conn.execute(select(c.name).where(c.name == feed).with_for_update())
             for event in served:
                 stmt = update(feed_receipts).where(
                     r.feed == feed, r.event_id == event.event_id, r.pinned == false()

@@ -142,7 +142,9 @@ DECLARED: dict[str, _Declared] = {
         "counter", "Tombstones deleted after their retention."
     ),
     "settlement_forgotten_feed_rows_total": _Declared(
-        "counter", "Final feed receipts out of every page's reach, and feed alarms, deleted."
+        "counter",
+        "Final feed receipts out of every page's reach, feed alarms, and cursor feed "
+        "promotions behind the purge's floor, deleted.",
     ),
     "settlement_forgotten_orphan_observations_total": _Declared(
         "counter", "Observations about an operation that was never here, deleted."

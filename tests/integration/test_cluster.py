@@ -4,6 +4,7 @@ replica each, devstack.EmbeddedRedisCluster), and the failover of one master."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import tempfile
 import uuid
@@ -18,6 +19,7 @@ import redis
 from redis.asyncio import RedisCluster
 
 from devstack import EmbeddedRedisCluster
+from service.app.root import Settlement
 from service.config import Settings
 from service.leases import (
     AnyRedis,
@@ -190,7 +192,7 @@ async def test_a_url_naming_several_nodes_reaches_the_cluster_past_a_dead_one(
     assert await leases.release(held) is True
 
 
-async def test_a_server_reads_the_slots_at_start_and_starts_without_them_when_none_answers(
+async def test_a_warmed_lease_client_has_read_the_slots_and_one_of_no_node_says_so(
     cluster: EmbeddedRedisCluster,
 ) -> None:
     """``LeaseRedis.warm``, which ``Settlement.open`` calls: the slots are read before the
@@ -211,6 +213,28 @@ async def test_a_server_reads_the_slots_at_start_and_starts_without_them_when_no
             assert await client.warm(TIMEOUT) is False
     finally:
         await client.aclose()
+
+
+async def test_a_server_whose_cluster_does_not_answer_starts_and_says_so(
+    migrated_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Settlement.open`` warms the lease client; with no node answering it logs a warning
+    within its bound and starts all the same (requests get 503 until a node is back)."""
+    dead = f"redis+cluster://127.0.0.1:{_dead_port()}"
+    settings = Settings.from_env(
+        {}, database_url=migrated_url, redis_url=dead, redis_timeout=TIMEOUT
+    )
+    with caplog.at_level(logging.WARNING, logger="settlement.leases"):
+        async with asyncio.timeout(PROMPT):
+            settlement = await Settlement.open(settings, background=False)
+    try:
+        warned = [r.getMessage() for r in caplog.records if r.name == "settlement.leases"]
+        assert warned == [
+            "the Redis Cluster's slots could not be read at start; the first lease command "
+            "reads them"
+        ]
+    finally:
+        await settlement.close()
 
 
 async def _masters(client: AnyRedis) -> list[object]:

@@ -18,7 +18,7 @@ from service.app.feed_events import event_digest
 from service.app.observer import PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage
-from service.store.feed_alarms import InOnePage
+from service.store.feed_alarms import Accepted, InOnePage
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
 from service.store.tables import feed_receipts
@@ -85,7 +85,7 @@ async def test_an_event_served_at_another_position_stops_the_feed_until_accepted
 
     accepted = await feed_store.accept_conflict(feed_name, "e1", now())
 
-    assert accepted is not None and accepted.unpinned == ["e1"]
+    assert isinstance(accepted, Accepted) and accepted.unpinned == ["e1"]
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     checkpoint = await feed_store.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("B", 3)
@@ -116,7 +116,7 @@ async def test_another_event_at_a_served_position_is_accepted_by_unpinning_the_o
 
     accepted = await feed_store.accept_conflict(feed_name, "x", now())
 
-    assert accepted is not None and accepted.unpinned == ["y"]  # x has no receipt yet
+    assert isinstance(accepted, Accepted) and accepted.unpinned == ["y"]  # x has no receipt yet
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert await receipt_states(engine, feed_name) == {"y": "applied", "x": "applied"}
     assert await feed_settlements(engine, newcomer.operation_id) == 1
@@ -145,7 +145,7 @@ async def test_a_settled_event_served_with_other_content_resumes_once_accepted(
 
     accepted = await feed_store.accept_conflict(feed_name, "e1", now())
 
-    assert accepted is not None and accepted.unpinned == ["e1"]
+    assert isinstance(accepted, Accepted) and accepted.unpinned == ["e1"]
     feed.watermark = 20
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 20
@@ -209,7 +209,7 @@ async def test_an_accepted_move_is_pinned_where_it_passed_and_a_later_move_stops
         events=[moved, event(second, "e2", position=3)], next_cursor="B"
     )
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
     assert (await placed(engine, feed_name))["e1"] == (1, False, event_digest(moved))
 
     assert (await watcher.run_once()).result is PageResult.PROMOTED
@@ -249,7 +249,7 @@ async def test_an_unpinned_owner_is_pinned_again_where_it_is_served_next(
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     feed.cursor_pages["A"] = CursorPage(events=[event(newcomer, "x", position=5)], next_cursor="B")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert await feed_store.accept_conflict(feed_name, "x", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "x", now()), Accepted)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     pins_now = {k: v[:2] for k, v in (await placed(engine, feed_name)).items()}
     assert pins_now == {"y": (5, False), "x": (5, True)}  # y not served: as accepted
@@ -288,7 +288,7 @@ async def test_an_accepted_content_is_pinned_and_other_content_or_place_stops_ag
     other = foreign("e1", timestamp=10)
     feed.events = [other]
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
 
     assert (await watcher.run_once()).result is PageResult.CAUGHT_UP  # passes; 10 stays open
 
@@ -327,7 +327,7 @@ async def test_a_page_stopped_for_another_reason_pins_nothing_again(
     moved = event(first, "e1", position=3)
     feed.cursor_pages["A"] = CursorPage(events=[moved], next_cursor="B")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
     feed.cursor_pages["A"] = CursorPage(
         events=[moved, event(second, "e2", position=2)], next_cursor="B"
     )

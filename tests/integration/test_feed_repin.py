@@ -18,6 +18,7 @@ from service.app.feed_events import event_digest
 from service.app.observer import PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage
+from service.store.feed_alarms import Accepted
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
 from tests.integration.factories import Clock
@@ -60,7 +61,7 @@ async def accepted_move(
     fresh = observer(spec, fresh_feed, store, feed_store, engine, clock)
     assert (await fresh.run_once()).result is PageResult.PROMOTED
     assert (await fresh.run_once()).result is PageResult.STOPPED
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
     # the stale observer's page: e1 at 2, and e2 (new) at 3, where it waits once e2 is decided
     stale_feed.cursor_pages["A"] = CursorPage(
         events=[event(ops[0], "e1", position=2), event(ops[1], "e2", position=3)],
@@ -154,7 +155,7 @@ async def test_a_conflict_the_audit_found_is_pinned_again_by_the_audits_next_pag
     await watcher.run_once()
     alarms = await feed_store.alarms(feed_name)
     assert [(a.kind, a.detail.split(":")[0]) for a in alarms] == [("conflicting-identity", "audit")]
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is not None
+    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
 
     await watcher.run_once()
 
