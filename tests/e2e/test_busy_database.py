@@ -14,7 +14,11 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+import redis
 
+from service.app.routes import TRANSFERS
+from service.core.model import Scope
+from service.leases.lease import DEFAULT_PREFIX
 from service.store.pool import plain_dsn
 from tests.conftest import Services
 from tests.e2e.client import (
@@ -26,6 +30,7 @@ from tests.e2e.client import (
     new_principal,
     scalar,
     transfer,
+    until,
 )
 from tests.e2e.server import ServerProcess
 
@@ -210,7 +215,7 @@ def test_a_database_connection_lost_mid_request_is_a_503_and_the_retry_moves_mon
 
 
 def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_holds_it(
-    server: ServerProcess, services: Services, app_database: str
+    server: ServerProcess, services: Services, app_database: str, request: pytest.FixtureRequest
 ) -> None:
     """One slot per principal, a lease of 1 s, and an effect that holds its slot for 2.5 s: a
     second request queues for the slot far past its lease. It takes the lease anew and runs
@@ -219,8 +224,16 @@ def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_h
     one depends on whose lease is live when each gets the slot)."""
     queued = {**slots_env(running=1, slot_wait=8, effect_sleep=2.5), "SETTLEMENT_LEASE_TTL": "1"}
     # the principal and its accounts from the module's server (no failpoint)
-    key = new_principal(server.base_url)["api_key"]
+    principal = new_principal(server.base_url)
+    key = principal["api_key"]
     pairs = account_pairs(server, key, 2)
+    leases = redis.Redis.from_url(services.redis_url)
+    request.addfinalizer(leases.close)
+
+    def lease_of(idempotency_key: str) -> str:
+        scope = Scope("acme", uuid.UUID(principal["id"]), TRANSFERS.route, idempotency_key)
+        return DEFAULT_PREFIX + scope.lease_name()
+
     with ServerProcess(app_database, services.redis_url, env=queued) as slow:
         answers: dict[str, httpx.Response] = {}
 
@@ -237,7 +250,10 @@ def test_a_request_that_queued_past_its_lease_takes_it_anew_unless_a_duplicate_h
             in_effect(app_database, 1)  # the holder runs its effect, in the one slot
             sent.append(send(f"{round_}-queued", f"{round_}-queued", 1))
             if duplicate:
-                time.sleep(1.3)  # time itself: the queued request's 1 s lease runs out
+                # the queued request took its 1 s lease, then it ran out while it queued
+                lease = lease_of(f"{round_}-queued")
+                until(lambda at=lease: leases.exists(at), "the queued request's lease")
+                until(lambda at=lease: not leases.exists(at), "its lease ran out, unrenewed")
                 sent.append(send(f"{round_}-duplicate", f"{round_}-queued", 1))
             for thread in sent:
                 thread.join(40)
