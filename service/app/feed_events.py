@@ -234,8 +234,6 @@ class FeedEvents:
         """After a page that passed the checks is decided: pin again the unpinned receipts it
         served (the checks' ``repin``: an accepted conflict is accepted once, not for good).
         ``places``: a cursor feed, whose positions are one event's each."""
-        if not served:
-            return
         pinned = await self._feeds.repin(feed, served, places=places)
         if pinned:
             log.info("feed receipts pinned again", extra={"feed": feed, "event_ids": pinned})

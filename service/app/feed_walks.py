@@ -22,7 +22,13 @@ from collections.abc import Callable
 
 from service.app.feed_events import FeedEvents, event_digest, event_order
 from service.config import FeedSpec
-from service.core.feed import FeedEvent, Stop, check_cursor_page, check_timestamp_page
+from service.core.feed import (
+    FeedEvent,
+    Stop,
+    check_cursor_page,
+    check_timestamp_page,
+    found_by,
+)
 from service.domain.feeds import FeedClient, FeedUnavailable
 from service.store.feed_checkpoints import Checkpoint
 from service.store.feeds import FeedStore
@@ -205,6 +211,7 @@ class FeedWalks:
         return last - 1
 
     async def _stopped(self, stop: Stop, walk: str) -> None:
+        found = found_by(walk, stop)
         await self._events.alarm(
-            self.spec.name, stop.kind, stop.event_id, f"{walk}: {stop.detail}", stop.order
+            self.spec.name, found.kind, found.event_id, found.detail, found.order
         )

@@ -62,13 +62,14 @@ __all__ = [
     "check_timestamp_page",
     "closable_through",
     "cursor_barrier",
+    "found_by",
     "twice_in_one_page",
 ]
 
 # How the detail of a conflicting identity met twice in one page begins (see
 # :func:`twice_in_one_page`).
 TWICE_IN_ONE_PAGE = "served twice in one page"
-# that detail as alarmed, behind a walk's "<walk>: " (service/app/feed_walks.py) if any
+# that detail as alarmed, behind the name a walk puts in front (:func:`found_by`) if any
 _TWICE_ALARMED = re.compile(rf"(?:[a-z]+: )?{re.escape(TWICE_IN_ONE_PAGE)}: ")
 
 
@@ -337,6 +338,13 @@ def _twice_in_page(in_page: dict[str, FeedEvent], event: FeedEvent) -> Stop | bo
             event.order,
         )
     return True
+
+
+def found_by(walk: str, stop: Stop) -> Stop:
+    """``stop`` as a walk behind the checkpoint found it (``walk``: a lower-case name such as
+    ``reconciliation``): its detail begins with the walk's name, which
+    :func:`twice_in_one_page` reads past."""
+    return msgspec.structs.replace(stop, detail=f"{walk}: {stop.detail}")
 
 
 def twice_in_one_page(detail: str) -> bool:

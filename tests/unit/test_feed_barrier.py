@@ -22,6 +22,7 @@ from service.core.feed import (
     check_timestamp_page,
     closable_through,
     cursor_barrier,
+    found_by,
     twice_in_one_page,
 )
 
@@ -114,6 +115,9 @@ def test_only_the_alarm_of_an_event_twice_in_one_page_is_told_apart() -> None:
     assert isinstance(twice, Stop) and isinstance(tie, Stop)
     for detail in (twice.detail, tie.detail, f"reconciliation: {twice.detail}"):
         assert twice_in_one_page(detail), detail
+    for walk in ("reconciliation", "audit"):  # as a walk alarms it
+        found = found_by(walk, twice)
+        assert found.detail == f"{walk}: {twice.detail}" and twice_in_one_page(found.detail)
     owner = f"y: {twice.detail}"
     others = [
         check_cursor_page(None, [FeedEvent("a", 9, "d1")], {"a": Seen(5, A, "d1")}, {}),
