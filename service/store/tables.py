@@ -237,8 +237,8 @@ observations = Table(
     "observations",
     metadata,
     Column("id", BigInteger, Identity(), primary_key=True),
-    # no foreign key: observations about unknown operations are recorded too
-    Column("operation_id", UUID(as_uuid=True), nullable=False, index=True),
+    # no foreign key: unknown operations' are kept too; null: refused evidence (app.evidence)
+    Column("operation_id", UUID(as_uuid=True), index=True),
     Column("source", String(16), nullable=False),
     Column("kind", String(16), nullable=False),
     Column("binding_generation", Integer),
@@ -268,6 +268,13 @@ Index(
     "ix_observations_unknown_operation_created_at",
     observations.c.created_at,
     postgresql_where=text("reason = 'unknown-operation'"),
+)
+# one observer's quarantined evidence by time: the intake's cap (service.app.evidence)
+Index(
+    "ix_observations_quarantined_evidence_by_principal",
+    text("(detail ->> 'principal_id')"),
+    observations.c.created_at,
+    postgresql_where=text("source = 'evidence' AND disposition = 'quarantined'"),
 )
 
 tombstones = Table(
@@ -404,11 +411,7 @@ Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c
 Index("ix_feed_receipts_decided_at", feed_receipts.c.decided_at)
 # the console's operation page lists the receipts that touched one operation
 Index("ix_feed_receipts_operation_id", feed_receipts.c.operation_id)
-Index(
-    "ix_feed_receipts_held",
-    feed_receipts.c.feed,
-    postgresql_where=text("state = 'held'"),
-)
+Index("ix_feed_receipts_held", feed_receipts.c.feed, postgresql_where=text("state = 'held'"))
 
 feed_alarms = Table(
     "feed_alarms",
