@@ -1,6 +1,6 @@
 """The server's own app with two baseline routes, served exactly as ``settlement serve`` does.
 
-* ``GET /bench/bare``: a plain JSON answer, no I/O: what the HTTP stack (uvicorn, Litestar,
+* ``GET /bench/bare``: a plain JSON answer, no I/O: what the HTTP stack (granian, Litestar,
   msgspec) costs on its own.
 * ``POST /bench/plain-transfer``: the ledger's SQL of ``POST /v1/transfers`` without the
   idempotency layer: authenticate, decode the same body, then one statement: the transfer's
@@ -14,7 +14,7 @@ Every other route of the server is there too (``/health`` is the readiness probe
 ``BENCH_LOG_LEVEL`` (default INFO, as the server) sets the root log level of this app, to see
 what the per-request INFO lines cost.
 
-Run: ``python -m bench.bare_app --port P --workers N`` (``bench.serve``: uvicorn with the
+Run: ``python -m bench.bare_app --port P --workers N`` (``bench.serve``: granian with the
 options of ``service.cli``).
 """
 

@@ -13,6 +13,7 @@ counted. Prints both figures per call, and their ratio.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import tempfile
 import time
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calls", type=int, default=CALLS)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args(argv)
-    admin_key = "overhead-admin-" + uuid.uuid4().hex
+    admin_key = "sk_" + secrets.token_urlsafe(32)  # the bootstrap key: 128 random bits or more
     with Stack(Path(tempfile.mkdtemp(prefix="settlement-overhead-"))) as stack:
         port = free_port()
         server = ServerProcess(

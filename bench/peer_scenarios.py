@@ -1,7 +1,7 @@
 """The peers' scenarios of ``make bench`` (``bench.peer_app``): for each idempotency layer,
 ``<layer>-replay`` (retries of ``BENCH_SEED`` transfers seeded through it) and ``<layer>-new``
 (a new key per request, with the transfers made per key counted in SQL), each layer in its own
-server under the production server's uvicorn options and workers; and
+server under the production server's options and workers; and
 ``peer-plain-transfer``, the peers' transaction without a layer. What each layer does not do
 is checked again each run and said in its rows' notes.
 """
@@ -42,7 +42,7 @@ NEW_HOW = {
 }
 COMMON = (
     "no API-key authentication (it does less work than the server); a Litestar app under the "
-    "server's uvicorn options and worker count; a sync handler in a thread, a psycopg pool of "
+    "server's options and worker count; a sync handler in a thread, a psycopg pool of "
     "SETTLEMENT_DB_POOL_SIZE connections per worker"
 )
 

@@ -101,8 +101,8 @@ def throughput_ratios(rows: list[Row]) -> dict[str, float | None]:
 
     ratios = {f"{a} / {b}": ratio(a, b) for a, b in _peer_pairs()}
     ratios |= {
-        "replay / granian-replay": ratio("replay", "granian-replay"),
-        "new / granian-new": ratio("new", "granian-new"),
+        "replay / uvicorn-replay": ratio("replay", "uvicorn-replay"),
+        "new / uvicorn-new": ratio("new", "uvicorn-new"),
         "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),

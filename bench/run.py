@@ -4,10 +4,10 @@ Starts embedded PostgreSQL and Redis (not durable) in a temporary directory, the
 
 * the production server (``python -m service.cli serve --workers N``) for the scenarios
   ``replay``, ``new``, ``status`` and ``contention``;
-* the same app with two baseline routes (``python -m bench.bare_app``, same uvicorn options)
+* the same app with two baseline routes (``python -m bench.bare_app``, same server options)
   for ``bare`` and ``plain-transfer`` (and, with BENCH_LOG_COST=1, ``new`` at log levels INFO
   and WARNING in turn, twice: what the per-request log lines cost);
-* the peers (``python -m bench.peer_app``, one server each, same uvicorn options and
+* the peers (``python -m bench.peer_app``, one server each, same server options and
   workers): the same transfer behind aws-lambda-powertools' idempotency on Redis, for
   ``powertools-replay``, ``powertools-new`` (and ``peer-plain-transfer``, without it), and
   behind asgi-idempotency-header's middleware on Redis, for ``asgi-idem-replay`` and

@@ -93,22 +93,23 @@ def status(
     runner.add(Row(name, "GET /v1/operations/{id}", result, usage))
 
 
-def granian(runner: Runner, stack: Stack, fixture: Fixture) -> None:
-    """``granian-replay`` and ``granian-new``: the production app under granian, the same
+def uvicorn(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """``uvicorn-replay`` and ``uvicorn-new``: the production app under uvicorn (httptools,
+    uvloop), the server ``settlement serve`` ran before granian and its limits; the same
     requests as ``replay`` and ``new`` (the seeded keys are in the database already)."""
     cfg = runner.config
     logs = runner.session.log_dir
-    with stack.granian_server(cfg.workers) as server:
-        say(f"granian server up: {server.base_url}, {cfg.workers} worker(s)")
-        say("granian-replay: the replay requests, under granian")
-        requests = write_requests(logs / "granian-replay.requests", fixture.seed_requests)
+    with stack.uvicorn_server(cfg.workers) as server:
+        say(f"uvicorn server up: {server.base_url}, {cfg.workers} worker(s)")
+        say("uvicorn-replay: the replay requests, under uvicorn")
+        requests = write_requests(logs / "uvicorn-replay.requests", fixture.seed_requests)
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
-        runner.add(Row("granian-replay", f"{ROUTE}, the app under granian", result, usage))
-        say("granian-new: fresh transfers, under granian")
-        args = fixture.fresh_args(TRANSFERS, "granian-new")
+        runner.add(Row("uvicorn-replay", f"{ROUTE}, the app under uvicorn", result, usage))
+        say("uvicorn-new: fresh transfers, under uvicorn")
+        args = fixture.fresh_args(TRANSFERS, "uvicorn-new")
         result, usage = runner.wrk(stack, server, "fresh.lua", args)
-        runner.add(Row("granian-new", f"{ROUTE}, unique keys, under granian", result, usage))
-        runner.session.server_errors(server, "granian server")
+        runner.add(Row("uvicorn-new", f"{ROUTE}, unique keys, under uvicorn", result, usage))
+        runner.session.server_errors(server, "uvicorn server")
 
 
 def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
@@ -317,4 +318,4 @@ def _per_request(log_bytes: int, result: LoadResult) -> float:
     return round(log_bytes / result.requests, 1) if result.requests else 0.0
 
 
-ALL: tuple[Scenario, ...] = (production, granian, baselines, peers, log_cost, pgbench)
+ALL: tuple[Scenario, ...] = (production, uvicorn, baselines, peers, log_cost, pgbench)

@@ -28,7 +28,7 @@ HOST = "127.0.0.1"
 
 # A server whose workers have not all logged "server ready" by then has failed to start.
 START_TIMEOUT = 60.0
-# uvicorn drains for up to 10 s (service.cli.GRACEFUL_SHUTDOWN); then it is killed.
+# a server drains for up to 10 s (service.serving.GRACEFUL_SHUTDOWN); then it is killed.
 STOP_TIMEOUT = 20.0
 # What each worker logs once its lifespan has started (service.http.app).
 READY_LINE = b'"msg": "server ready"'
@@ -48,7 +48,8 @@ def plain_url(url: str) -> str:
 
 
 class ServerProcess:
-    """One uvicorn server (a supervisor and ``workers`` worker processes) on a free port."""
+    """One uvicorn server (a supervisor and ``workers`` worker processes) on a free port;
+    :class:`GranianProcess` for a granian one."""
 
     def __init__(
         self,
@@ -268,10 +269,10 @@ class Stack:
         return env
 
     def production_server(self, workers: int) -> ServerProcess:
-        """``python -m service.cli serve``: the production entry point."""
+        """``python -m service.cli serve``: the production entry point (granian)."""
         port = free_port()
         argv = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
-        return ServerProcess(
+        return GranianProcess(
             "settlement serve",
             [*argv, "--workers", str(workers)],
             port=port,
@@ -280,28 +281,28 @@ class Stack:
             log_path=self.log_dir / "server.log",
         )
 
-    def granian_server(self, workers: int) -> ServerProcess:
-        """The production app (``service.http.app:app_from_env``) under granian instead of
-        uvicorn, with the same event loop and workers: the server ``make bench`` compares
-        uvicorn with (the one ``settlement serve`` runs)."""
+    def uvicorn_server(self, workers: int) -> ServerProcess:
+        """The production app (``service.http.app:app_from_env``) under uvicorn instead of
+        granian (httptools, uvloop, the same workers, no access log): the server
+        ``settlement serve`` ran before it needed granian's limits, to measure what they cost."""
         port = free_port()
         argv = [
-            *(sys.executable, "-m", "granian", "--interface", "asgi", "--factory"),
+            *(sys.executable, "-m", "uvicorn", "--factory", "--loop", "uvloop"),
+            *("--http", "httptools", "--no-access-log", "--log-level", "warning"),
             *("--host", HOST, "--port", str(port), "--workers", str(workers)),
-            *("--loop", "uvloop", "--http", "1", "--no-log"),
             "service.http.app:app_from_env",
         ]
-        return GranianProcess(
-            "granian",
+        return ServerProcess(
+            "uvicorn",
             argv,
             port=port,
             workers=workers,
             env=self.server_env(),
-            log_path=self.log_dir / "granian-server.log",
+            log_path=self.log_dir / "uvicorn-server.log",
         )
 
     def baseline_server(self, workers: int, *, log_level: str = "INFO") -> ServerProcess:
-        """``python -m bench.bare_app``: the same app and uvicorn options, plus baselines."""
+        """``python -m bench.bare_app``: the same app and server options, plus baselines."""
         return self._bench_app(
             "bench.bare_app",
             f"bench.bare_app (log level {log_level})",
@@ -312,7 +313,7 @@ class Stack:
 
     def peer_server(self, workers: int, principal_id: str, layer: str) -> ServerProcess:
         """``python -m bench.peer_app``: the peer with idempotency layer ``layer``, under the
-        same uvicorn options; its operation rows name ``principal_id`` (it authenticates
+        same server options; its operation rows name ``principal_id`` (it authenticates
         nobody)."""
         return self._bench_app(
             "bench.peer_app",
@@ -327,7 +328,7 @@ class Stack:
     ) -> ServerProcess:
         """One of the bench's apps, served by ``bench.serve`` as ``settlement serve`` is."""
         port = free_port()
-        return ServerProcess(
+        return GranianProcess(
             name,
             [sys.executable, "-m", module, "--port", str(port), "--workers", str(workers)],
             port=port,
@@ -338,8 +339,8 @@ class Stack:
 
 
 class GranianProcess(ServerProcess):
-    """A granian server: its workers are its direct children (forked, not spawned)."""
+    """A granian server (``settlement serve``, ``bench.serve``): its workers are its direct
+    children (forked, not spawned), one at least."""
 
     def worker_processes(self) -> list[psutil.Process]:
-        main = psutil.Process(self.pid)
-        return main.children() if self.workers > 1 else [main]
+        return psutil.Process(self.pid).children()

@@ -10,7 +10,6 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TypedDict
 
 from service.config import SETTINGS, ConfigError, Settings, parse_feeds
 from service.embedded_dev import endpoints, require_devstack
@@ -23,9 +22,6 @@ log = logging.getLogger("settlement.cli")
 
 # Where `serve --embedded` runs the provider simulator (docs/design.md §10: make run starts it).
 PROVIDER_PORT = 8100
-
-# uvicorn's grace period for in-flight requests on Ctrl-C / SIGTERM before it closes them.
-GRACEFUL_SHUTDOWN = 10.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,10 +139,11 @@ def _on_sigterm(signum: int, frame: object) -> None:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import uvicorn
+    from service.serving import serve
 
-    # uvicorn handles SIGTERM itself, then re-raises it once it has shut down; this handler
-    # turns that into an exception so the embedded servers below are stopped cleanly.
+    # Until the server starts (it then handles SIGINT and SIGTERM itself, and returns once
+    # its workers stopped): a SIGTERM during the embedded servers' start leaves every ``with``
+    # block below, so they are stopped cleanly.
     signal.signal(signal.SIGTERM, _on_sigterm)
 
     from service.embedded_dev import embedded_provider, local_admin_key, observer_process
@@ -194,43 +191,14 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             for spec in parse_feeds(os.environ.get("SETTLEMENT_FEEDS", "")):
                 stack.enter_context(observer_process(spec.name))
         log.info("serving", extra={"host": args.host, "port": args.port, "workers": args.workers})
-        uvicorn.run(
+        serve(
             "service.http.app:app_from_env",
-            factory=True,
+            settings,
             host=args.host,
             port=args.port,
             workers=args.workers,
-            **uvicorn_options(settings),
         )
     return 0
-
-
-class UvicornOptions(TypedDict):
-    loop: str
-    http: str
-    log_config: None
-    access_log: bool
-    timeout_graceful_shutdown: int
-
-
-def uvicorn_options(settings: Settings) -> UvicornOptions:
-    """How every server process of ours runs under uvicorn (the bench's apps too).
-
-    uvloop: measured 0.20 -> 0.09 ms CPU per bare request, 10.7 -> 7.7 ms per new operation.
-    httptools: measured against h11 in one run, 0.23 -> 0.12 ms of app CPU per bare request
-    (6,810 -> 11,911 req/s), 0.71 -> 0.60 ms per replay. Its parser (llhttp, strict) answers a
-    request it cannot parse, or a header value with a control character, with uvicorn's own
-    plain-text 400 before the app runs.
-    No uvicorn access log: with SETTLEMENT_ACCESS_LOG the app writes its own JSON line, with
-    the request id (service.telemetry.asgi).
-    """
-    return UvicornOptions(
-        loop="uvloop",
-        http="httptools",  # see above
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
-    )
 
 
 def _observer_run(args: argparse.Namespace, settings: Settings) -> int:

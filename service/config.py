@@ -26,8 +26,10 @@ from service.setting import (
     between,
     declared,
     is_url,
+    masked,
     one_of,
     setting,
+    strong_key,
 )
 
 __all__ = ["SETTINGS", "ConfigError", "FeedSpec", "Settings", "parse_feeds"]
@@ -50,6 +52,7 @@ class Settings:
         "starts one under the data dir.",
         rule=is_url,
         secret=True,
+        urls=True,
     )
     redis_url: str | None = setting(
         None,
@@ -57,12 +60,14 @@ class Settings:
         "--embedded starts one under the data dir.",
         rule=is_url,
         secret=True,
+        urls=True,
     )
     data_dir: str = setting(".data", "where the embedded PostgreSQL and Redis keep their files.")
     bootstrap_admin_key: str | None = setting(
         None,
         "guarantees an all-tenant admin principal with this key at start (make run: one "
         "generated into .data/admin.key).",
+        rule=strong_key,
         secret=True,
     )
     lease_ttl: float = setting(
@@ -81,7 +86,33 @@ class Settings:
         "largest request body read into memory, in bytes; a larger one gets 413.",
         rule=AT_LEAST_ONE,
     )
-    provider_url: str | None = setting(None, "downstream provider base URL for payouts.")
+    header_limit: int = setting(
+        65_536,
+        "largest request header block, in bytes (a key, a cookie and tracing headers take a few "
+        "KiB); a larger one gets 431 at a cost bounded by it.",
+        rule=at_least(8192),
+    )
+    header_timeout: float = setting(
+        10.0,
+        "deadline for a request's whole header block, from connection open (or from the last "
+        "answer on a kept-alive connection); past it the connection is closed.",
+        rule=between(1, 60),
+    )
+    body_timeout: float = setting(
+        20.0,
+        "deadline for a request's whole body, from its headers; past it 408 and the connection "
+        "closes (a body at the limit needs 52 KB/s).",
+        rule=POSITIVE,
+    )
+    connection_limit: int = setting(
+        1000,
+        "open connections per worker process; more wait in the kernel's queue and hold no "
+        "descriptor of ours (lowered to the process's descriptor limit less a reserve).",
+        rule=AT_LEAST_ONE,
+    )
+    provider_url: str | None = setting(
+        None, "downstream provider base URL for payouts.", secret=True, urls=True
+    )
     provider_secret: str | None = setting(
         None, "HMAC key for provider evidence and, derived from it, for payment calls.", secret=True
     )
@@ -103,6 +134,8 @@ class Settings:
         "",
         "provider event feeds, name=cursor|timestamp:URL,...: the ones settlement observer run "
         "--feed NAME may consume (make run: the simulator's two).",
+        secret=True,
+        urls=True,
     )
     feed_promises: str = setting(
         "",
@@ -162,6 +195,17 @@ class Settings:
         "how long an observation about an operation that was never here (an observer's "
         "evidence, a feed event past its grace) is kept, for whoever looks into it.",
         rule=NOT_NEGATIVE,
+    )
+    evidence_quarantine_limit: int = setting(
+        100,
+        "evidence of one observer that may be quarantined (refused, or stopped at the tuple "
+        "gate) within SETTLEMENT_EVIDENCE_QUARANTINE_WINDOW; past it, its evidence gets 429.",
+        rule=AT_LEAST_ONE,
+    )
+    evidence_quarantine_window: float = setting(
+        3600.0,
+        "how far back an observer's quarantined evidence counts against its limit.",
+        rule=POSITIVE,
     )
     db_connect_timeout: float = setting(
         5.0,
@@ -386,7 +430,7 @@ def _parse_feed_list(raw: str) -> list[FeedSpec]:
         if kind not in FEED_KINDS:
             raise ValueError(f"feed {name}: kind must be cursor or timestamp, not {kind!r}")
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"feed {name}: {url!r} is not an http(s) URL")
+            raise ValueError(f"feed {name}: {masked(url)!r} is not an http(s) URL")
         if any(spec.name == name for spec in specs):
             raise ValueError(f"feed {name} is named twice")
         specs.append(FeedSpec(name=name, kind=kind, url=url))

@@ -17,6 +17,7 @@ from service.app.root import Settlement, require_endpoints
 from service.config import Settings
 from service.http.console import ConsoleHeaders, console_router, template_config
 from service.http.health import health, livez, metrics, readyz
+from service.http.limits import BodyDeadline
 from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
 from service.http.problems import exception_handlers
@@ -102,6 +103,8 @@ def create_app(settings: Settings) -> Litestar:
         logging_config=None,  # service.logs owns logging
         debug=False,
     )
+    # a deadline for the request body, whose reads raise inside Litestar's exception handlers
+    app.asgi_handler = BodyDeadline(app.asgi_handler, settings.body_timeout)
     # the console's security headers on every answer under /console, its 404s included
     app.asgi_handler = ConsoleHeaders(app.asgi_handler)
     # outside the exception handlers, so every answer (404s too) has its Request-Id and counts

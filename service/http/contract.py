@@ -80,7 +80,7 @@ class RouteDoc:
 # answer 503 when no connection comes free, and any route 500 on a bug.
 _AUTH = ("unauthenticated", "forbidden")
 _ALWAYS = ("service-unavailable", "internal-error")
-_BODY = ("validation-error", "payload-too-large", "unsupported-media-type")
+_BODY = ("validation-error", "payload-too-large", "request-timeout", "unsupported-media-type")
 _IDEMPOTENT = (
     *_AUTH,
     *_BODY,
@@ -157,7 +157,10 @@ OPERATIONS: dict[str, RouteDoc] = {
         ConflictAction,
     ),
     "postObservation": RouteDoc(
-        202, Accepted, (*_AUTH, *_BODY, "invalid-evidence", "not-found", *_ALWAYS), SignedEvidence
+        202,
+        Accepted,
+        (*_AUTH, *_BODY, "invalid-evidence", "not-found", "evidence-quota-exceeded", *_ALWAYS),
+        SignedEvidence,
     ),
     "health": RouteDoc(200, Health, (), auth="none"),
     "livez": RouteDoc(200, Liveness, (), auth="none"),
@@ -229,11 +232,13 @@ def _headers(*names: str) -> dict[str, Any]:
 
 # problems answered with Retry-After; operation-in-progress also with Location
 _RETRY = {
+    "request-timeout",
     "operation-in-progress",
     "effect-refused",
     "operation-outcome-unknown",
     "lease-unavailable",
     "too-many-requests",
+    "evidence-quota-exceeded",
     "service-unavailable",
 }
 

@@ -144,6 +144,12 @@ _TEXTS: dict[str, tuple[str, bool, str]] = {
         False,
         "Send a smaller body.",
     ),
+    "request-timeout": (
+        "The request body did not arrive within SETTLEMENT_BODY_TIMEOUT of its headers, and "
+        "the connection was closed. Nothing was stored.",
+        True,
+        "Send the request again with the same key, its body at once.",
+    ),
     "unsupported-media-type": (
         "The body was not declared as JSON in UTF-8 (Content-Type: application/json or "
         "application/*+json). Nothing was stored.",
@@ -161,6 +167,15 @@ _TEXTS: dict[str, tuple[str, bool, str]] = {
         "was recorded as quarantined; the operation is untouched.",
         False,
         "Sign the canonical evidence with HMAC-SHA256 under the shared provider secret.",
+    ),
+    "evidence-quota-exceeded": (
+        "Too much of this observer's evidence was quarantined lately (refused as about no "
+        "operation of its tenant, unsigned, or stopped at the tuple gate): "
+        "SETTLEMENT_EVIDENCE_QUARANTINE_LIMIT within SETTLEMENT_EVIDENCE_QUARANTINE_WINDOW. "
+        "This evidence was not read and nothing was recorded.",
+        True,
+        "Fix what the observer sends (the signature, the operation ids), then send it again "
+        "after Retry-After seconds, when its oldest counted evidence leaves the window.",
     ),
     "service-unavailable": (
         "A dependency was busy or unreachable: no database connection came free, a row stayed "

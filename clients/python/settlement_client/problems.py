@@ -25,6 +25,7 @@ __all__ = [
     "ConflictInOnePage",
     "CurrencyMismatch",
     "EffectRefused",
+    "EvidenceQuotaExceeded",
     "Forbidden",
     "IdempotencyKeyInvalid",
     "IdempotencyKeyMissing",
@@ -45,6 +46,7 @@ __all__ = [
     "PayoutDeclined",
     "PrincipalExists",
     "Problem",
+    "RequestTimeout",
     "ServiceUnavailable",
     "SettlementError",
     "SupersedeNeedsForce",
@@ -226,6 +228,13 @@ class PayloadTooLarge(Problem):
     slug = "payload-too-large"
 
 
+class RequestTimeout(Problem):
+    """408: the body did not arrive in time; nothing was stored."""
+
+    slug = "request-timeout"
+    retry_safe = True
+
+
 class UnsupportedMediaType(Problem):
     """415: the body is not JSON."""
 
@@ -236,6 +245,13 @@ class TooManyRequests(Problem):
     """429: too many requests running for this principal."""
 
     slug = "too-many-requests"
+    retry_safe = True
+
+
+class EvidenceQuotaExceeded(Problem):
+    """429: too much of this observer's evidence was quarantined lately; nothing was recorded."""
+
+    slug = "evidence-quota-exceeded"
     retry_safe = True
 
 
