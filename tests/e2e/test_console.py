@@ -173,6 +173,14 @@ def test_a_form_without_its_token_is_refused_and_changes_nothing(
         "/consoleevil",
         "/console\r\nLocation: https://evil.example",
         "http:/console",
+        # percent-encoded dot segments, which the browser decodes (out of /console)
+        "/console/%2e%2e/metrics",
+        "/console/%2E%2E/admin/v1/operations",
+        "/console/.%2e/metrics",
+        "/console/%2e./metrics",
+        "/console/%2e%2e%2fmetrics",
+        "/console/%252e%252e/metrics",
+        "/console/%5c..%5cmetrics",
     ],
 )
 def test_sign_in_never_redirects_outside_the_console(server: ServerProcess, next_path: str) -> None:
@@ -285,3 +293,22 @@ def test_force_needs_the_typed_operation_id_and_the_answer_shows_the_new_epoch(
         )
         assert done.status_code == 200, done.text
         assert 'id="new-epoch">2<' in done.text
+
+
+@pytest.mark.parametrize(
+    "older",
+    ["\u00b2", "\uff11\uff12", "\u0661", "9" * 5000, "1" * 7, "525601", "-1", "+5", " 5", "5 ",
+     "1e3", "0x10", "1.5", "\x00"],
+)  # fmt: skip
+def test_the_work_list_refuses_an_age_that_is_not_a_few_ascii_digits(
+    server: ServerProcess, older: str
+) -> None:
+    """Superscripts, other scripts' digits and numbers too long to convert are a 400 page,
+    never a 500."""
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        refused = client.get("/console", params={"older": older})
+        assert refused.status_code == 400, refused.text
+        assert "whole number of minutes" in refused.text
+        assert_guarded(refused)
+        for fine in ("0", "10", "525600"):
+            assert client.get("/console", params={"older": fine}).status_code == 200

@@ -3,6 +3,7 @@ use cases the admin API does; a refusal is a page naming what was refused."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from functools import cache
 from pathlib import Path
@@ -16,7 +17,7 @@ from service.app.answers import Problem
 from service.app.console import supersede_advice
 from service.http.console.render import page, problem_page, refusal
 from service.http.console.security import safe_next, session_of, sign_in_cookie, signed_in
-from service.http.console.timeline import pretty_body, timeline
+from service.http.console.timeline import observations_before, pretty_body, timeline
 from service.http.deps import Services
 from service.store.console_sessions import ConsoleSession
 from service.store.status import OperationView
@@ -35,6 +36,8 @@ WORK_STATES = ("unknown", "conflict", "in_progress")
 WORK_PAGE = 50
 # Longest ``older`` filter, in minutes (a year).
 MAX_AGE_MINUTES = 525_600
+# The ``older`` filter as sent: ASCII digits, no more than MAX_AGE_MINUTES has.
+_MINUTES = re.compile(rf"[0-9]{{1,{len(str(MAX_AGE_MINUTES))}}}")
 STATIC = Path(__file__).resolve().parent / "static"
 # A settled hold's new state as the feeds page announces it after a decision.
 DECIDED_STATES = ("quarantined", "held", "applied", "ignored")
@@ -91,8 +94,14 @@ async def work_page(request: Request[Any, Any, Any], settlement: Services) -> Te
         return refusal(session, 400, "Invalid filter", "route must be one of the server's routes")
     minutes: int | None = None
     if older is not None:
-        if not older.isdigit() or int(older) > MAX_AGE_MINUTES:
-            return refusal(session, 400, "Invalid filter", "age must be a whole number of minutes")
+        # ASCII digits only, and few (str.isdigit takes "²", and int() of 5,000 digits raises)
+        if not _MINUTES.fullmatch(older) or int(older) > MAX_AGE_MINUTES:
+            return refusal(
+                session,
+                400,
+                "Invalid filter",
+                f"age must be a whole number of minutes, 0 to {MAX_AGE_MINUTES}",
+            )
         minutes = int(older)
     if after is not None and "\x00" in after:
         return refusal(session, 400, "Invalid filter", "malformed cursor")
@@ -153,11 +162,15 @@ async def operation_page(
         ident = uuid.UUID(operation_id)
     except ValueError:
         return refusal(session, 404, "Not found", "no such operation")
-    view = await settlement.status.by_id(session.principal, ident)
+    try:
+        before = observations_before(request.query_params.get("observations_before"))
+    except ValueError as exc:
+        return refusal(session, 400, "Invalid page", str(exc))
+    view = await settlement.status.by_id(session.principal, ident, before)
     if isinstance(view, Problem):
         return problem_page(session, view)
     context = await operation_context(settlement, session, view)
-    return page("operation.html", session, error=None, **context)
+    return page("operation.html", session, error=None, paged=before is not None, **context)
 
 
 @get("/feeds", include_in_schema=False)

@@ -7,17 +7,19 @@ the operator next, and the headers every console answer carries.
 * Every state-changing form carries the session's token, compared in constant time. The
   sign-in form, which has no session yet, carries a token also set in a short-lived cookie
   (double submit), so a page elsewhere cannot sign an operator in under its own key.
-* ``next`` after a sign-in is only ever a path under ``/console``.
+* ``next`` after a sign-in is only ever a path under ``/console``: no ``%`` before its query,
+  no dot segment, decoded or not.
 """
 
 from __future__ import annotations
 
 import hmac
+import posixpath
 import re
 import secrets
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from litestar import Request
 from litestar.datastructures import Cookie
@@ -63,8 +65,9 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 )
 _REPLACED = {name for name, _ in SECURITY_HEADERS}
 # A path the console serves: no scheme, no host, no backslash, no control character, no
-# dot segment, no doubled slash.
-_SAFE_PATH = re.compile(r"^/console(?:/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*(?:\?[\x21-\x7e]*)?$")
+# dot segment, no doubled slash, and no percent sign before the query (no console path needs
+# one, and a browser decodes ``%2e%2e`` into a dot segment that leaves /console).
+_SAFE_PATH = re.compile(r"^/console(?:/[A-Za-z0-9._~!$&'()*+,;=:@-]*)*(?:\?[\x21-\x7e]*)?$")
 
 
 class ConsoleHeaders:
@@ -114,8 +117,18 @@ def safe_next(raw: str | None) -> str:
     if not raw or len(raw) > MAX_NEXT or not _SAFE_PATH.match(raw):
         return CONSOLE_PATH
     parts = urlsplit(raw)
-    segments = parts.path.split("/")
-    if parts.scheme or parts.netloc or ".." in segments or "." in segments or "" in segments[1:]:
+    # decoded once more and normalised, whatever the pattern let through: still a console
+    # path with no dot segment (the pattern already refuses ``%``; this is the second lock)
+    decoded = unquote(parts.path)
+    segments = decoded.split("/")
+    if (
+        parts.scheme
+        or parts.netloc
+        or decoded != posixpath.normpath(decoded)
+        or not (decoded == CONSOLE_PATH or decoded.startswith(CONSOLE_PATH + "/"))
+        or {".", ".."} & set(segments)
+        or "" in segments[1:]
+    ):
         return CONSOLE_PATH
     return raw
 
