@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import typing
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "PREFIX",
@@ -30,8 +31,10 @@ __all__ = [
     "declared",
     "is_url",
     "markdown_table",
+    "masked",
     "one_of",
     "setting",
+    "strong_key",
 ]
 
 T = TypeVar("T")
@@ -69,19 +72,49 @@ def one_of(*choices: str) -> Rule:
 
 is_url = Rule("a URL (scheme://...)", lambda value: "://" in value)
 
+# The API key format (service.store.principals.new_key makes such keys: sk_ and 43 characters
+# of 32 random bytes); a longer body is allowed, e.g. sk_ and 64 hex digits.
+KEY_FORMAT = re.compile(r"sk_[A-Za-z0-9_-]{43,}")
+# What a key must be worth against guessing: the 128 bits an API key needs.
+KEY_BITS = 128
+
+
+def estimated_bits(text: str) -> float:
+    """An estimate of the entropy of ``text`` in bits: the Shannon entropy of its characters'
+    frequencies times its length, its repeats not counted (the length is that of its distinct
+    three-character runs). A short, repetitive or few-letter text scores low (``aaaa...``: 0,
+    ``adminadmin...``: 16); one patterned without repeats (``abcdefgh...``) is not caught. A
+    random 43-character key scores about 210 (never below 170 in 200,000 draws)."""
+    n = len(text)
+    per_char = -sum(c / n * math.log2(c / n) for c in Counter(text).values())
+    runs = {text[i : i + 3] for i in range(n - 2)}
+    return per_char * min(n, len(runs) + 2)
+
+
+strong_key = Rule(
+    f"an API key: sk_ then 43 or more random characters of A-Z a-z 0-9 - _ ({KEY_BITS} bits "
+    "or more; e.g. sk_$(openssl rand -hex 32))",
+    lambda value: KEY_FORMAT.fullmatch(value) is not None and estimated_bits(value[3:]) >= KEY_BITS,
+)
+
 
 def _listed(choices: Sequence[str]) -> str:
     """``a, b or c``"""
     return f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
 
 
-def setting(default: Any, why: str, *, rule: Rule | None = None, secret: bool = False) -> Any:
+def setting(
+    default: Any, why: str, *, rule: Rule | None = None, secret: bool = False, urls: bool = False
+) -> Any:
     """A field of Settings: its default, the rule its value keeps (unset values are not
-    checked) and the one-line reason it exists. A ``secret`` one (or a URL that may carry a
-    password) is left out of the repr, so no log or traceback shows it, and masked by
-    ``settlement config``."""
+    checked) and the one-line reason it exists. A ``secret`` one is left out of the repr, so
+    no log or traceback shows it, and shown by ``settlement config`` as ``***``, or, when it
+    holds ``urls`` (which may carry a password), with each URL's password masked
+    (:func:`masked`)."""
     return field(
-        default=default, repr=not secret, metadata={"why": why, "rule": rule, "secret": secret}
+        default=default,
+        repr=not secret,
+        metadata={"why": why, "rule": rule, "secret": secret, "urls": urls},
     )
 
 
@@ -95,6 +128,7 @@ class Setting:
     why: str
     rule: Rule | None
     secret: bool
+    urls: bool = False
 
     @property
     def variable(self) -> str:
@@ -123,12 +157,13 @@ class Setting:
             raise ConfigError(f"{self.variable} must be {self.rule.text}")
 
     def shown(self, value: Any) -> str:
-        """``value`` for ``settlement config``: a secret masked, a URL without its password."""
+        """``value`` for ``settlement config``: a secret as ``***``; URLs (a secret's or any
+        other setting's) without their passwords (:func:`masked`)."""
         if value is None:
             return "unset"
-        if self.secret:
-            return _masked(str(value))
-        return str(value)
+        if self.secret and not self.urls:
+            return "***"
+        return masked(str(value))
 
     def takes(self) -> str:
         """What the variable takes, for the table: its kind and its rule."""
@@ -154,6 +189,7 @@ def declared(cls: type[Any]) -> tuple[Setting, ...]:
                 why=f.metadata["why"],
                 rule=f.metadata["rule"],
                 secret=f.metadata["secret"],
+                urls=f.metadata["urls"],
             )
         )
     return tuple(found)
@@ -185,17 +221,19 @@ def _default(value: Any) -> str:
     return f"`{value}`"
 
 
-def _masked(value: str) -> str:
-    """A URL without its password; any other secret as stars."""
-    parts = urlsplit(value)
-    if parts.scheme and parts.hostname:
-        host = parts.hostname + (f":{parts.port}" if parts.port else "")
-        if parts.password:
-            user = f"{parts.username or ''}:***@"
-        else:
-            user = f"{parts.username}@" if parts.username else ""
-        return urlunsplit(parts._replace(netloc=user + host))
-    return "***"
+# A URL's password: scheme://user:PASSWORD@, up to the last @ before the next URL (or a
+# space), so a raw @, comma, / or # in it is masked whole (a list of URLs keeps its others);
+# and a password=... query parameter (libpq and redis-py both read one).
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*://"
+_URL_PASSWORD = re.compile(rf"({_SCHEME}[^\s:/?#@,]*:)(?:(?!{_SCHEME})\S)*@")
+_QUERY_PASSWORD = re.compile(r"(?i)([?&](?:password|sslpassword)=)[^&#\s,]*")
+
+
+def masked(text: str) -> str:
+    """``text`` with the password of every URL in it as ``***`` (``user:***@``,
+    ``password=***``), the rest as it is: the one mask of a URL-valued setting (each URL of a
+    list too) wherever settings are printed or logged."""
+    return _QUERY_PASSWORD.sub(r"\1***", _URL_PASSWORD.sub(r"\1***@", text))
 
 
 def _number(kind: Callable[[str], T], what: str, name: str, raw: str) -> T:

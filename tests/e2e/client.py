@@ -13,11 +13,12 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
 
 from service.store.db import async_url
+from service.store.principals import new_key
 from tests.conftest import run
 
 T = TypeVar("T")
 
-ADMIN_KEY = "test-admin-key-" + uuid.uuid4().hex
+ADMIN_KEY = new_key()  # the bootstrap key must be an API key of 128 random bits
 # Longest wait for a state another process reaches (a settlement, an observer's page).
 PATIENCE = 30.0
 

@@ -72,6 +72,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from devstack import EmbeddedPostgres, EmbeddedRedis
 from service.store.db import async_url
 from service.store.migrate import upgrade
+from service.store.principals import new_key
 from tests.e2e.client import scalar
 from tests.e2e.observer import Observer
 from tests.e2e.provider import SECRET, ProviderProcess
@@ -81,7 +82,7 @@ from tests.reliability.relay import Relay
 
 __all__ = ["Summary", "run"]
 
-ADMIN_KEY = "chaos-admin-" + uuid.uuid4().hex
+ADMIN_KEY = new_key()  # the bootstrap key must be an API key of 128 random bits
 LEASE_TTL = 2.0
 ACCOUNTS = 6
 OPENING = 1_000_000

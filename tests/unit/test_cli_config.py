@@ -8,6 +8,9 @@ import pytest
 
 from service.cli import main
 from service.config import Settings
+from service.store.principals import new_key
+
+ADMIN_KEY = new_key()
 
 
 def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,12 +25,12 @@ def test_config_prints_every_setting_with_its_reason_and_masks_secrets(
 ) -> None:
     monkeypatch.setenv("SETTLEMENT_DATABASE_URL", "postgresql://app:hunter2@db:5432/s")
     monkeypatch.setenv("SETTLEMENT_REDIS_URL", "redis://:redispw@cache:6379/0")
-    monkeypatch.setenv("SETTLEMENT_BOOTSTRAP_ADMIN_KEY", "admin-secret")
+    monkeypatch.setenv("SETTLEMENT_BOOTSTRAP_ADMIN_KEY", ADMIN_KEY)
     monkeypatch.setenv("SETTLEMENT_PROVIDER_SECRET", "provider-secret")
     monkeypatch.setenv("SETTLEMENT_LEASE_TTL", "7.5")
     assert main(["config"]) == 0
     out = capsys.readouterr().out
-    for secret in ("hunter2", "redispw", "admin-secret", "provider-secret"):
+    for secret in ("hunter2", "redispw", ADMIN_KEY, "provider-secret"):
         assert secret not in out
     lines = {line.split("=", 1)[0]: line for line in out.splitlines()}
     assert set(lines) == {name for name, _, _ in Settings().described()}
