@@ -20,13 +20,16 @@ by concatenation, and it never times a connection out before its first request).
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import resource
+import signal
 from typing import Any
 
 from service.config import Settings
 
-__all__ = ["connection_limit", "serve"]
+__all__ = ["connection_limit", "die_with_server", "serve"]
 
 log = logging.getLogger("settlement.serve")
 
@@ -39,6 +42,28 @@ GRACEFUL_SHUTDOWN = 10
 # Connections the kernel holds for us beyond those open (the listen backlog): past it a client
 # is refused at once rather than queued; granian's own default.
 BACKLOG = 1024
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+# The serving process's pid, set before granian forks its workers (which inherit it): a worker
+# that finds another parent was orphaned before it could ask to die with this one.
+_server_pid: int | None = None
+
+
+def die_with_server() -> None:
+    """In a worker forked by :func:`serve`: be killed with the serving process.
+
+    The kernel sends SIGKILL when the process that forked us dies (``PR_SET_PDEATHSIG``), so a
+    SIGKILLed server leaves no worker serving on its port; elsewhere (an app built in a test,
+    under another server) it does nothing."""
+    if _server_pid is None or os.getpid() == _server_pid:
+        return
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != _server_pid:  # the server died before we asked: nobody will signal
+        os._exit(1)
 
 
 def connection_limit(settings: Settings) -> int:
@@ -71,6 +96,8 @@ def serve(target: str, settings: Settings, *, host: str, port: int, workers: int
     from granian.log import LogLevels
     from granian.server import Server
 
+    global _server_pid
+    _server_pid = os.getpid()
     server = Server(
         target,
         address=host,

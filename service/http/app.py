@@ -40,6 +40,7 @@ from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
 from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
+from service.serving import die_with_server
 from service.telemetry import Metrics, RequestTelemetry, configure_tracing
 
 __all__ = ["app_from_env", "create_app"]
@@ -114,6 +115,7 @@ def create_app(settings: Settings) -> Litestar:
 
 def app_from_env() -> Litestar:
     """Factory for ASGI servers: settings read once, here, from the environment."""
+    die_with_server()
     settings = Settings.from_env()
     configure_logging(settings)
     configure_tracing(settings.otel_exporter)

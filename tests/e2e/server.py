@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -36,9 +37,11 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         workers: int = 1,
         module: tuple[str, ...] = ("service.cli", "serve"),
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         """``module``: what ``python -m`` runs (the server, or the benchmark's baseline app);
-        it is given ``--port`` and ``--workers``."""
+        it is given ``--port`` and ``--workers``. ``preexec``: run in the child before it
+        starts (a resource limit)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(prefix="settlement-server-", suffix=".log")  # noqa: SIM115 - closed in __exit__
@@ -51,6 +54,7 @@ class ServerProcess:
         }
         self._workers = workers
         self._module = module
+        self._preexec = preexec
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, *, wait: bool = True) -> Self:
@@ -68,6 +72,7 @@ class ServerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             cwd=Path(__file__).resolve().parents[2],
+            preexec_fn=self._preexec,
         )
         if wait:
             self.wait_ready()
