@@ -59,6 +59,7 @@ class Problem(msgspec.Struct, frozen=True):
     operation_id: str | None = None
     state: str | None = None
     retry_after: bool = False
+    retry_after_seconds: int | None = None  # Retry-After's value when it is not 1
     location: str | None = None
     preference_applied: str | None = None
     expired_at: str | None = None

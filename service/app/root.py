@@ -141,6 +141,9 @@ class Settlement:
             self.store,
             secret=settings.provider_secret,
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+            quarantine_limit=settings.evidence_quarantine_limit,
+            quarantine_window=settings.evidence_quarantine_window,
+            clock=clock,
         )
         self.status = StatusQueries(pool, self.leases, self.tombstones, clock=clock)
         self.account_queries = AccountQueries(pool)

@@ -38,8 +38,14 @@ class StatusQueries:
         self._tombstones = tombstones
         self._clock = clock
 
-    async def by_id(self, principal: Principal, operation_id: uuid.UUID) -> OperationView | Problem:
-        view = await operation_view(self._views, operation_id)
+    async def by_id(
+        self,
+        principal: Principal,
+        operation_id: uuid.UUID,
+        observations_before: int | None = None,
+    ) -> OperationView | Problem:
+        """``observations_before``: list the page of observations older than this id."""
+        view = await operation_view(self._views, operation_id, observations_before)
         if view is None:
             tombstone = await self._tombstones.by_operation(operation_id)
             if tombstone is not None and _may_see(
@@ -49,9 +55,15 @@ class StatusQueries:
         return await self._shown(principal, view, str(operation_id))
 
     async def by_key(
-        self, principal: Principal, key: str, route: str | None
+        self,
+        principal: Principal,
+        key: str,
+        route: str | None,
+        observations_before: int | None = None,
     ) -> OperationView | Problem:
-        view = await find_by_key(self._views, principal.tenant, principal.id, key, route)
+        view = await find_by_key(
+            self._views, principal.tenant, principal.id, key, route, observations_before
+        )
         if view is None:
             tombstone = await self._tombstones.by_key(principal.tenant, principal.id, key, route)
             if tombstone is not None:

@@ -46,7 +46,7 @@ def render_problem(problem: Problem) -> Reply:
     """A problem document with its ``Retry-After`` and ``Location`` headers."""
     headers: dict[str, str] = {}
     if problem.retry_after:
-        headers["Retry-After"] = "1"
+        headers["Retry-After"] = str(problem.retry_after_seconds or 1)
     if problem.location is not None:
         headers["Location"] = problem.location
     return problem_reply(

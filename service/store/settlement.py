@@ -110,13 +110,14 @@ class SettlementStore(SettlementReads, SettlementReports):
 
     async def record_refused(
         self,
-        operation_id: uuid.UUID,
+        operation_id: uuid.UUID | None,
         observation: Observation,
         reason: str,
         detail: dict[str, Any] | None = None,
         attempt_id: uuid.UUID | None = None,
     ) -> None:
-        """Keep an observation that never reached a row (quarantined, stage A)."""
+        """Keep an observation that never reached a row (quarantined, stage A); without an
+        ``operation_id``, it is listed under no operation."""
         async with self.unit_of_work() as uow:
             await uow.record_observation(
                 operation_id,

@@ -1,17 +1,20 @@
 """The settlement store's read side: single statements, no lock, no transaction.
 
 An operation's row by id or by scope, the request's first read (``identify``: the
-principal, the scope's row and its tombstone in one statement on the hot path), and an
-operation's owner. The read part of :class:`service.store.settlement.SettlementStore`.
+principal, the scope's row and its tombstone in one statement on the hot path), an
+operation's owner, and how much of one observer's evidence was quarantined lately. The
+read part of :class:`service.store.settlement.SettlementStore`.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+import msgspec
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import Record, Scope
@@ -22,7 +25,29 @@ from service.store.rows import at, record_from_row
 from service.store.tables import operations
 from service.store.unit_of_work import scope_predicate
 
-__all__ = ["SettlementReads"]
+__all__ = ["Quarantined", "SettlementReads"]
+
+
+class Quarantined(msgspec.Struct, frozen=True):
+    """One principal's evidence quarantined since a moment: how many, the oldest when."""
+
+    count: int
+    oldest: datetime | None
+
+
+# through ix_observations_quarantined_evidence_by_principal (its predicate written out, so
+# that a generic plan can use it); stops counting at :limit
+_QUARANTINED = text(
+    """
+SELECT count(*) AS count, min(created_at) AS oldest FROM (
+    SELECT created_at FROM observations
+     WHERE source = 'evidence' AND disposition = 'quarantined'
+       AND (detail ->> 'principal_id') = :principal AND created_at > :since
+     ORDER BY created_at
+     LIMIT :limit
+) q
+"""
+)
 
 
 class SettlementReads:
@@ -68,3 +93,13 @@ class SettlementReads:
                 )
             ).first()
         return None if row is None else (row.tenant, row.route)
+
+    async def quarantined_evidence(
+        self, principal_id: uuid.UUID, since: datetime, limit: int
+    ) -> Quarantined:
+        """The evidence ``principal_id`` sent that was quarantined after ``since`` (refused,
+        or stopped at the tuple gate), counted up to ``limit``."""
+        params = {"principal": str(principal_id), "since": since, "limit": limit}
+        async with self._reader.connect() as conn:
+            row = (await conn.execute(_QUARANTINED, params)).one()
+        return Quarantined(count=int(row[0]), oldest=row[1])

@@ -2,7 +2,14 @@
 
 One statement per view, prepared on asyncpg (:mod:`service.store.pool`): the operation row with its
 attempts, epochs and observations as JSON arrays (through SQLAlchemy these were four
-statements and about 2.4 ms of CPU per answer)."""
+statements and about 2.4 ms of CPU per answer).
+
+Observations come a page at a time: the newest ``MAX_OBSERVATIONS`` (or the newest before
+``observations_before``, an observation id), listed oldest first, with the cursor to the
+next older page in ``older_observations``. The observation that moved the row to its
+current revision (applied, strengthened or conflict, with a revision before it lower than
+after: a replay of the same outcome is "strengthened" too, and moves nothing) is on every
+page, wherever it falls, so no number of later observations hides what settled it."""
 
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["OperationView", "find_by_key", "operation_view"]
+__all__ = ["MAX_OBSERVATION_ID", "OperationView", "find_by_key", "operation_view"]
 
 
 class ResultView(msgspec.Struct):
@@ -51,8 +58,9 @@ class EpochView(msgspec.Struct):
 
 class ObservationView(msgspec.Struct):
     """One observation settled (or refused) about the operation: who reported what, and
-    what the core did with it."""
+    what the core did with it. ``id``: its place (ids grow with time), the paging cursor."""
 
+    id: int
     source: str
     kind: str
     verified: bool
@@ -65,8 +73,11 @@ class ObservationView(msgspec.Struct):
     created_at: datetime
 
 
-# The most observations one status answer lists (oldest first).
+# The most observations one status answer lists besides the settling one (a page: the
+# newest, oldest first); older ones are read page by page.
 MAX_OBSERVATIONS = 100
+# The largest observation id (a bigint): an observations_before above it is refused.
+MAX_OBSERVATION_ID = 2**63 - 1
 
 
 class OperationView(msgspec.Struct):
@@ -88,6 +99,8 @@ class OperationView(msgspec.Struct):
     epochs: list[EpochView]
     conflict: dict[str, Any] | None
     observations: list[ObservationView]
+    # observations_before for the next older page of observations; None: none are older
+    older_observations: int | None = None
 
 
 def _body(content_type: str | None, body: bytes | None) -> Any:
@@ -101,10 +114,13 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
     return body.decode("utf-8", "replace")
 
 
-# The operation and everything listed under it, in one statement: its attempts, epochs and
-# first MAX_OBSERVATIONS observations as JSON arrays whose keys are the views' fields, sent
-# as text (the connections' json codec is SQLAlchemy's, which would decode them to Python
-# lists first) and decoded by msgspec straight into the views.
+# The operation and everything listed under it, in one statement: its attempts, epochs,
+# one page of observations (one more than MAX_OBSERVATIONS, newest first below the cursor
+# {before}: to know whether older ones exist) and the settling observation as JSON whose
+# keys are the views' fields, sent as text (the connections' json codec is SQLAlchemy's,
+# which would decode them to Python lists first) and decoded by msgspec into the views.
+_OBSERVATION = """id, source, kind, verified, stage, disposition, reason, revision_before,
+                  revision_after, detail, created_at"""
 _LISTS = f"""
   (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')::text
      FROM (SELECT id, fencing_token, binding_generation, started_at, finished_at, outcome,
@@ -115,33 +131,56 @@ _LISTS = f"""
                   superseded_by, superseded_at
              FROM operation_epochs WHERE operation_id = o.id) e) AS epochs_json,
   (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')::text
-     FROM (SELECT id, source, kind, verified, stage, disposition, reason, revision_before,
-                  revision_after, detail, created_at
-             FROM observations WHERE operation_id = o.id
-            ORDER BY id LIMIT {MAX_OBSERVATIONS}) b) AS observations_json"""
+     FROM (SELECT {_OBSERVATION}
+             FROM observations WHERE operation_id = o.id AND id < {{before}}
+            ORDER BY id DESC LIMIT {MAX_OBSERVATIONS + 1}) b) AS observations_json,
+  (SELECT row_to_json(s)::text
+     FROM (SELECT {_OBSERVATION}
+             FROM observations WHERE operation_id = o.id AND revision_after = o.revision
+              AND (revision_before IS NULL OR revision_before < revision_after)
+              AND disposition IN ('applied', 'strengthened', 'conflict')
+            ORDER BY id DESC LIMIT 1) s) AS settling_json"""
 
 _COLUMNS = """o.id, o.tenant, o.principal_id, o.idempotency_key, o.route, o.state,
   o.binding_generation, o.request_fingerprint, o.revision, o.created_at, o.updated_at,
   o.expires_at, o.result_status, o.result_digest, o.result_content_type, o.result_body,
   o.current_attempt_id, o.fencing_token, o.lease_expires_at, o.conflict"""
 
-BY_ID = f"SELECT {_COLUMNS}, {_LISTS}\n  FROM operations o WHERE o.id = $1"
+BY_ID = f"SELECT {_COLUMNS}, {_LISTS.format(before='$2')}\n  FROM operations o WHERE o.id = $1"
 
 # the caller's most recent operation under a key (any route, or $4's)
 _LATEST = """SELECT * FROM operations
      WHERE tenant = $1 AND principal_id = $2 AND idempotency_key = $3{route}
      ORDER BY created_at DESC LIMIT 1"""
-BY_KEY = f"SELECT {_COLUMNS}, {_LISTS}\n  FROM ({_LATEST.format(route='')}) o"
+BY_KEY = f"SELECT {_COLUMNS}, {_LISTS.format(before='$4')}\n  FROM ({_LATEST.format(route='')}) o"
 BY_KEY_ON_ROUTE = (
-    f"SELECT {_COLUMNS}, {_LISTS}\n  FROM ({_LATEST.format(route=' AND route = $4')}) o"
+    f"SELECT {_COLUMNS}, {_LISTS.format(before='$5')}\n"
+    f"  FROM ({_LATEST.format(route=' AND route = $4')}) o"
 )
 
 _attempts = msgspec.json.Decoder(list[AttemptView])
 _epochs = msgspec.json.Decoder(list[EpochView])
 _observations = msgspec.json.Decoder(list[ObservationView])
+_observation = msgspec.json.Decoder(ObservationView)
+
+
+def _page(row: Any) -> tuple[list[ObservationView], int | None]:
+    """The page of observations (oldest first) with the settling one in its place, and the
+    cursor to the next older page."""
+    page = _observations.decode(row["observations_json"])
+    older = None
+    if len(page) > MAX_OBSERVATIONS:
+        page = page[1:]
+        older = page[0].id
+    if row["settling_json"] is not None:
+        settling = _observation.decode(row["settling_json"])
+        if all(seen.id != settling.id for seen in page):
+            page = sorted([*page, settling], key=lambda seen: seen.id)
+    return page, older
 
 
 def _view(row: Any) -> OperationView:
+    observations, older = _page(row)
     result = None
     if row["result_digest"] is not None:
         result = ResultView(
@@ -175,26 +214,39 @@ def _view(row: Any) -> OperationView:
         attempts=_attempts.decode(row["attempts_json"]),
         epochs=_epochs.decode(row["epochs_json"]),
         conflict=row["conflict"],
-        observations=_observations.decode(row["observations_json"]),
+        observations=observations,
+        older_observations=older,
     )
 
 
-async def operation_view(pool: Any, operation_id: uuid.UUID) -> OperationView | None:
+async def operation_view(
+    pool: Any, operation_id: uuid.UUID, observations_before: int | None = None
+) -> OperationView | None:
     """``pool``: the hot path's :class:`service.store.pool.HotPool`, whose sessions (every
     connection's: :func:`service.store.db.server_settings`) write timestamps in JSON in
-    UTC."""
+    UTC. ``observations_before``: list the observations older than this id (a page)."""
     async with pool.acquire() as conn:
-        row = await conn.fetchrow(BY_ID, operation_id)
+        row = await conn.fetchrow(BY_ID, operation_id, _cursor(observations_before))
     return None if row is None else _view(row)
 
 
 async def find_by_key(
-    pool: Any, tenant: str, principal_id: uuid.UUID, key: str, route: str | None
+    pool: Any,
+    tenant: str,
+    principal_id: uuid.UUID,
+    key: str,
+    route: str | None,
+    observations_before: int | None = None,
 ) -> OperationView | None:
     """The caller's most recent operation under ``key`` (optionally on one route)."""
+    before = _cursor(observations_before)
     async with pool.acquire() as conn:
         if route is None:
-            row = await conn.fetchrow(BY_KEY, tenant, principal_id, key)
+            row = await conn.fetchrow(BY_KEY, tenant, principal_id, key, before)
         else:
-            row = await conn.fetchrow(BY_KEY_ON_ROUTE, tenant, principal_id, key, route)
+            row = await conn.fetchrow(BY_KEY_ON_ROUTE, tenant, principal_id, key, route, before)
     return None if row is None else _view(row)
+
+
+def _cursor(observations_before: int | None) -> int:
+    return MAX_OBSERVATION_ID if observations_before is None else observations_before

@@ -257,7 +257,7 @@ class UnitOfWork:
 
     async def record_observation(
         self,
-        operation_id: uuid.UUID,
+        operation_id: uuid.UUID | None,
         observation: Observation,
         *,
         stage: str,

@@ -1,18 +1,36 @@
 """An operation's history as one timeline for the console: what the status resource knows
 (attempts with their fencing tokens, observations, epochs, the lease, the final answer) and
-the feed receipts that touched it, in the order it happened. Pure: views in, entries out."""
+the feed receipts that touched it, in the order it happened. Pure: views in, entries out.
+
+Observations come a page at a time, as the status resource lists them (the newest, or those
+before ``?observations_before=``, and always the one that settled the operation)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
 import msgspec
 
 from service.store.console_reads import ReceiptRow
-from service.store.status import OperationView
+from service.store.status import MAX_OBSERVATION_ID, OperationView
 
-__all__ = ["Entry", "timeline"]
+__all__ = ["Entry", "observations_before", "timeline"]
+
+# ?observations_before= as sent: an observation id in ASCII digits (int() of 5,000 digits
+# raises, and str.isdigit takes "²")
+_ID = re.compile(r"[1-9][0-9]{0,18}")
+
+
+def observations_before(raw: str | None) -> int | None:
+    """The page of observations the console's operation page asks for: None for the newest;
+    ValueError when ``raw`` is not an observation id."""
+    if raw is None or raw == "":
+        return None
+    if not _ID.fullmatch(raw) or int(raw) > MAX_OBSERVATION_ID:
+        raise ValueError("observations_before must be an observation id")
+    return int(raw)
 
 
 @dataclass(frozen=True)

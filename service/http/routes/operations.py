@@ -13,11 +13,24 @@ from service.http.deps import Services
 from service.http.problems import problem_response
 from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
+from service.store.status import MAX_OBSERVATION_ID
 
 __all__ = ["get_operation", "get_operation_by_key"]
 
 # PostgreSQL text cannot hold U+0000
 NO_NUL = "^[^\x00]*$"
+
+# ?observations_before=<id>: the page of observations older than it (the answer's
+# older_observations names the next one); the settling observation is on every page
+ObservationsBefore = Annotated[
+    int | None,
+    QueryParameter(
+        ge=1,
+        le=MAX_OBSERVATION_ID,
+        description="list the observations older than this observation id (the previous "
+        "answer's older_observations); unset: the newest",
+    ),
+]
 
 
 @get(
@@ -26,10 +39,16 @@ NO_NUL = "^[^\x00]*$"
     summary="Status of an operation",
 )
 async def get_operation(
-    request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    operation_id: FromPath[uuid.UUID],
+    observations_before: ObservationsBefore = None,
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
-    return render_json_or_problem(await settlement.status.by_id(principal, operation_id))
+    refuse_undeclared_query(request)
+    return render_json_or_problem(
+        await settlement.status.by_id(principal, operation_id, observations_before)
+    )
 
 
 @get(
@@ -42,6 +61,7 @@ async def get_operation_by_key(
     settlement: Services,
     key: Annotated[str, QueryParameter(min_length=1, max_length=255, pattern=NO_NUL)],
     route: Annotated[str | None, QueryParameter(max_length=256, pattern=NO_NUL)] = None,
+    observations_before: ObservationsBefore = None,
 ) -> Response[bytes]:
     principal = await authenticate(request, settlement.principals)
     refuse_undeclared_query(request)
@@ -49,4 +69,6 @@ async def get_operation_by_key(
         return problem_response("validation-error", "key must be 1-255 characters, no NUL")
     if route is not None and len(route) > 256:
         return problem_response("validation-error", "route must be at most 256 characters")
-    return render_json_or_problem(await settlement.status.by_key(principal, key, route))
+    return render_json_or_problem(
+        await settlement.status.by_key(principal, key, route, observations_before)
+    )
