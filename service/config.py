@@ -290,6 +290,15 @@ class Settings:
         "whatever it did meanwhile.",
         rule=POSITIVE,
     )
+    console_sign_in_attempts: int = setting(
+        10, "console sign-ins per client address, window and worker; then 429.", rule=AT_LEAST_ONE
+    )
+    console_sign_in_window: float = setting(
+        60.0, "the window SETTLEMENT_CONSOLE_SIGN_IN_ATTEMPTS counts sign-ins in.", rule=POSITIVE
+    )
+    max_principals_per_tenant: int = setting(
+        1_000, "live principals one tenant may hold; one more is refused (409).", rule=AT_LEAST_ONE
+    )
     metrics_dir: str | None = setting(
         None,
         "directory the server's worker processes share for /metrics (settlement serve makes "

@@ -18,7 +18,13 @@ from service.app.fingerprint import fingerprint
 from service.core import Refuse, RefuseReason, Scope
 from service.leases import LeaseManager
 from service.store.pool import HotPool
-from service.store.principals import BOOTSTRAP_TENANT, Principal, PrincipalStore, Role
+from service.store.principals import (
+    BOOTSTRAP_TENANT,
+    Principal,
+    PrincipalLimit,
+    PrincipalStore,
+    Role,
+)
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
 from service.store.worklist import BadCursor, WorkPage, count_operations, list_operations
@@ -103,7 +109,9 @@ class Admin:
         views: HotPool,
         leases: LeaseManager,
         routes: dict[str, IdempotentRoute],
+        max_principals: int,
     ) -> None:
+        self._max_principals = max_principals  # live principals per tenant
         self._principals = principals
         self._store = store
         self._reader = reader
@@ -118,7 +126,12 @@ class Admin:
             return Problem("forbidden", f"tenant {BOOTSTRAP_TENANT!r} is reserved")
         if not admin.may_act_in(body.tenant):
             return Problem("forbidden", f"this admin may not act in tenant {body.tenant!r}")
-        principal, key = await self._principals.create(body.tenant, body.name, body.role)
+        try:
+            principal, key = await self._principals.create(
+                body.tenant, body.name, body.role, limit=self._max_principals
+            )
+        except PrincipalLimit as exc:
+            return Problem("principal-limit", str(exc))
         return _created(principal, key)
 
     async def rotate_principal(

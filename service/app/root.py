@@ -154,9 +154,14 @@ class Settlement:
             views=pool,
             leases=self.leases,
             routes=self.routes,
+            max_principals=settings.max_principals_per_tenant,
         )
         self.console = Console(
-            engine, self.principals, session_lifetime=settings.console_session_lifetime
+            engine,
+            self.principals,
+            session_lifetime=settings.console_session_lifetime,
+            sign_in_attempts=settings.console_sign_in_attempts,
+            sign_in_window=settings.console_sign_in_window,
         )
         self.sweeper = Sweeper(
             self.store, self.leases, self.metrics, interval=settings.sweep_interval

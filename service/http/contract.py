@@ -133,7 +133,10 @@ OPERATIONS: dict[str, RouteDoc] = {
         ("unauthenticated", "validation-error", "not-found", "idempotency-key-expired", *_ALWAYS),
     ),
     "createPrincipal": RouteDoc(
-        201, PrincipalCreated, (*_AUTH, *_BODY, "principal-exists", *_ALWAYS), PrincipalRequest
+        201,
+        PrincipalCreated,
+        (*_AUTH, *_BODY, "principal-exists", "principal-limit", *_ALWAYS),
+        PrincipalRequest,
     ),
     "rotatePrincipal": RouteDoc(200, PrincipalCreated, (*_AUTH, "not-found", *_ALWAYS)),
     "revokePrincipal": RouteDoc(200, PrincipalRevoked, (*_AUTH, "not-found", *_ALWAYS)),

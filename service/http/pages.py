@@ -197,6 +197,13 @@ _TEXTS: dict[str, tuple[str, bool, str]] = {
         False,
         "Choose another name, or rotate the existing principal's key.",
     ),
+    "principal-limit": (
+        "The tenant already holds SETTLEMENT_MAX_PRINCIPALS_PER_TENANT live (unrevoked) "
+        "principals. Nothing was created.",
+        False,
+        "Revoke a principal of the tenant that is no longer needed, then create the new one; "
+        "or ask whoever runs the server to raise the setting.",
+    ),
     "supersede-needs-force": (
         "The operation is completed, in conflict, or a payout whose outcome is unknown: a new "
         "epoch may let its effect happen a second time, so the supersede was refused.",

@@ -71,6 +71,7 @@ SLUGS: dict[str, tuple[int, str]] = {
     "evidence-quota-exceeded": (429, "Too much of this observer's evidence was quarantined"),
     "service-unavailable": (503, "Service unavailable"),
     "principal-exists": (409, "Principal exists"),
+    "principal-limit": (409, "The tenant holds as many principals as it may"),
     "supersede-needs-force": (409, "Superseding a completed operation needs force"),
     "conflict-in-one-page": (409, "An event twice in one page is for the source to fix"),
     "internal-error": (500, "Internal server error"),

@@ -3,21 +3,35 @@ one operation, and the principals of a tenant. Reads only; no authority."""
 
 from __future__ import annotations
 
+import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.tables import feed_receipts, principals
 
-__all__ = ["PrincipalRow", "ReceiptRow", "list_principals", "receipts_of"]
+__all__ = [
+    "BadPrincipalCursor",
+    "PrincipalPage",
+    "PrincipalRow",
+    "ReceiptRow",
+    "list_principals",
+    "receipts_of",
+]
 
 # The most receipts one operation page lists (the earliest decided first).
 MAX_RECEIPTS = 100
-# The most principals the console lists at once (newest first).
-MAX_PRINCIPALS = 500
+# A principals page's cursor: the last row's created_at (microseconds since 1970, at most 16
+# digits: before the year 2286) and id, the place the next page starts after.
+_CURSOR = re.compile(r"([0-9]{1,16})\.([0-9a-f]{32})")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class BadPrincipalCursor(ValueError):
+    """A ``before`` cursor this module did not make."""
 
 
 class ReceiptRow(msgspec.Struct):
@@ -41,6 +55,12 @@ class PrincipalRow(msgspec.Struct):
     revoked_at: datetime | None
 
 
+class PrincipalPage(msgspec.Struct):
+    items: list[PrincipalRow]
+    next: str | None
+    """the cursor of the page after this one (older principals), None on the last page"""
+
+
 async def receipts_of(engine: AsyncEngine, operation_id: uuid.UUID) -> list[ReceiptRow]:
     stmt = (
         select(
@@ -61,8 +81,11 @@ async def receipts_of(engine: AsyncEngine, operation_id: uuid.UUID) -> list[Rece
     return [ReceiptRow(*row) for row in rows]
 
 
-async def list_principals(engine: AsyncEngine, tenant: str | None) -> list[PrincipalRow]:
-    """``tenant`` None: every tenant's."""
+async def list_principals(
+    engine: AsyncEngine, tenant: str | None, limit: int, before: str | None = None
+) -> PrincipalPage:
+    """``limit`` principals, newest first, after the cursor ``before`` (BadPrincipalCursor
+    if it is not one); ``tenant`` None: every tenant's."""
     stmt = select(
         principals.c.id,
         principals.c.tenant,
@@ -75,7 +98,25 @@ async def list_principals(engine: AsyncEngine, tenant: str | None) -> list[Princ
     )
     if tenant is not None:
         stmt = stmt.where(principals.c.tenant == tenant)
-    stmt = stmt.order_by(principals.c.created_at.desc(), principals.c.id).limit(MAX_PRINCIPALS)
+    if before is not None:
+        at, after_id = _place(before)
+        stmt = stmt.where(tuple_(principals.c.created_at, principals.c.id) < tuple_(at, after_id))
+    stmt = stmt.order_by(principals.c.created_at.desc(), principals.c.id.desc()).limit(limit + 1)
     async with engine.connect() as conn:
-        rows = (await conn.execute(stmt)).all()
-    return [PrincipalRow(*row) for row in rows]
+        rows = [PrincipalRow(*row) for row in (await conn.execute(stmt)).all()]
+    if len(rows) <= limit:
+        return PrincipalPage(rows, None)
+    last = rows[limit - 1]
+    return PrincipalPage(rows[:limit], _cursor(last.created_at, last.id))
+
+
+def _cursor(at: datetime, principal_id: uuid.UUID) -> str:
+    return f"{(at - _EPOCH) // timedelta(microseconds=1)}.{principal_id.hex}"
+
+
+def _place(cursor: str) -> tuple[datetime, uuid.UUID]:
+    found = _CURSOR.fullmatch(cursor)
+    if found is None:
+        raise BadPrincipalCursor("malformed cursor: use the next page's link as given")
+    micros, ident = found.groups()
+    return _EPOCH + timedelta(microseconds=int(micros)), uuid.UUID(hex=ident)

@@ -29,6 +29,7 @@ __all__ = [
     "KEY_PREFIX",
     "Principal",
     "PrincipalExists",
+    "PrincipalLimit",
     "PrincipalStore",
     "Role",
     "hash_key",
@@ -39,6 +40,9 @@ KEY_PREFIX = "sk_"
 # 32 random bytes: far past the 128 bits an API key needs against guessing.
 KEY_BYTES = 32
 log = logging.getLogger("settlement.principals")
+
+# The transaction lock a capped create takes per tenant (the key of pg_advisory_xact_lock).
+_LOCK = "principals-of:"
 
 BOOTSTRAP_TENANT = "system"
 BOOTSTRAP_NAME = "bootstrap-admin"
@@ -64,6 +68,16 @@ class Principal(msgspec.Struct, frozen=True):
 
 class PrincipalExists(ValueError):
     status_hint = 409
+
+
+class PrincipalLimit(ValueError):
+    """The tenant holds as many live principals as it may: nothing was created."""
+
+    def __init__(self, tenant: str, limit: int) -> None:
+        super().__init__(
+            f"tenant {tenant!r} holds {limit} live principals, the most it may "
+            "(SETTLEMENT_MAX_PRINCIPALS_PER_TENANT): revoke one it no longer needs first"
+        )
 
 
 def new_key() -> str:
@@ -139,8 +153,11 @@ class PrincipalStore:
         *,
         key: str | None = None,
         all_tenants: bool = False,
+        limit: int | None = None,
     ) -> tuple[Principal, str]:
-        """Create a principal; returns it with its API key (shown to the caller only here)."""
+        """Create a principal; returns it with its API key (shown to the caller only here).
+        ``limit``: the most live principals the tenant may hold (PrincipalLimit past it),
+        counted under a lock of the tenant's, so concurrent creates cannot pass it together."""
         key = key or new_key()
         principal_id = uuid.uuid4()
         async with self._engine.begin() as conn:
@@ -153,6 +170,19 @@ class PrincipalStore:
             ).first()
             if existing is not None:
                 raise PrincipalExists(f"principal {name!r} already exists in tenant {tenant!r}")
+            if limit is not None:
+                await conn.execute(
+                    select(func.pg_advisory_xact_lock(func.hashtextextended(_LOCK + tenant, 0)))
+                )
+                live = (
+                    await conn.execute(
+                        select(func.count())
+                        .select_from(principals)
+                        .where(principals.c.tenant == tenant, principals.c.revoked_at.is_(None))
+                    )
+                ).scalar_one()
+                if live >= limit:
+                    raise PrincipalLimit(tenant, limit)
             try:
                 await conn.execute(
                     insert(principals).values(

@@ -45,6 +45,7 @@ __all__ = [
     "PayloadTooLarge",
     "PayoutDeclined",
     "PrincipalExists",
+    "PrincipalLimit",
     "Problem",
     "RequestTimeout",
     "ServiceUnavailable",
@@ -272,6 +273,12 @@ class PrincipalExists(Problem):
     """409: a principal of that tenant and name exists."""
 
     slug = "principal-exists"
+
+
+class PrincipalLimit(Problem):
+    """409: the tenant holds as many live principals as the server allows."""
+
+    slug = "principal-limit"
 
 
 class SupersedeNeedsForce(Problem):

@@ -23,7 +23,13 @@ from service.http.console.pages import (
     work_page,
 )
 from service.http.console.render import template_config
-from service.http.console.security import CONSOLE_PATH, ConsoleHeaders, SignInRequired, to_sign_in
+from service.http.console.security import (
+    CONSOLE_PATH,
+    FORM_LIMIT,
+    ConsoleHeaders,
+    SignInRequired,
+    to_sign_in,
+)
 
 __all__ = ["ConsoleHeaders", "console_router", "template_config"]
 
@@ -47,4 +53,5 @@ def console_router() -> Router:
         ],
         include_in_schema=False,
         exception_handlers={SignInRequired: to_sign_in},
+        request_max_body_size=FORM_LIMIT,
     )

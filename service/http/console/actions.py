@@ -4,6 +4,7 @@ refusal is a page naming what was refused, with nothing done."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from typing import Any
 
@@ -18,8 +19,10 @@ from service.app.feeds import HoldAction
 from service.http.console.pages import operation_context
 from service.http.console.render import page, problem_page, refusal
 from service.http.console.security import (
+    CONSOLE_PATH,
     SESSION_COOKIE,
     SIGN_IN_COOKIE,
+    client_address,
     expired,
     form_token_ok,
     safe_next,
@@ -71,7 +74,18 @@ async def _checked(
 @post("/sign-in", include_in_schema=False, status_code=303)
 async def sign_in(request: Request[Any, Any, Any], settlement: Services) -> Redirect | Template:
     """An admin API key for a new session (a new id every time: any session the browser
-    held is ended), then on to ``next`` (a console path only). The key is never shown."""
+    held is ended), then on to ``next`` (a console path only). The key is never shown.
+    An address past its sign-in attempts is refused (429) before its form is read."""
+    address = client_address(request)
+    wait = settlement.console.admit(address)
+    if wait is not None:
+        token, cookie = sign_in_cookie(request)
+        seconds = math.ceil(wait)
+        return page(
+            "sign_in.html", None, status=429, cookies=[cookie], form_token=token,
+            headers={"Retry-After": str(seconds)}, next=CONSOLE_PATH,
+            error=f"Too many sign-in attempts from this address: try again in {seconds} s.",
+        )  # fmt: skip
     form = await _form(request)
     next_path = safe_next(form.get("next"))
     if not form_token_ok(sign_in_token_of(request), form):
@@ -82,7 +96,7 @@ async def sign_in(request: Request[Any, Any, Any], settlement: Services) -> Redi
             next=next_path, error=expired_form,
         )  # fmt: skip
     await settlement.console.sign_out(session_of(request))
-    opened = await settlement.console.sign_in(form.get("api_key", "").strip())
+    opened = await settlement.console.sign_in(form.get("api_key", "").strip(), address)
     if isinstance(opened, Problem):
         token, cookie = sign_in_cookie(request)
         return page(
@@ -190,6 +204,8 @@ async def create_principal(request: Request[Any, Any, Any], settlement: Services
         created = await settlement.admin.create_principal(session.principal, body)
     except PrincipalExists as exc:
         return await _principals(settlement, session, error=str(exc), status=409)
+    if isinstance(created, Problem) and created.slug == "principal-limit":
+        return await _principals(settlement, session, error=created.detail, status=409)
     if isinstance(created, Problem):
         return problem_page(session, created)
     return page("key_shown.html", session, created=created, verb="created")
@@ -229,7 +245,17 @@ async def _principals(
     error: str | None = None,
     status: int = 200,
 ) -> Template:
-    rows = await settlement.console.principals(session.principal)
+    listed = await settlement.console.principals(session.principal)
+    if isinstance(listed, Problem):  # the first page of its own reach: never refused
+        return problem_page(session, listed)
     return page(
-        "principals.html", session, status=status, principals=rows, notice=notice, error=error
+        "principals.html",
+        session,
+        status=status,
+        principals=listed.items,
+        next=listed.next,
+        tenant="",
+        paged=False,
+        notice=notice,
+        error=error,
     )

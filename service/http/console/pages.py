@@ -190,7 +190,21 @@ async def feeds_page(request: Request[Any, Any, Any], settlement: Services) -> T
 
 @get("/principals", include_in_schema=False)
 async def principals_page(request: Request[Any, Any, Any], settlement: Services) -> Template:
-    """The principals this admin manages, with create, rotate and revoke."""
+    """The principals this admin manages, with create, rotate and revoke, newest first, a
+    page at a time (``before``: the cursor of the page before), of one tenant (``tenant``)
+    or, for an all-tenant admin, of every tenant."""
     session = await signed_in(request, settlement)
-    rows = await settlement.console.principals(session.principal)
-    return page("principals.html", session, principals=rows, notice=None, error=None)
+    tenant, before = _query(request, "tenant"), _query(request, "before")
+    listed = await settlement.console.principals(session.principal, tenant, before)
+    if isinstance(listed, Problem):
+        return problem_page(session, listed)
+    return page(
+        "principals.html",
+        session,
+        principals=listed.items,
+        next=listed.next,
+        tenant=tenant or "",
+        paged=before is not None,
+        notice=None,
+        error=None,
+    )

@@ -27,6 +27,7 @@ def page(
     *,
     status: int = 200,
     cookies: list[Cookie] | None = None,
+    headers: dict[str, str] | None = None,
     **context: Any,
 ) -> Template:
     """``name`` rendered for the operator of ``session`` (None: signed out)."""
@@ -39,6 +40,7 @@ def page(
         },
         status_code=status,
         cookies=cookies,
+        headers=headers,
         media_type="text/html",
     )
 

@@ -7,6 +7,8 @@ the operator next, and the headers every console answer carries.
 * Every state-changing form carries the session's token, compared in constant time. The
   sign-in form, which has no session yet, carries a token also set in a short-lived cookie
   (double submit), so a page elsewhere cannot sign an operator in under its own key.
+* A form's body is at most FORM_LIMIT bytes (413 before it is read), and sign-ins are
+  counted per client address (:class:`service.app.console.SignInThrottle`).
 * ``next`` after a sign-in is only ever a path under ``/console``: no ``%`` before its query,
   no dot segment, decoded or not.
 """
@@ -32,8 +34,10 @@ from service.store.console_sessions import ConsoleSession
 
 __all__ = [
     "CONSOLE_PATH",
+    "FORM_LIMIT",
     "ConsoleHeaders",
     "SignInRequired",
+    "client_address",
     "form_token_ok",
     "safe_next",
     "session_cookie",
@@ -50,6 +54,10 @@ SIGN_IN_COOKIE = "console_sign_in"
 SIGN_IN_FORM_LIFETIME = 1800
 # Longest ``next`` path kept across a sign-in.
 MAX_NEXT = 1024
+# Largest body of a console form, in bytes: the largest form (a supersede's 500-character
+# reason, each character percent-encoded UTF-8) fits; a larger body is refused with 413
+# before it is read, so a form of 100,000 fields costs nothing to parse.
+FORM_LIMIT = 8_192
 
 # Every console answer: no framing (clickjacking), no third-party anything, no Referer
 # leaving with an operation id, nothing cached (pages show keys once and live state).
@@ -174,6 +182,13 @@ def expired(name: str, request: Request[Any, Any, Any]) -> Cookie:
         secure=_secure(request),
         samesite="strict",
     )
+
+
+def client_address(request: Request[Any, Any, Any]) -> str:
+    """The address the connection came from, as the server reports it (the sign-in limit
+    counts per address)."""
+    client = request.client
+    return client.host if client is not None and client.host else "unknown"
 
 
 def session_of(request: Request[Any, Any, Any]) -> str:
