@@ -299,6 +299,9 @@ class Settings:
     max_principals_per_tenant: int = setting(
         1_000, "live principals one tenant may hold; one more is refused (409).", rule=AT_LEAST_ONE
     )
+    api_reference: bool = setting(
+        False, "serves Scalar's API reference (a pinned script, SRI) at /schema; off: links only."
+    )
     metrics_dir: str | None = setting(
         None,
         "directory the server's worker processes share for /metrics (settlement serve makes "

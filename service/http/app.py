@@ -100,7 +100,7 @@ def create_app(settings: Settings) -> Litestar:
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
         request_max_body_size=settings.body_limit,
-        openapi_config=openapi_config(),
+        openapi_config=openapi_config(reference=settings.api_reference),
         logging_config=None,  # service.logs owns logging
         debug=False,
     )

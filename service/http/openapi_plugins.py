@@ -1,5 +1,12 @@
-"""Serve the completed OpenAPI document: /schema/openapi.json, /schema/openapi.yaml, and the
-Scalar page at /schema that reads the JSON one.
+"""Serve the completed OpenAPI document: /schema/openapi.json, /schema/openapi.yaml, and at
+/schema a page: by default a plain one of links, without any script; with
+``SETTLEMENT_API_REFERENCE`` on, Scalar's interactive reference, one pinned release checked by
+the browser (Subresource Integrity), under a Content-Security-Policy that lets nothing else
+run or load.
+
+/schema shares its origin with the console, so a script that ran there could read a console
+page (and its form token) with the operator's cookie: nothing runs there unless it is turned
+on, and then only the exact bytes pinned below.
 
 Litestar builds the document from the handlers; :func:`service.http.contract.complete` adds
 what the handlers do not show it (bodies, header parameters, problems, security).
@@ -7,20 +14,49 @@ what the handlers do not show it (bodies, header parameters, problems, security)
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
 import msgspec
 import yaml
-from litestar import Request
+from litestar import Request, Router
+from litestar.datastructures import ResponseHeader
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin, ScalarRenderPlugin, YamlRenderPlugin
+from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
 from service.http.contract import complete
 
-__all__ = ["as_json", "as_yaml", "openapi_config"]
+__all__ = ["REFERENCE_SCRIPT", "as_json", "as_yaml", "openapi_config"]
 
 TITLE = "Settlement server"
 VERSION = "1.0.0"
+SCHEMA_PATH = "/schema"
+# Scalar's standalone bundle, one release: never "latest", so a new (or hijacked) release
+# never runs here. The integrity is the SHA-384 of dist/browser/standalone.js in the npm
+# package @scalar/api-reference@1.76.4, which the CDN serves byte for byte; a browser runs
+# the file only if it hashes to it. To move to another release: take that file from the
+# package (npm pack), read it, and put its version and hash here.
+SCALAR_VERSION = "1.76.4"
+REFERENCE_SCRIPT = (
+    f"https://cdn.jsdelivr.net/npm/@scalar/api-reference@{SCALAR_VERSION}"
+    "/dist/browser/standalone.js"
+)
+REFERENCE_INTEGRITY = "sha384-hwB9WroDTpZaI38gr+u9CXA6ksz5gUYgD2GxXazKl/agT1L2GWUiRFWGJYNiFu4Q"
+# Every answer under /schema: nothing runs, loads or frames it but what the page needs.
+_COMMON = "frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+# The page of links: no script, no style, no request at all.
+LINKS_POLICY = f"default-src 'none'; {_COMMON}"
+# The reference: that one script; its own styles (it writes them inline) and images; the
+# document and "try it" requests to this server only (no font, telemetry or proxy elsewhere).
+REFERENCE_POLICY = (
+    f"default-src 'none'; script-src {REFERENCE_SCRIPT}; style-src 'unsafe-inline'; "
+    f"img-src 'self' data:; font-src 'self' data:; connect-src 'self'; {_COMMON}"
+)
+_HEADERS = (
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("X-Content-Type-Options", "nosniff"),
+)
 
 
 def as_json(document: dict[str, Any]) -> bytes:
@@ -69,11 +105,67 @@ class _Yaml(YamlRenderPlugin):
         return as_yaml(self._completed(openapi_schema))
 
 
-def openapi_config() -> OpenAPIConfig:
+class _Links(OpenAPIRenderPlugin):
+    """/schema when the interactive reference is off: where the document is, no script."""
+
+    def __init__(self) -> None:
+        super().__init__(path="/", favicon="", style="")
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        title = html.escape(str(openapi_schema["info"]["title"]))
+        return (
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            f"<title>{title}: API</title></head><body><h1>{title}: API</h1>"
+            f'<ul><li><a href="{SCHEMA_PATH}/openapi.json">openapi.json</a></li>'
+            f'<li><a href="{SCHEMA_PATH}/openapi.yaml">openapi.yaml</a></li></ul>'
+            "<p>The interactive reference is off on this server "
+            "(SETTLEMENT_API_REFERENCE).</p></body></html>\n"
+        ).encode()
+
+
+class _Reference(OpenAPIRenderPlugin):
+    """/schema with the interactive reference on: Scalar's pinned script, reading
+    /schema/openapi.json; no inline script, no stylesheet or icon from elsewhere."""
+
+    def __init__(self) -> None:
+        super().__init__(path="/", favicon="", style="")
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        title = html.escape(str(openapi_schema["info"]["title"]))
+        return (
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f"<title>{title}: API reference</title></head><body>"
+            "<noscript>The API reference needs JavaScript; the document itself is "
+            f'<a href="{SCHEMA_PATH}/openapi.json">openapi.json</a>.</noscript>'
+            f'<div id="api-reference" data-url="{SCHEMA_PATH}/openapi.json"></div>'
+            f'<script src="{REFERENCE_SCRIPT}" integrity="{REFERENCE_INTEGRITY}" '
+            'crossorigin="anonymous" referrerpolicy="no-referrer"></script>'
+            "</body></html>\n"
+        ).encode()
+
+
+def openapi_config(*, reference: bool = False) -> OpenAPIConfig:
+    """``reference``: /schema is Scalar's interactive reference, else a page of links."""
     completed = _Completed()
+    policy = REFERENCE_POLICY if reference else LINKS_POLICY
+    headers = [ResponseHeader(name="Content-Security-Policy", value=policy)]
+    headers += [ResponseHeader(name=name, value=value) for name, value in _HEADERS]
     return OpenAPIConfig(
         title=TITLE,
         version=VERSION,
-        path="/schema",
-        render_plugins=[ScalarRenderPlugin(), _Json(completed), _Yaml(completed)],
+        path=SCHEMA_PATH,
+        openapi_router=Router(
+            SCHEMA_PATH,
+            route_handlers=[],
+            include_in_schema=False,
+            dto=None,
+            return_dto=None,
+            response_headers=headers,
+        ),
+        render_plugins=[
+            _Reference() if reference else _Links(),
+            _Json(completed),
+            _Yaml(completed),
+        ],
     )
