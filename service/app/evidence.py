@@ -123,7 +123,10 @@ class EvidenceIntake:
         seen = await self._store.quarantined_evidence(observer.id, now - window, self._limit)
         if seen.count < self._limit or seen.oldest is None:
             return None
-        wait = max(1, math.ceil((seen.oldest + window - now).total_seconds()))
+        # until the oldest counted one leaves the window (the database's clock wrote it:
+        # never more than the window, never less than a second)
+        left = (seen.oldest + window - now).total_seconds()
+        wait = max(1, min(math.ceil(self._window), math.ceil(left)))
         return Problem(
             "evidence-quota-exceeded",
             f"{seen.count} of this observer's evidence were quarantined within the last "
