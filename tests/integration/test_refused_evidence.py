@@ -4,6 +4,7 @@ retention. Real PostgreSQL, the intake called as the route calls it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
@@ -11,7 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.app.answers import Problem
 from service.app.evidence import EvidenceIntake
@@ -24,12 +25,15 @@ from service.evidence import (
     result_digest,
     sign,
 )
+from service.store.db import async_url
+from service.store.migrate import upgrade
 from service.store.principals import Principal, Role
 from service.store.retention import _FORGET_ORPHANS, Retention, RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore
 from service.store.settlement_reads import _QUARANTINED
 from service.store.tables import observations
+from tests.conftest import Services, create_database
 from tests.integration.factories import Clock, count, new_operation
 from tests.integration.test_feed_retention import plan
 
@@ -161,3 +165,73 @@ async def test_the_count_reads_through_its_index_and_the_orphans_go(
         "count": 0,
         "oldest": None,
     }
+
+
+async def test_migration_0015_takes_refused_evidence_out_of_the_histories_it_was_written_into(
+    services: Services,
+) -> None:
+    """Rows the intake wrote before: another tenant's observer's, and evidence about an
+    unknown operation, leave the operation they named; the owner's own stay."""
+    url = await create_database(services, "untie")
+    await asyncio.to_thread(upgrade, url, "0014")
+    engine = create_async_engine(async_url(url))
+    victim, ghost = uuid.uuid4(), uuid.uuid4()
+    try:
+        async with engine.begin() as conn:
+            for tenant, name in (("b", "owner"), ("b", "own-observer"), ("a", "stranger")):
+                await conn.execute(
+                    text(
+                        "INSERT INTO principals (id, tenant, name, role, key_hash)"
+                        " VALUES (:id, :tenant, :name, 'observer', :hash)"
+                    ),
+                    {"id": _ids[name], "tenant": tenant, "name": name, "hash": _ids[name].bytes},
+                )
+            await conn.execute(
+                text(
+                    "INSERT INTO operations (id, tenant, principal_id, route, idempotency_key,"
+                    " state, binding_generation, request_fingerprint, bound_principal_id,"
+                    " bound_credential_generation, revision, fencing_token)"
+                    " VALUES (:id, 'b', :owner, :route, 'k', 'unknown', 1, :fp, :owner, 1, 2, 1)"
+                ),
+                {"id": victim, "owner": _ids["owner"], "route": ROUTE, "fp": "a" * 64},
+            )
+            for operation_id, reason, sender in (
+                (victim, "unverified-evidence", "stranger"),
+                (victim, "unknown-operation", "stranger"),
+                (ghost, "unknown-operation", "stranger"),
+                (victim, "unverified-evidence", "own-observer"),
+            ):
+                await conn.execute(
+                    text(
+                        "INSERT INTO observations (operation_id, source, kind, verified, stage,"
+                        " disposition, reason, detail) VALUES (:op, 'evidence', 'completed',"
+                        " false, 'A', 'quarantined', :reason, CAST(:detail AS jsonb))"
+                    ),
+                    {
+                        "op": operation_id,
+                        "reason": reason,
+                        "detail": f'{{"principal_id": "{_ids[sender]}"}}',
+                    },
+                )
+        await asyncio.to_thread(upgrade, url)
+        async with engine.connect() as conn:
+            left = (
+                await conn.execute(
+                    text(
+                        "SELECT operation_id, reason, detail ->> 'principal_id' AS sender"
+                        " FROM observations ORDER BY id"
+                    )
+                )
+            ).all()
+    finally:
+        await engine.dispose()
+    stranger, own = str(_ids["stranger"]), str(_ids["own-observer"])
+    assert [tuple(row) for row in left] == [
+        (None, "unknown-operation", stranger),
+        (None, "unknown-operation", stranger),
+        (None, "unknown-operation", stranger),
+        (victim, "unverified-evidence", own),
+    ]
+
+
+_ids = {name: uuid.uuid4() for name in ("owner", "own-observer", "stranger")}
