@@ -11,12 +11,21 @@ variable, so a bad value fails at start.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from service.core import TerminalPolicy
+from service.feed_specs import (
+    CURSOR_PROMISES,
+    DEFAULT_TIMESTAMP_PROMISES,
+    FEED_KINDS,
+    FEED_NAME,
+    PROMISES,
+    TIMESTAMP_PROMISES,
+    FeedSpec,
+    parse_feeds,
+)
 from service.setting import (
     PREFIX,
     ConfigError,
@@ -26,13 +35,25 @@ from service.setting import (
     between,
     declared,
     is_url,
-    masked,
     one_of,
     setting,
     strong_key,
 )
 
-__all__ = ["SETTINGS", "ConfigError", "FeedSpec", "Settings", "parse_feeds"]
+# the feed specs are service.feed_specs', here too for the settings' users
+__all__ = [
+    "CURSOR_PROMISES",
+    "DEFAULT_TIMESTAMP_PROMISES",
+    "FEED_KINDS",
+    "FEED_NAME",
+    "PROMISES",
+    "SETTINGS",
+    "TIMESTAMP_PROMISES",
+    "ConfigError",
+    "FeedSpec",
+    "Settings",
+    "parse_feeds",
+]
 
 POSITIVE = above(0)
 NOT_NEGATIVE = at_least(0)
@@ -272,9 +293,12 @@ class Settings:
         rule=one_of("json", "text"),
     )
     metrics_role: str = setting(
-        "none",
-        "who may read /metrics: none (anyone: a scraper on a private network) or a role.",
+        "admin",
+        "who may read /metrics (business volume): keys of this role and admins; none: anyone.",
         rule=one_of("none", "admin", "observer", "client"),
+    )
+    feed_figures_interval: float = setting(
+        15.0, "how often one worker reads the feeds' /metrics figures for scrapes.", rule=POSITIVE
     )
     access_log: bool = setting(
         False, "one JSON access line per request; off by default, a line per request costs CPU."
@@ -350,100 +374,3 @@ class Settings:
 SETTINGS: tuple[Setting, ...] = declared(Settings)
 """Every setting, in the order declared: what the environment, ``settlement config`` and the
 README's table go by."""
-
-
-# A feed's name: it keys the checkpoint and the receipts, and appears in admin URLs.
-FEED_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}(?!\n)$")
-FEED_KINDS = ("cursor", "timestamp")
-# What a timestamp feed's source may promise; the observer relies on nothing else:
-# * later-timestamp: an event at a later timestamp proves every earlier one was served
-#   (nothing arrives late behind it);
-# * watermark: no event at or below the page's finality_watermark appears later;
-# * short-page-end: a page shorter than the limit asked is the whole answer (the source never
-#   caps its pages below the limit silently).
-TIMESTAMP_PROMISES = frozenset({"later-timestamp", "watermark", "short-page-end"})
-# A timestamp feed no promise names: the order of its pages is all it is taken to promise.
-DEFAULT_TIMESTAMP_PROMISES = frozenset({"later-timestamp"})
-# What a cursor feed's source may promise:
-# * no-backfill: no event is ever added behind a cursor already served (without it, the
-#   observer re-reads the feed from its start, paced, to find such events);
-# * empty-advance: an empty page may carry a new cursor to resume from (without it, such a
-#   cursor is not adopted: the request's cursor is asked again).
-CURSOR_PROMISES = frozenset({"no-backfill", "empty-advance"})
-PROMISES = {"timestamp": TIMESTAMP_PROMISES, "cursor": CURSOR_PROMISES}
-
-
-@dataclass(frozen=True)
-class FeedSpec:
-    name: str
-    kind: str
-    url: str
-    promises: frozenset[str] = frozenset()
-    """what the source promises (PROMISES of its kind)"""
-
-
-def parse_feeds(raw: str, promises: str = "") -> list[FeedSpec]:
-    """``name=kind:url,...`` as specs, with the promises ``name=a+b,...`` names for them
-    (a timestamp feed not named gets DEFAULT_TIMESTAMP_PROMISES, a cursor feed none);
-    ValueError naming what is wrong."""
-    specs = _parse_feed_list(raw)
-    declared = _parse_promises(promises)
-    kinds = {spec.name: spec.kind for spec in specs}
-    for name, named in declared.items():
-        kind = kinds.get(name)
-        if kind is None:
-            raise ValueError(f"{name} is not a feed of SETTLEMENT_FEEDS")
-        unknown = named - PROMISES[kind]
-        if unknown:
-            raise ValueError(
-                f"{name}: unknown promise {sorted(unknown)[0]!r} of a {kind} feed "
-                f"(known: {', '.join(sorted(PROMISES[kind]))})"
-            )
-        if kind == "timestamp" and not named & {"later-timestamp", "watermark"}:
-            raise ValueError(
-                f"{name}: a timestamp feed needs a finality proof, later-timestamp or watermark"
-            )
-    return [
-        FeedSpec(
-            spec.name,
-            spec.kind,
-            spec.url,
-            declared.get(
-                spec.name,
-                DEFAULT_TIMESTAMP_PROMISES if spec.kind == "timestamp" else frozenset(),
-            ),
-        )
-        for spec in specs
-    ]
-
-
-def _parse_promises(raw: str) -> dict[str, frozenset[str]]:
-    found: dict[str, frozenset[str]] = {}
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, listed = item.partition("=")
-        named = frozenset(filter(None, listed.split("+")))
-        if not sep or not named:
-            raise ValueError(f"{item!r} is not name=promise+promise")
-        if name in found:
-            raise ValueError(f"{name} is named twice")
-        found[name] = named
-    return found
-
-
-def _parse_feed_list(raw: str) -> list[FeedSpec]:
-    specs: list[FeedSpec] = []
-    for item in filter(None, (part.strip() for part in raw.split(","))):
-        name, sep, rest = item.partition("=")
-        kind, sep2, url = rest.partition(":")
-        if not sep or not sep2:
-            raise ValueError(f"{item!r} is not name=kind:url")
-        if not FEED_NAME.match(name):
-            raise ValueError(f"feed name {name!r} must match {FEED_NAME.pattern}")
-        if kind not in FEED_KINDS:
-            raise ValueError(f"feed {name}: kind must be cursor or timestamp, not {kind!r}")
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"feed {name}: {masked(url)!r} is not an http(s) URL")
-        if any(spec.name == name for spec in specs):
-            raise ValueError(f"feed {name} is named twice")
-        specs.append(FeedSpec(name=name, kind=kind, url=url))
-    return specs

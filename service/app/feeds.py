@@ -117,16 +117,6 @@ class HoldDecided(msgspec.Struct):
     """the receipt's state after the decision (``held`` when a retry decided to hold)"""
 
 
-class FeedFigures(msgspec.Struct, frozen=True):
-    """What ``/metrics`` says of the feeds: events by (feed, receipt state), alarms by (feed,
-    kind), each feed's lag in seconds, and the oldest unknown external operation's age."""
-
-    events: list[tuple[str, str, int]]
-    alarms: list[tuple[str, str, int]]
-    lags: list[tuple[str, float]]
-    oldest_unknown: float
-
-
 class FeedAdmin:
     def __init__(
         self,
@@ -245,22 +235,6 @@ class FeedAdmin:
             },
         )
         return ConflictAccepted(feed=name, event_id=event_id, unpinned=accepted.unpinned)
-
-    async def figures(self) -> FeedFigures:
-        """The feeds' figures, read from the database: the same from every process, whichever
-        observer did the work (``/metrics`` renders them)."""
-        now = self._clock()
-        lags = {
-            checkpoint.name: max(0.0, now - checkpoint.caught_up_at.timestamp())
-            for checkpoint in await self._store.checkpoints()
-            if checkpoint.caught_up_at is not None
-        }
-        return FeedFigures(
-            events=sorted((f, s, n) for (f, s), n in (await self._store.counts()).items()),
-            alarms=sorted((f, k, n) for (f, k), n in (await self._store.alarm_counts()).items()),
-            lags=sorted(lags.items()),
-            oldest_unknown=(await self._store.oldest_unknown(self._external)) or 0.0,
-        )
 
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
         spec = self._specs.get(name)

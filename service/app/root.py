@@ -23,6 +23,7 @@ from service.app.console import Console
 from service.app.effects import IdempotentRoute
 from service.app.evidence import EvidenceIntake
 from service.app.feed_events import FeedEvents
+from service.app.feed_figures import FeedFigureKeeper
 from service.app.feeds import FeedAdmin
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
@@ -51,10 +52,15 @@ from service.store.principals import PrincipalStore
 from service.store.retention import RetentionStore
 from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
+from service.telemetry.feed_figures import FigureShelf
 
 __all__ = ["Settlement", "require_endpoints"]
 
 log = logging.getLogger("settlement.leases")
+
+# The application_name of the connection that reads the feeds' figures for /metrics (one per
+# server: the worker that holds the figures' lock opens it).
+FIGURES_CONNECTION = "settlement-feed-figures"
 
 
 class Settlement:
@@ -183,11 +189,20 @@ class Settlement:
                 unknown_grace=settings.feed_unknown_grace,
             ),
         )
+        # the feeds' figures of /metrics: read in the background (see open), never by a scrape
+        self.feed_figures = FeedFigureKeeper(
+            FigureShelf(settings.metrics_dir),
+            external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+            interval=settings.feed_figures_interval,
+            clock=clock,
+        )
         self.purger = Purger(
             self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock
         )
         self._sweeping: asyncio.Task[None] | None = None
         self._purging: asyncio.Task[None] | None = None
+        self._figuring: asyncio.Task[None] | None = None
+        self._figures_engine: AsyncEngine | None = None
 
     def observer(self, spec: FeedSpec) -> FeedObserver:
         """A feed observer of ``spec`` (its own HTTP client; close it when done)."""
@@ -243,14 +258,28 @@ class Settlement:
             settlement._purging = asyncio.create_task(
                 settlement.purger.run(), name="retention-purge"
             )
+            # a connection of its own: the feeds' whole-table counts never take one of the
+            # request pool's (nor does a scrape, which renders the last figures read)
+            figures = settlement._figures_engine = make_engine(
+                settings, settings.database_url, pool_size=1, name=FIGURES_CONNECTION
+            )
+            settlement._figuring = asyncio.create_task(
+                settlement.feed_figures.run(
+                    FeedStore(
+                        figures, settlement.store.runner, settle=settlement.store.settle_phase_of
+                    )
+                ),
+                name="feed-figures",
+            )
         return settlement
 
     async def close(self) -> None:
-        for task in (self._sweeping, self._purging):
+        for task in (self._sweeping, self._purging, self._figuring):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        self.feed_figures.close()
         try:
             await self.late.close()
             await self.wakeups.close()
@@ -260,6 +289,8 @@ class Settlement:
             await self.lease_redis.aclose()
             await self.redis.aclose()
             await self.engine.dispose()
+            if self._figures_engine is not None:
+                await self._figures_engine.dispose()
 
 
 class _StoreHooks:

@@ -21,7 +21,6 @@ from service.http.problems import problem_response
 from service.leases import ping as redis_ping
 from service.store.db import ping as database_ping
 from service.store.principals import Role
-from service.telemetry.metrics import feed_exposition
 
 __all__ = ["Health", "Liveness", "Readiness", "health", "livez", "metrics", "readyz"]
 
@@ -106,8 +105,9 @@ async def readyz(settlement: Services) -> Response[Readiness]:
     summary="Prometheus text exposition",
 )
 async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Response[bytes]:
-    """Prometheus text exposition of the server's metrics (every worker's); with
-    SETTLEMENT_METRICS_ROLE set, only for an API key of that role (or an admin)."""
+    """Prometheus text exposition of the server's metrics (every worker's) and the feeds'
+    figures last read in the background (no table is read here): only for an API key of
+    SETTLEMENT_METRICS_ROLE's role (default admin) or an admin, or anyone with ``none``."""
     wanted = settlement.settings.metrics_role
     if wanted != "none":
         try:
@@ -115,5 +115,5 @@ async def metrics(request: Request[Any, Any, Any], settlement: Services) -> Resp
             require_role(principal, Role(wanted), Role.ADMIN)
         except AuthError as exc:
             return problem_response(exc.slug, exc.detail)
-    text = settlement.metrics.render() + feed_exposition(await settlement.feed_admin.figures())
+    text = settlement.metrics.render() + settlement.feed_figures.exposition()
     return Response(text.encode(), media_type="text/plain; version=0.0.4")

@@ -73,10 +73,13 @@ def json_text(value: Any) -> str:
     return msgspec.json.encode(value).decode()
 
 
-def make_engine(settings: Settings, url: str, *, pool_size: int | None = None) -> AsyncEngine:
+def make_engine(
+    settings: Settings, url: str, *, pool_size: int | None = None, name: str = "settlement"
+) -> AsyncEngine:
     """The pool of ``pool_size`` (default ``db_pool_size``) connections, never more: a
     request, a local effect, a status view and a cold path alike wait at most
-    ``db_connect_timeout`` for one (then :data:`PoolTimeout`).
+    ``db_connect_timeout`` for one (then :data:`PoolTimeout`). ``name``: the connections'
+    ``application_name`` (what ``pg_stat_activity`` shows).
 
     A connection given back is rolled back by the pool if SQLAlchemy began a transaction on
     it (``pool_reset_on_return``'s default; no round trip when none is open: 0-4 us of CPU
@@ -95,7 +98,7 @@ def make_engine(settings: Settings, url: str, *, pool_size: int | None = None) -
         connect_args={
             "timeout": settings.db_connect_timeout,
             "command_timeout": settings.db_statement_timeout + 1,
-            "server_settings": server_settings(settings),
+            "server_settings": {**server_settings(settings), "application_name": name},
         },
     )
 

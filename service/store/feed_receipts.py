@@ -220,7 +220,9 @@ class FeedReceipts:
             return [_receipt(row) for row in rows]
 
     async def counts(self) -> dict[tuple[str, str], int]:
-        """(feed, state) -> receipts: what the metrics show, the same from every process."""
+        """(feed, state) -> receipts: what the metrics show, the same from every process. A
+        whole-table count: only the feed figures' background reader runs it, on a connection
+        of its own (service.app.feed_figures), never a request or a scrape."""
         r = feed_receipts.c
         async with self._reader.connect() as conn:
             rows = await conn.execute(

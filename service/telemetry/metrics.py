@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.registry import Collector
 
-__all__ = ["DECLARED", "LATENCY_BUCKETS", "MULTIPROC_VARIABLE", "Metrics", "feed_exposition"]
+__all__ = ["DECLARED", "LATENCY_BUCKETS", "MULTIPROC_VARIABLE", "Metrics"]
 
 # prometheus_client's multiprocess directory variable (read when it is first imported)
 MULTIPROC_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
@@ -401,45 +401,3 @@ def _meter_provider(export: str, readers: Sequence[MetricReader]) -> MeterProvid
         shutdown_on_exit=export == "otlp",
         exemplar_filter=AlwaysOffExemplarFilter(),
     )
-
-
-def feed_exposition(figures: Any) -> str:
-    """The feeds' figures (:class:`service.app.feeds.FeedFigures`, read from the database at
-    scrape time) in the Prometheus text format, by prometheus_client's metric families."""
-    from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-    from prometheus_client.registry import Collector
-
-    events = GaugeMetricFamily(
-        "settlement_feed_events",
-        "Feed events by receipt state (ignored: a replay).",
-        labels=["feed", "state"],
-    )
-    for feed, state, n in figures.events:
-        events.add_metric([feed, state], n)
-    alarms = CounterMetricFamily(
-        "settlement_feed_alarms", "Feed alarms raised, by kind.", labels=["feed", "kind"]
-    )
-    for feed, kind, n in figures.alarms:
-        alarms.add_metric([feed, kind], n)
-    lag = GaugeMetricFamily(
-        "settlement_feed_lag_seconds",
-        "Seconds since the feed's observer last found nothing new.",
-        labels=["feed"],
-    )
-    for feed, seconds in figures.lags:
-        lag.add_metric([feed], seconds)
-    oldest = GaugeMetricFamily(
-        "settlement_feed_oldest_unknown_seconds",
-        "Seconds since the longest-unknown external operation became unknown (what the feeds "
-        "should settle; 0: none).",
-        value=figures.oldest_unknown,
-    )
-
-    class Feeds(Collector):
-        def collect(self) -> Iterable[Any]:
-            return [events, alarms, lag, oldest]
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Feeds())
-    return generate_latest(registry).decode()

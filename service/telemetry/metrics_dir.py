@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from service.telemetry.feed_figures import FIGURES_FILE
 from service.telemetry.metrics import MULTIPROC_VARIABLE
 
 __all__ = ["METRICS_PREFIX", "server_metrics_dir"]
@@ -49,9 +50,11 @@ def server_metrics_dir(configured: str | None) -> Iterator[None]:
 
 
 def _empty_metrics_dir(shared: Path) -> None:
-    """Remove an earlier server's figures: prometheus_client would add them to this one's."""
+    """Remove an earlier server's figures: prometheus_client would add them to this one's,
+    and its feed figures would be shown until this one's are read."""
     for old in shared.glob("*.db"):
         old.unlink(missing_ok=True)
+    (shared / FIGURES_FILE).unlink(missing_ok=True)
 
 
 def _remove_orphaned_metrics_dirs(parent: Path) -> None:

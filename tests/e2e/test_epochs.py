@@ -204,7 +204,7 @@ def test_late_success_of_the_old_epoch_is_quarantined(
     counted = "settlement_stale_epoch_outcomes_total 1.0"
     deadline = time.monotonic() + PROVIDER_TIMEOUT * 3 + 10
     while scalar(app_database, late_row, op=operation_id) is None or counted not in (
-        httpx.get(f"{base}/metrics").text.splitlines()
+        httpx.get(f"{base}/metrics", headers=auth(ADMIN_KEY)).text.splitlines()
     ):
         assert time.monotonic() < deadline, "the late answer was never observed"
         time.sleep(0.05)
@@ -213,7 +213,7 @@ def test_late_success_of_the_old_epoch_is_quarantined(
     assert view["state"] == "unknown"
     assert view["binding_generation"] == 2
     assert scalar(app_database, late_row, op=operation_id) == "quarantined"
-    stale = httpx.get(f"{base}/metrics").text
+    stale = httpx.get(f"{base}/metrics", headers=auth(ADMIN_KEY)).text
     assert counted in stale.splitlines()
 
     paid = httpx.post(f"{base}/v1/payouts", json=body, headers=headers, timeout=30)

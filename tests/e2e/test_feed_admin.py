@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal, scalar
+from tests.e2e.client import ADMIN_KEY, auth, execute, new_principal, scalar, until
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -21,6 +21,8 @@ ENV = {
     # configured but never observed here (no observer process runs in this module)
     "SETTLEMENT_FEEDS": "payments=cursor:http://127.0.0.1:9/feeds/cursor",
     "SETTLEMENT_FEED_PROMISES": "payments=no-backfill+empty-advance",
+    # the feeds' figures of /metrics, read in the background: soon after a change
+    "SETTLEMENT_FEED_FIGURES_INTERVAL": "0.2",
 }
 
 
@@ -236,5 +238,10 @@ def test_an_event_twice_in_one_page_is_not_accepted(
 
 def test_metrics_show_the_feeds_figures(server: ServerProcess, app_database: str) -> None:
     hold(app_database, "held-m")
-    text = httpx.get(f"{server.base_url}/metrics").text
-    assert 'settlement_feed_events{feed="payments",state="held"}' in text
+    until(
+        lambda: (
+            'settlement_feed_events{feed="payments",state="held"}'
+            in httpx.get(f"{server.base_url}/metrics", headers=auth(ADMIN_KEY)).text
+        ),
+        "the held event is in the figures read next",
+    )

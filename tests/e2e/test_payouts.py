@@ -136,7 +136,7 @@ def evidence_for(view: dict[str, Any], *, reference: str, **overrides: Any) -> d
 
 
 def metric(base_url: str, name: str) -> float:
-    for line in httpx.get(f"{base_url}/metrics").text.splitlines():
+    for line in httpx.get(f"{base_url}/metrics", headers=auth(ADMIN_KEY)).text.splitlines():
         if line.startswith(f"{name} "):
             return float(line.split()[1])
     raise AssertionError(f"metric {name} not exported")

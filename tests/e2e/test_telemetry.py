@@ -78,7 +78,9 @@ def test_metrics_count_every_workers_answers_whichever_worker_is_scraped(
             )
         expected = Counter((f"{r.status_code // 100}xx", _outcome(r)) for r in answers)
         assert expected[("2xx", "ok")] == 7 and expected[("4xx", "fingerprint-mismatch")] == 6
-        scrapes = [httpx.get(f"{base}/metrics").text for _ in range(SCRAPES)]
+        scrapes = [
+            httpx.get(f"{base}/metrics", headers=auth(ADMIN_KEY)).text for _ in range(SCRAPES)
+        ]
         writers = _worker_pids(tmp_path)
     assert len(writers) == 2, writers  # both workers write their figures there
     for text in scrapes:
@@ -158,7 +160,7 @@ def _scrape(base: str) -> str:
     deadline = time.monotonic() + PATIENCE
     while True:
         try:
-            return httpx.get(f"{base}/metrics").raise_for_status().text
+            return httpx.get(f"{base}/metrics", headers=auth(ADMIN_KEY)).raise_for_status().text
         except httpx.TransportError:
             assert time.monotonic() < deadline
             time.sleep(0.05)

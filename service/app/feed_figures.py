@@ -1,0 +1,130 @@
+"""The feeds' figures of ``/metrics`` (receipts by state, alarms by kind, lags, the oldest
+unknown payout's age), read from the database by a background task, never by a scrape.
+
+Counting the receipts is a whole-table aggregate (about 250 ms at two million receipts): run
+by every scrape on the request pool, anyone scraping in a loop slowed every tenant's
+requests. :class:`FeedFigureKeeper` reads them every ``SETTLEMENT_FEED_FIGURES_INTERVAL``
+on a connection of its own, in one worker of the server at a time
+(:class:`service.telemetry.feed_figures.FigureShelf`), and a scrape renders the last figures
+read, with their age (``settlement_feed_figures_age_seconds``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Collection, Sequence
+
+import msgspec
+
+from service.store.feeds import FeedStore
+from service.telemetry.feed_figures import FigureShelf, feed_exposition
+
+__all__ = ["FeedFigureKeeper", "FeedFigures", "read_figures"]
+
+log = logging.getLogger("settlement.feeds")
+
+
+class FeedFigures(msgspec.Struct, frozen=True):
+    """What ``/metrics`` says of the feeds: events by (feed, receipt state), alarms by (feed,
+    kind), each feed's lag in seconds, the oldest unknown external operation's age, and when
+    they were read (``read_at``, seconds since the epoch)."""
+
+    events: list[tuple[str, str, int]]
+    alarms: list[tuple[str, str, int]]
+    lags: list[tuple[str, float]]
+    oldest_unknown: float
+    read_at: float
+
+
+async def read_figures(
+    store: FeedStore, external_routes: Sequence[str], clock: Callable[[], float]
+) -> FeedFigures:
+    """The feeds' figures, read from the database: the same from every process, whichever
+    observer did the work."""
+    now = clock()
+    lags = {
+        checkpoint.name: max(0.0, now - checkpoint.caught_up_at.timestamp())
+        for checkpoint in await store.checkpoints()
+        if checkpoint.caught_up_at is not None
+    }
+    return FeedFigures(
+        events=sorted((f, s, n) for (f, s), n in (await store.counts()).items()),
+        alarms=sorted((f, k, n) for (f, k), n in (await store.alarm_counts()).items()),
+        lags=sorted(lags.items()),
+        oldest_unknown=(await store.oldest_unknown(external_routes)) or 0.0,
+        read_at=now,
+    )
+
+
+class FeedFigureKeeper:
+    """Reads the feeds' figures in the background and renders the last ones for a scrape."""
+
+    def __init__(
+        self,
+        shelf: FigureShelf,
+        *,
+        external_routes: Collection[str],
+        interval: float,
+        clock: Callable[[], float],
+    ) -> None:
+        """``shelf``: where the figures are kept for every worker; ``interval``: seconds
+        between two reads (``SETTLEMENT_FEED_FIGURES_INTERVAL``)."""
+        self._shelf = shelf
+        self._external = sorted(external_routes)
+        self._interval = interval
+        self._clock = clock
+
+    async def run_once(self, store: FeedStore) -> bool:
+        """Read the figures from ``store`` (its own connection) and keep them, if this process
+        is the one that does; whether it read them."""
+        if not self._shelf.lead():
+            return False
+        try:
+            figures = await read_figures(store, self._external, self._clock)
+        except BaseException:
+            self._shelf.close()  # another worker, whose connection may work, takes a turn
+            raise
+        self._shelf.put(msgspec.json.encode(figures))
+        return True
+
+    async def run(self, store: FeedStore) -> None:
+        """Every interval until cancelled, the first at once; a failed read is logged, and
+        the figures kept stay (their age grows)."""
+        failed = False
+        while True:
+            try:
+                await self.run_once(store)
+                failed = False
+            except Exception as exc:  # the database is away: keep the last figures, retry
+                if not failed:
+                    log.warning(
+                        "feed figures for /metrics could not be read; the last ones stay",
+                        extra={"error": repr(exc), "retry_in_s": self._interval},
+                    )
+                failed = True
+            await asyncio.sleep(self._interval)
+
+    def exposition(self) -> str:
+        """The last figures kept, as Prometheus text, with their age: no database query."""
+        kept = self._shelf.get()
+        figures = None
+        if kept is not None:
+            try:
+                figures = msgspec.json.decode(kept, type=FeedFigures)
+            except msgspec.DecodeError:  # a file of another version: as if none yet
+                figures = None
+        if figures is None:
+            return feed_exposition((), (), (), None, math.inf)
+        return feed_exposition(
+            figures.events,
+            figures.alarms,
+            figures.lags,
+            figures.oldest_unknown,
+            max(0.0, self._clock() - figures.read_at),
+        )
+
+    def close(self) -> None:
+        """Let another worker read the figures."""
+        self._shelf.close()
