@@ -156,9 +156,12 @@ def show(response: httpx.Response) -> str:
 
 
 def refused_by_the_parser(response: httpx.Response) -> bool:
-    """uvicorn's own 400 for a request its parser refuses (plain text, before the app runs)."""
-    return response.status_code == 400 and response.headers.get("content-type", "").startswith(
-        "text/plain"
+    """The HTTP server's own 400 for a request its parser refuses (granian's: no body, no
+    content type, the connection closed, before the app runs)."""
+    return (
+        response.status_code == 400
+        and "content-type" not in response.headers
+        and not response.content
     )
 
 
@@ -367,7 +370,7 @@ def test_idempotency_key_values_are_judged_by_the_rule(
     )
 
     if refused_by_the_parser(response):
-        # uvicorn's HTTP parser refuses a control character in a header value, before the app
+        # the server's HTTP parser refuses a control character in a header value, before the app
         assert any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw), show(response)
         assert (key, rows()) == (None, before), show(response)
         event("refused by the HTTP parser")
@@ -440,7 +443,7 @@ def test_authorization_values_are_unauthenticated_unless_exactly_the_key(
         response = http.get(f"/v1/operations/{ledger.operation_id}", headers=headers)
 
     if refused_by_the_parser(response):
-        # uvicorn's HTTP parser refuses a control character in a header value, before the app
+        # the server's HTTP parser refuses a control character in a header value, before the app
         assert any((c < 0x20 and c != 0x09) or c == 0x7F for c in raw), show(response)
         assert rows() == before, show(response)
         event("refused by the HTTP parser")
@@ -725,7 +728,8 @@ def test_every_route_answers_hostile_requests_with_a_problem_and_writes_nothing(
 
     assert response.status_code < 500, show(response)
     event(f"{method} {template}: {response.status_code}")
-    if template.startswith(CONSOLE):
+    # the client resolves dot segments first: /console/principals/../.. is a request for /
+    if template.startswith(CONSOLE) and response.request.url.path.startswith(CONSOLE):
         assert_console_answer(response)
         assert rows() == before, show(response)
     elif response.status_code >= 400:
