@@ -70,7 +70,7 @@ class FigureShelf:
             return self._kept
         try:
             return (self._dir / FIGURES_FILE).read_bytes()
-        except FileNotFoundError:
+        except OSError:  # none yet (or unreadable): a scrape still answers, the age +Inf
             return None
 
     def close(self) -> None:
