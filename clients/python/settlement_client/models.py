@@ -83,9 +83,10 @@ class LeaseView(msgspec.Struct, kw_only=True, frozen=True):
 
 class ObservationView(msgspec.Struct, kw_only=True, frozen=True):
     """One observation settled (or refused) about the operation: who reported what, and what the
-    core did with it.
+    core did with it. ``id``: its place (ids grow with time), the paging cursor.
     """
 
+    id: int
     source: str
     kind: str
     verified: bool
@@ -117,6 +118,7 @@ class OperationView(msgspec.Struct, kw_only=True, frozen=True):
     epochs: list[EpochView]
     conflict: dict[str, Any] | None
     observations: list[ObservationView]
+    older_observations: int | None = None
 
 
 class Payout(msgspec.Struct, kw_only=True, frozen=True):
