@@ -93,7 +93,8 @@ class EvidenceIntake:
             return _unverified()
         try:
             settled = await self._store.settle(operation_id, observation, detail=detail)
-        except OperationNotFound:  # purged since: nothing was listed under it
+        except OperationNotFound:  # purged since its owner was read: the store kept it as
+            # an orphan of that id (the observer's own tenant's), gone with the orphans
             return Problem("not-found", f"no operation {operation_id}")
         record = settled.record
         return Accepted(
