@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 # Sign-ins an address may try per window on this module's server, and the window (seconds):
 # short, so a throttled address is let in again within the test.
 ATTEMPTS = 3
-WINDOW = 3.0
+WINDOW = 4.0
 # Live principals a tenant may hold on this module's server.
 CAP = 3
 PROBLEM = "application/problem+json"
@@ -61,23 +61,36 @@ def try_sign_in(client: httpx.Client, key: str) -> httpx.Response:
     return client.post("/console/sign-in", data=data)
 
 
+def spend_attempts(client: httpx.Client) -> httpx.Response:
+    """Wrong keys until the address is refused: 401s, then the 429, returned. A window may
+    end between two of them once: at most twice the limit before the refusal."""
+    answers = []
+    for _ in range(2 * ATTEMPTS + 1):
+        answers.append(try_sign_in(client, "sk_" + "x" * 43))
+        if answers[-1].status_code == 429:
+            break
+    statuses = [answer.status_code for answer in answers]
+    assert statuses[-1] == 429 and set(statuses[:-1]) == {401}, statuses
+    return answers[-1]
+
+
 def test_sign_ins_past_the_limit_answer_429_until_the_window_ends(server: ServerProcess) -> None:
     base = server.base_url
     with browser(base, "127.0.0.2") as client:
         # successes are not counted: many in a row all pass
         for _ in range(ATTEMPTS * 3):
             assert try_sign_in(client, ADMIN_KEY).status_code == 303
-        # wrong keys: 401 until the address's attempts are spent (a window may end between
-        # two of them once: at most twice the limit before the refusal)
-        answers = []
-        for _ in range(2 * ATTEMPTS + 1):
-            answers.append(try_sign_in(client, "sk_" + "x" * 43))
-            if answers[-1].status_code == 429:
-                break
-        statuses = [answer.status_code for answer in answers]
-        assert statuses[-1] == 429 and set(statuses[:-1]) == {401}, statuses
-        refused = answers[-1]
-        assert 1 <= int(refused.headers["retry-after"]) <= WINDOW, refused.headers
+        refused = spend_attempts(client)
+        if int(refused.headers["retry-after"]) < 2:
+            # the window ends within a second: start again at the start of the next one, so
+            # that the checks below all fall inside one window
+            until(
+                lambda: try_sign_in(client, ADMIN_KEY).status_code == 303,
+                "the throttled address signs in after its window",
+                timeout=WINDOW + PATIENCE,
+            )
+            refused = spend_attempts(client)
+        assert 2 <= int(refused.headers["retry-after"]) <= WINDOW, refused.headers
         assert refused.headers["content-type"].startswith("text/html")
         assert "Too many sign-in attempts" in refused.text
         assert "x-frame-options" in refused.headers  # still a console answer
@@ -279,4 +292,5 @@ def test_hostile_values_in_the_console_parameters_never_get_a_5xx(
             form = client.get("/console/sign-in")
             data = {"csrf": form_token(form.text, "sign-in-form"), "api_key": value, "next": value}
             answer = client.post("/console/sign-in", data=data)
-            assert answer.status_code in (401, 429), (value, answer.text)
+            # a wrong key, a body past the form limit, or the address throttled
+            assert answer.status_code in (401, 413, 429), (value, answer.text)
