@@ -125,6 +125,11 @@ class Settings:
         "closes (a body at the limit needs 52 KB/s).",
         rule=POSITIVE,
     )
+    forwarded_allow_ips: str = setting(
+        "127.0.0.1",
+        "comma-separated peers whose X-Forwarded-Proto and X-Forwarded-For are believed (a "
+        "TLS-terminating proxy on this host); * believes anyone.",
+    )
     connection_limit: int = setting(
         1000,
         "open connections per worker process; more wait in the kernel's queue and hold no "

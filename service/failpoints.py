@@ -17,6 +17,7 @@ import os
 import signal
 
 from service.config import ConfigError, Settings
+from service.serving import serving_pid
 
 __all__ = ["NAMES", "FailpointError", "Failpoints"]
 
@@ -73,6 +74,11 @@ class Failpoints:
             return
         log.warning("failpoint hit", extra={"failpoint": name, "action": action})
         if action == "crash":
+            # the whole server, as a power cut would: its serving process first (a granian
+            # worker would otherwise be replaced), then this process before it runs on
+            server = serving_pid()
+            if server is not None:
+                os.kill(server, signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "error":
             raise FailpointError(f"failpoint {name}")

@@ -29,7 +29,7 @@ from typing import Any
 
 from service.config import Settings
 
-__all__ = ["connection_limit", "die_with_server", "serve"]
+__all__ = ["connection_limit", "die_with_server", "serve", "serving_pid"]
 
 log = logging.getLogger("settlement.serve")
 
@@ -39,6 +39,10 @@ log = logging.getLogger("settlement.serve")
 FD_RESERVE = 128
 # In-flight requests get this long to finish on SIGINT/SIGTERM before their workers are killed.
 GRACEFUL_SHUTDOWN = 10
+# A worker that died (a crash, the OOM killer) is replaced after this long: soon enough that
+# the others do not carry its share for long, late enough that a worker dying at start does
+# not spin.
+RESPAWN_INTERVAL = 1.0
 # Connections the kernel holds for us beyond those open (the listen backlog): past it a client
 # is refused at once rather than queued; granian's own default.
 BACKLOG = 1024
@@ -51,18 +55,26 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 _server_pid: int | None = None
 
 
+def serving_pid() -> int | None:
+    """In a worker forked by :func:`serve`, the serving process's pid; else None."""
+    if _server_pid is None or os.getpid() == _server_pid:
+        return None
+    return _server_pid
+
+
 def die_with_server() -> None:
     """In a worker forked by :func:`serve`: be killed with the serving process.
 
     The kernel sends SIGKILL when the process that forked us dies (``PR_SET_PDEATHSIG``), so a
     SIGKILLed server leaves no worker serving on its port; elsewhere (an app built in a test,
     under another server) it does nothing."""
-    if _server_pid is None or os.getpid() == _server_pid:
+    server = serving_pid()
+    if server is None:
         return
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     if prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-    if os.getppid() != _server_pid:  # the server died before we asked: nobody will signal
+    if os.getppid() != server:  # the server died before we asked: nobody will signal
         os._exit(1)
 
 
@@ -122,6 +134,8 @@ def serve(target: str, settings: Settings, *, host: str, port: int, workers: int
         log_dictconfig=_granian_logging(),
         log_access=False,
         workers_kill_timeout=GRACEFUL_SHUTDOWN,
+        respawn_failed_workers=True,
+        respawn_interval=RESPAWN_INTERVAL,
         factory=True,
     )
     server.serve()

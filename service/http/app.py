@@ -9,9 +9,11 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from litestar import Litestar
 from litestar.di import Provide
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from service.app.root import Settlement, require_endpoints
 from service.config import Settings
@@ -41,7 +43,7 @@ from service.http.routes.operations import get_operation, get_operation_by_key
 from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
 from service.serving import die_with_server
-from service.telemetry import Metrics, RequestTelemetry, configure_tracing
+from service.telemetry import Metrics, RequestTelemetry, configure_tracing, flush_tracing
 
 __all__ = ["app_from_env", "create_app"]
 
@@ -63,6 +65,7 @@ def create_app(settings: Settings) -> Litestar:
             yield
         finally:
             await settlement.close()
+            flush_tracing()
 
     def opened() -> Settlement:
         """The Settlement the lifespan opened (handlers get it as ``settlement``)."""
@@ -110,7 +113,20 @@ def create_app(settings: Settings) -> Litestar:
     app.asgi_handler = ConsoleHeaders(app.asgi_handler)
     # outside the exception handlers, so every answer (404s too) has its Request-Id and counts
     app.asgi_handler = RequestTelemetry(app.asgi_handler, counted, access_log=settings.access_log)
+    # outermost: the scheme and client address a trusted proxy forwarded, for every layer
+    app.asgi_handler = Forwarded(app.asgi_handler, settings.forwarded_allow_ips)
     return app
+
+
+class Forwarded:
+    """uvicorn's public ProxyHeadersMiddleware (scheme and client from X-Forwarded-Proto and
+    X-Forwarded-For, when the peer is one of ``trusted``), typed as Litestar's handlers are."""
+
+    def __init__(self, app: Any, trusted: str) -> None:
+        self._inner = ProxyHeadersMiddleware(app, trusted_hosts=trusted)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self._inner(scope, receive, send)
 
 
 def app_from_env() -> Litestar:

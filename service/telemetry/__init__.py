@@ -16,6 +16,7 @@ from service.telemetry.metrics import Metrics
 from service.telemetry.tracing import (
     Span,
     configure_tracing,
+    flush_tracing,
     require_exporter,
     span,
     tracing_enabled,
@@ -27,6 +28,7 @@ __all__ = [
     "Span",
     "annotate",
     "configure_tracing",
+    "flush_tracing",
     "log_fields",
     "note_problem",
     "require_exporter",

@@ -190,6 +190,19 @@ def configure_tracing(exporter: str, *, service_name: str = "settlement") -> Non
     _tracer = provider.get_tracer("settlement")
 
 
+def flush_tracing() -> None:
+    """Export the spans still batched, now: a server's worker may end without running atexit
+    hooks (granian's forked workers end with ``os._exit``), which is where the SDK would."""
+    if _tracer is None:
+        return
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is not None:
+        flush()
+
+
 def _instrument_libraries(provider: Any) -> None:
     """Client spans for SQL (asyncpg, under SQLAlchemy too), Redis and httpx, where the
     instrumentation package is installed."""
