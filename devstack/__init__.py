@@ -7,6 +7,7 @@ tests of the leases on a cluster), and the downstream provider simulator
 start these tools do, inside the command.
 """
 
+from devstack.ownership import ServerInUseError
 from devstack.postgres import SYSTEM_USER, EmbeddedPostgres
 from devstack.redis import EmbeddedRedis
 from devstack.redis_cluster import EmbeddedRedisCluster
@@ -20,6 +21,7 @@ __all__ = [
     "EmbeddedRedisCluster",
     "EmbeddedServiceError",
     "EmbeddedServices",
+    "ServerInUseError",
     "ServiceEndpoints",
     "die_with_parent",
     "missing_extra",

@@ -2,17 +2,24 @@
 
 The cluster lives in ``data_dir/postgres`` and logs to ``data_dir/postgres.log``. The kernel
 sends SIGINT, a fast shutdown, when the starting thread dies: clients are cut off, one
-checkpoint, clean exit, no crash recovery next time. A PostgreSQL left running on the data
-directory by an earlier run is stopped before start, and a ``postmaster.pid`` whose server is
-gone is removed.
+checkpoint, clean exit, no crash recovery next time.
+
+The process that starts the server owns it for as long as it holds ``data_dir/postgres.lock``
+(:mod:`devstack.ownership`). Another command on the same data directory meanwhile (``settlement
+migrate --embedded`` beside ``serve --embedded``) uses the owner's server and leaves it
+running. A PostgreSQL found running on the cluster while nobody holds the lock is a dead
+owner's leftover and is stopped before start, and a ``postmaster.pid`` whose server is gone is
+removed.
 
 PostgreSQL refuses to run as root. As root, initdb and postgres run as the system user
-``settlement-pg``, which owns the cluster directory (mode 0700).
+``settlement-pg``, from a copy of the install, on a cluster in a directory of that user's
+(mode 0700) that ``data_dir/postgres`` links to (:mod:`devstack.pg_home`): no directory of
+anybody else's is opened to it.
 
 Every connection authenticates with SCRAM-SHA-256, local and TCP alike: the superuser's
 password is generated on the cluster's first start into ``data_dir/postgres.password``
-(mode 0600, owned by the cluster's user, who owns its data anyway; root reads it too) and
-carried in the URL. A cluster that trusts connections (made before this, with
+(mode 0600, ours) and carried in the URL; another command using the owner's server reads it
+there. A cluster that trusts connections (made before this, with
 ``--auth=trust``), or whose password file is gone or readable by others, gets a new password
 at start: set in single-user mode, before any server listens, then ``pg_hba.conf`` is
 rewritten to ask every connection for it. Its data is kept. Delete the password file to have
@@ -23,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pwd
 import shutil
 import signal
 import stat
@@ -32,20 +38,20 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+from devstack.leftovers import processes_in, stop_leftover
+from devstack.ownership import Holder, OwnedServer
+from devstack.pg_home import SYSTEM_USER, ServiceHome, unprivileged_user
 from devstack.supervise import (
     HOST,
     TOOL_DEATH_SIGNAL,
-    ChildServer,
     EmbeddedServiceError,
     RunAs,
     child_options,
     log_tail,
     new_secret,
+    open_log,
     package_dir,
-    processes_in,
-    require_main_thread,
     run_tool,
-    stop_leftover,
     write_secret,
 )
 
@@ -55,8 +61,6 @@ log = logging.getLogger("settlement.embedded")
 
 DATABASE = "settlement"
 SUPERUSER = "postgres"
-# PostgreSQL refuses root; as root the cluster belongs to this unprivileged system user.
-SYSTEM_USER = "settlement-pg"
 
 # initdb writes a whole cluster and, when durable, fsyncs it; slow disks need seconds.
 INITDB_TIMEOUT = 120.0
@@ -66,6 +70,8 @@ PG_START_TIMEOUT = 60.0
 PG_STOP_TIMEOUT = 15.0
 # Setting a password in single-user mode may first replay WAL, as a start after a kill does.
 SET_PASSWORD_TIMEOUT = PG_START_TIMEOUT
+# Another command waits this long for the owner's server: the owner may be running initdb.
+PG_ATTACH_TIMEOUT = INITDB_TIMEOUT + PG_START_TIMEOUT
 
 # The only authentication this cluster accepts; initdb's --auth sets it for local and host.
 AUTH_METHOD = "scram-sha-256"
@@ -87,7 +93,7 @@ host    replication  all   ::1/128        {AUTH_METHOD}
 PG_DEATH_SIGNAL = signal.SIGINT
 
 
-class EmbeddedPostgres(ChildServer):
+class EmbeddedPostgres(OwnedServer):
     """A PostgreSQL cluster in ``data_dir/postgres``, served on 127.0.0.1 by a child process
     to clients that give the password in ``password_file``.
 
@@ -100,11 +106,15 @@ class EmbeddedPostgres(ChildServer):
     _stop_signal = signal.SIGINT  # fast shutdown
     _start_timeout = PG_START_TIMEOUT
     _stop_timeout = PG_STOP_TIMEOUT
+    _attach_timeout = PG_ATTACH_TIMEOUT
 
     def __init__(self, data_dir: Path, *, durable: bool) -> None:
         data_dir = data_dir.resolve()
-        super().__init__(data_dir / "postgres.log")
-        self.pgdata = data_dir / "postgres"
+        super().__init__(data_dir / "postgres.log", data_dir / "postgres.lock")
+        self._link = data_dir / "postgres"
+        # The cluster: data_dir/postgres itself, or as root where that links to (see start).
+        self.pgdata = self._link
+        self._bin = self.bin_dir()  # what initdb and postgres run from
         # Beside the cluster, not in it: initdb wants an empty directory, and the file
         # must exist before initdb runs.
         self.password_file = data_dir / "postgres.password"
@@ -123,26 +133,22 @@ class EmbeddedPostgres(ChildServer):
         password = quote(self._password, safe="")  # a no-op on the generated ones
         return f"postgresql+asyncpg://{SUPERUSER}:{password}@{HOST}:{self.port}/{DATABASE}"
 
-    def start(self) -> str:
-        """Initialise the cluster if new, start the server, create the database; the URL."""
-        if self._proc is not None:
-            return self.url
-        require_main_thread()
+    def _start_owned(self) -> None:
+        """Initialise the cluster if new, start the server, create the database."""
         began = time.monotonic()
-        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        run_as = _unprivileged_user() if os.geteuid() == 0 else None
+        run_as = unprivileged_user() if os.geteuid() == 0 else None
         if run_as is not None:
-            _open_install_to_all(self.bin_dir().parent)
-            _allow_traversal(self.pgdata.parent)
-        _stop_leftover_server(self.pgdata, self.bin_dir() / "postgres")
+            if self._link.is_dir() and not self._link.is_symlink():
+                # a cluster an earlier run made in place, about to move
+                _stop_leftover_server(self._link, self._bin / "postgres")
+            home = ServiceHome(run_as)
+            self._bin = home.install(self.bin_dir().parent) / "bin"
+            self.pgdata = home.cluster(self._link, self._lock.path)
+        _stop_leftover_server(self.pgdata, self._bin / "postgres")
         created = self._ensure_cluster(run_as)
         self._password = _read_password(self.password_file)
         self._serve(run_as)
-        try:
-            self._ensure_database()
-        except BaseException:
-            self.stop()
-            raise
+        self._ensure_database()
         log.info(
             "PostgreSQL ready at %s:%d in %.2fs (pid %d, %s cluster %s)",
             HOST,
@@ -152,7 +158,19 @@ class EmbeddedPostgres(ChildServer):
             "new" if created else "existing",
             self.pgdata,
         )
-        return self.url
+
+    def _use(self, holder: Holder) -> bool:
+        try:
+            self._password = _read_password(self.password_file)
+        except OSError:
+            return False
+        self._holder = holder
+        try:
+            self._psql("SELECT 1")
+        except (EmbeddedServiceError, subprocess.TimeoutExpired):
+            self._holder = None
+            return False
+        return True
 
     def _ensure_cluster(self, run_as: RunAs | None) -> bool:
         """Create the cluster if absent (then True); make sure ``run_as`` owns it and that
@@ -172,16 +190,19 @@ class EmbeddedPostgres(ChildServer):
         scratch.mkdir(mode=0o700)
         if run_as is not None:
             os.chown(scratch, run_as.uid, run_as.gid)
-        # initdb runs as run_as and reads the file itself; the password stays off argv.
-        write_secret(self.password_file, new_secret() + "\n", run_as)
+        write_secret(self.password_file, new_secret() + "\n")
+        # initdb runs as run_as and reads a copy beside the cluster, where run_as reaches;
+        # the password stays off argv.
+        pwfile = scratch.with_name(scratch.name + ".pwfile")
+        write_secret(pwfile, self.password_file.read_text(), run_as)
         args = [
-            *(str(self.bin_dir() / "initdb"), "-D", str(scratch), "--no-instructions"),
-            *(f"--auth={AUTH_METHOD}", f"--pwfile={self.password_file}"),
+            *(str(self._bin / "initdb"), "-D", str(scratch), "--no-instructions"),
+            *(f"--auth={AUTH_METHOD}", f"--pwfile={pwfile}"),
             *(f"--username={SUPERUSER}", "--encoding=UTF8", "--locale=C"),
         ]
         if not self._durable:
             args.append("--no-sync")
-        with self.log_path.open("ab") as log_file:
+        with open_log(self.log_path) as log_file:
             offset = log_file.tell()
             try:
                 result = subprocess.run(
@@ -196,6 +217,8 @@ class EmbeddedPostgres(ChildServer):
                 raise EmbeddedServiceError(
                     f"initdb took over {INITDB_TIMEOUT}s\n{log_tail(self.log_path, offset)}"
                 ) from None
+            finally:
+                pwfile.unlink(missing_ok=True)
         if result.returncode != 0:
             raise EmbeddedServiceError(
                 f"initdb failed ({result.returncode})\n{log_tail(self.log_path, offset)}"
@@ -221,7 +244,7 @@ class EmbeddedPostgres(ChildServer):
                 log.warning(
                     "%s is empty or readable by others; making a new password", self.password_file
                 )
-            write_secret(self.password_file, new_secret() + "\n", run_as)
+            write_secret(self.password_file, new_secret() + "\n")
         self._set_password(run_as)
         if trusting:
             log.warning(
@@ -241,7 +264,7 @@ class EmbeddedPostgres(ChildServer):
         password = _read_password(self.password_file)
         literal = "'" + password.replace("'", "''") + "'"
         args = [
-            *(str(self.bin_dir() / "postgres"), "--single", "-D", str(self.pgdata)),
+            *(str(self._bin / "postgres"), "--single", "-D", str(self.pgdata)),
             *("-c", f"password_encryption={AUTH_METHOD}"),
             # On an error the statement, password included, is not echoed.
             *("-c", "log_min_error_statement=panic", "-c", "exit_on_error=on"),
@@ -282,7 +305,7 @@ class EmbeddedPostgres(ChildServer):
             "logging_collector": "off",  # stderr goes to postgres.log
             "cluster_name": "settlement",  # shows in ps next to each server process
         }
-        args = [str(self.bin_dir() / "postgres"), "-D", str(self.pgdata)]
+        args = [str(self._bin / "postgres"), "-D", str(self.pgdata)]
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]
         return args
@@ -363,61 +386,6 @@ def _private(secret: Path) -> bool:
 def _read_password(path: Path) -> str:
     """The password in ``path``: its first line, as initdb's ``--pwfile`` reads it."""
     return path.read_text().partition("\n")[0].rstrip("\r")
-
-
-def _unprivileged_user() -> RunAs:
-    """The system user PostgreSQL runs as under root, created on first use."""
-    try:
-        entry = pwd.getpwnam(SYSTEM_USER)
-    except KeyError:
-        result = subprocess.run(
-            [
-                "useradd",
-                "--system",
-                "--no-create-home",
-                "--shell",
-                "/usr/sbin/nologin",
-                SYSTEM_USER,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        try:
-            entry = pwd.getpwnam(SYSTEM_USER)  # also fine if a concurrent run made it
-        except KeyError:
-            raise EmbeddedServiceError(
-                f"cannot create system user {SYSTEM_USER}: {result.stderr.strip()}"
-            ) from None
-        log.info("created system user %s", SYSTEM_USER)
-    return RunAs(entry.pw_uid, entry.pw_gid)
-
-
-def _allow_traversal(directory: Path) -> None:
-    """Let other users pass through ``directory`` and its ancestors (o+x, not o+r)."""
-    for path in (directory, *directory.parents):
-        mode = path.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            log.info("allowing other users to traverse %s", path)
-            path.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-
-
-def _open_install_to_all(root: Path) -> None:
-    """Let the unprivileged user read the PostgreSQL install and run its programs."""
-    _allow_traversal(root)
-    for dirpath, _dirnames, filenames in os.walk(root):
-        _add_mode(Path(dirpath), stat.S_IROTH | stat.S_IXOTH)
-        for filename in filenames:
-            path = Path(dirpath, filename)
-            mode = path.lstat().st_mode
-            if stat.S_ISREG(mode):
-                _add_mode(path, stat.S_IROTH | (stat.S_IXOTH if mode & stat.S_IXUSR else 0))
-
-
-def _add_mode(path: Path, bits: int) -> None:
-    mode = stat.S_IMODE(path.lstat().st_mode)
-    if mode & bits != bits:
-        path.chmod(mode | bits)
 
 
 def _own_tree(root: Path, run_as: RunAs) -> None:

@@ -6,6 +6,11 @@ It runs without persistence (it holds leases only), in ``data_dir/redis`` and lo
 Every client must authenticate: each start generates a password (nothing outlives a run, so
 neither does it) into ``data_dir/redis/redis.conf`` (mode 0600, off the command line, which
 any local user can read) and carries it in the URL.
+
+The process that starts it owns it while it holds ``data_dir/redis/redis.lock``
+(:mod:`devstack.ownership`); another command on the same data directory meanwhile uses the
+owner's server (reading the password in ``redis.conf``) and leaves it running. With no
+persistence, a dead owner's leftover shares nothing with a new server, so none is looked for.
 """
 
 from __future__ import annotations
@@ -17,12 +22,11 @@ from pathlib import Path
 
 import redis
 
+from devstack.ownership import Holder, OwnedServer
 from devstack.supervise import (
     HOST,
-    ChildServer,
     new_secret,
     package_dir,
-    require_main_thread,
     write_secret,
 )
 
@@ -38,9 +42,11 @@ REDIS_STOP_TIMEOUT = 5.0
 REDIS_PING_TIMEOUT = 0.5
 # Sent by the kernel when the starting thread dies.
 REDIS_DEATH_SIGNAL = signal.SIGTERM
+# Another command waits this long for the owner's server to answer.
+REDIS_ATTACH_TIMEOUT = REDIS_START_TIMEOUT
 
 
-class EmbeddedRedis(ChildServer):
+class EmbeddedRedis(OwnedServer):
     """A redis-server on 127.0.0.1 without persistence (it holds leases only), for clients
     that give the password in ``config_file`` (the URL carries it)."""
 
@@ -49,10 +55,11 @@ class EmbeddedRedis(ChildServer):
     _stop_signal = signal.SIGTERM
     _start_timeout = REDIS_START_TIMEOUT
     _stop_timeout = REDIS_STOP_TIMEOUT
+    _attach_timeout = REDIS_ATTACH_TIMEOUT
 
     def __init__(self, data_dir: Path) -> None:
         self._dir = data_dir.resolve() / "redis"
-        super().__init__(self._dir / "redis-server.log")
+        super().__init__(self._dir / "redis-server.log", self._dir / "redis.lock")
         # The password's only copy on disk; redis-server reads it as its configuration file.
         self.config_file = self._dir / "redis.conf"
         self._password = ""
@@ -67,13 +74,10 @@ class EmbeddedRedis(ChildServer):
         """The URL of database 0, with the password."""
         return f"redis://:{self._password}@{HOST}:{self.port}/0"
 
-    def start(self) -> str:
-        """Start redis-server and wait until it answers PING; the URL."""
-        if self._proc is not None:
-            return self.url
-        require_main_thread()
+    def _start_owned(self) -> None:
+        """Start redis-server with a new password and wait until it answers PING."""
         began = time.monotonic()
-        self._dir.mkdir(parents=True, exist_ok=True)
+        self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._password = new_secret()
         write_secret(self.config_file, f"requirepass {self._password}\n")
         self._serve(None)
@@ -84,7 +88,17 @@ class EmbeddedRedis(ChildServer):
             time.monotonic() - began,
             self.pid,
         )
-        return self.url
+
+    def _use(self, holder: Holder) -> bool:
+        try:
+            config = self.config_file.read_text()
+        except OSError:
+            return False
+        self._password = config.partition("\n")[0].removeprefix("requirepass ").strip()
+        if not self._ready(holder.port):
+            return False
+        self._holder = holder
+        return True
 
     def _command(self, port: int) -> list[str]:
         return [

@@ -8,8 +8,10 @@ outliving us:
   from the main thread only.
 * Each child runs in its own session, so a terminal Ctrl-C reaches only us, and we stop the
   servers in order ourselves.
-* A server left running by an earlier run can be found by its working directory and
-  program, and stopped before a new one starts (``stop_leftover``).
+* A server on a data directory is owned by the process holding its lock file
+  (:mod:`devstack.ownership`); one found running there while nobody holds the lock is a dead
+  owner's leftover, found by its working directory and program, and stopped before a new one
+  starts (:mod:`devstack.leftovers`).
 
 ``subprocess`` switches user (``run_as``) before it calls ``preexec_fn``, and the switch
 clears the death signal, so the signal is set inside ``preexec_fn``.
@@ -17,7 +19,6 @@ clears the death signal, so the signal is set inside ``preexec_fn``.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import importlib.util
 import logging
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, TypedDict
+from typing import BinaryIO, ClassVar, TypedDict
 
 __all__ = [
     "HOST",
@@ -44,11 +45,10 @@ __all__ = [
     "log_tail",
     "missing_extra",
     "new_secret",
+    "open_log",
     "package_dir",
-    "processes_in",
     "require_main_thread",
     "run_tool",
-    "stop_leftover",
     "write_secret",
 ]
 
@@ -120,6 +120,10 @@ class ChildServer:
         self._port = 0
 
     @property
+    def name(self) -> str:
+        return self._name
+
+    @property
     def port(self) -> int:
         self._running()
         return self._port
@@ -132,6 +136,12 @@ class ChildServer:
     def running(self) -> bool:
         """Started and not stopped (a crashed child still counts until stopped)."""
         return self._proc is not None
+
+    def exited(self) -> int | None:
+        """The exit code of our server if it ended without being stopped; None while it
+        runs, and when we run none."""
+        proc = self._proc
+        return None if proc is None else proc.poll()
 
     def stop(self) -> None:
         """Signal the server, SIGKILL it if it outlasts its stop timeout; safe to call twice."""
@@ -158,7 +168,7 @@ class ChildServer:
         """Launch on a free port (a fresh one if another process took it first)."""
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = self._pick_port()
-            with self.log_path.open("ab") as log_file:
+            with open_log(self.log_path) as log_file:
                 offset = log_file.tell()
                 proc = subprocess.Popen(
                     self._command(port),
@@ -218,6 +228,12 @@ class ChildServer:
             proc.pid,
             proc.returncode,
         )
+
+
+def open_log(path: Path) -> BinaryIO:
+    """``path`` opened to append, made readable by us only if new (servers log queries)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    return os.fdopen(fd, "ab")
 
 
 def package_dir(name: str) -> Path:
@@ -328,67 +344,3 @@ def log_tail(path: Path, offset: int) -> str:
             return f.read().decode("utf-8", errors="replace")
     except OSError as exc:
         return f"(log {path} unreadable: {exc})"
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie has finished, it only waits to be reaped)."""
-    try:
-        stat_line = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat_line.rpartition(")")[2].split()[0] != "Z"
-
-
-def processes_in(cwd: Path, program: Path) -> list[int]:
-    """Live processes running ``program`` (by file name) with ``cwd`` as their directory."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry.name}/cwd") != str(cwd):
-                continue
-            exe = os.readlink(f"/proc/{entry.name}/exe")
-        except OSError:  # gone, a zombie, or another user's
-            continue
-        if Path(exe.removesuffix(" (deleted)")).name == program.name:
-            found.append(int(entry.name))
-    return found
-
-
-def _wait_gone(pids: Sequence[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while any(_alive(pid) for pid in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(POLL_INTERVAL)
-    return True
-
-
-def stop_leftover(
-    name: str,
-    where: Path,
-    pids: Sequence[int],
-    *,
-    leader: int,
-    stop_signal: signal.Signals,
-    stop_timeout: float,
-) -> None:
-    """Stop the processes of a ``name`` server an earlier run left on ``where``.
-
-    ``leader`` gets ``stop_signal`` if it is among ``pids`` (else every one of them does);
-    whatever still runs after ``stop_timeout`` is killed.
-    """
-    targets = [leader] if leader in pids else pids
-    log.warning("stopping a leftover %s on %s (pids %s)", name, where, list(pids))
-    _signal_all(targets, stop_signal)
-    if not _wait_gone(pids, stop_timeout):
-        _signal_all(pids, signal.SIGKILL)
-        if not _wait_gone(pids, KILL_WAIT):
-            raise EmbeddedServiceError(f"leftover {name} on {where} will not die: {list(pids)}")
-
-
-def _signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)

@@ -154,7 +154,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     require_exporter(settings.otel_exporter)  # a missing exporter package stops us here
     with (
         contextlib.suppress(_Terminated),
-        endpoints(settings, args.embedded, want_redis=True) as ready,
+        endpoints(settings, args.embedded, want_redis=True, serve=True) as ready,
         contextlib.ExitStack() as stack,
     ):
         stack.enter_context(server_metrics_dir(settings.metrics_dir))
@@ -180,9 +180,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
                         "payments-ts=later-timestamp+watermark+short-page-end",
                     )
             if not settings.bootstrap_admin_key:
-                key = local_admin_key(Path(settings.data_dir))
-                os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key
-                print(f"admin API key (kept in {settings.data_dir}/admin.key): {key}", flush=True)
+                key_file = local_admin_key(Path(settings.data_dir))
+                os.environ["SETTLEMENT_BOOTSTRAP_ADMIN_KEY"] = key_file.read_text().strip()
+                print(f"admin API key in {key_file} (not printed)", flush=True)
         # Worker processes read their settings from the environment, once.
         os.environ["SETTLEMENT_DATABASE_URL"] = ready.database_url
         os.environ["SETTLEMENT_REDIS_URL"] = ready.redis_url

@@ -8,12 +8,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from service.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from devstack.ownership import OwnedServer
 
 __all__ = [
     "embedded_provider",
@@ -35,8 +40,17 @@ PROVIDER_START_TIMEOUT = 30.0
 
 
 @contextlib.contextmanager
-def endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Iterator[Settings]:
-    """Yield settings whose URLs are set, starting embedded servers for the unset ones."""
+def endpoints(
+    settings: Settings, embedded: bool, *, want_redis: bool, serve: bool = False
+) -> Iterator[Settings]:
+    """Yield settings whose URLs are set, starting embedded servers for the unset ones.
+
+    A server another live command already runs on the data directory is used, not started,
+    and left running. ``serve`` (``settlement serve``) runs its servers itself: another
+    command's stops it with one line, and while it serves, a server of its own that dies
+    makes it shut down (SIGTERM to itself) and exit non-zero with one line naming the server
+    and its log.
+    """
     need_pg = settings.database_url is None
     need_redis = want_redis and settings.redis_url is None
     if not (need_pg or need_redis):
@@ -46,22 +60,55 @@ def endpoints(settings: Settings, embedded: bool, *, want_redis: bool) -> Iterat
         missing = "SETTLEMENT_DATABASE_URL" if need_pg else "SETTLEMENT_REDIS_URL"
         raise ConfigError(f"{missing} is not set; set it, or pass --embedded")
     require_devstack("--embedded")
-    from devstack import EmbeddedServices
+    from devstack import EmbeddedServiceError, EmbeddedServices
+    from devstack.supervise import log_tail
 
     data_dir = Path(settings.data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     started = time.monotonic()
-    with EmbeddedServices(
-        data_dir, want_postgres=need_pg, want_redis=need_redis, durable=True
-    ) as services:
+    services = EmbeddedServices(
+        data_dir, want_postgres=need_pg, want_redis=need_redis, durable=True, share=not serve
+    )
+    try:
+        services.start()
+    except EmbeddedServiceError as exc:
+        sys.exit(f"settlement: {exc}")
+    died: list[str] = []
+
+    def on_exit(server: OwnedServer, code: int) -> None:
+        died.append(
+            f"the embedded {server.name} (pid {server.pid}) exited with code {code} while we"
+            f" served; its log is {server.log_path}"
+        )
+        log.error(
+            "embedded server died; shutting down",
+            extra={
+                "server": server.name,
+                "pid": server.pid,
+                "exit_code": code,
+                "log": str(server.log_path),
+                "log_tail": log_tail(server.log_path, 0),
+            },
+        )
+        os.kill(os.getpid(), signal.SIGTERM)  # the web server shuts down as on any SIGTERM
+
+    try:
         log.info(
             "embedded services ready",
             extra={"data_dir": str(data_dir), "seconds": round(time.monotonic() - started, 2)},
         )
+        if serve:
+            services.watch(on_exit)
         yield Settings.from_env(
             database_url=services.database_url if need_pg else settings.database_url,
             redis_url=services.redis_url if need_redis else settings.redis_url,
         )
+    finally:
+        services.stop()
+        if died:
+            # Whatever ended the block (the SIGTERM above, as an exception or a return of the
+            # web server), the command's outcome is this failure.
+            sys.exit(f"settlement: {died[0]}")
 
 
 def require_devstack(what: str) -> None:
@@ -164,22 +211,28 @@ def local_secret(path: Path) -> str:
     """A development secret made once and kept beside the data (make run only)."""
     import secrets
 
-    if path.exists():
-        return path.read_text().strip()
-    value = secrets.token_hex(32)
-    path.touch(mode=0o600)
-    path.write_text(value + "\n")
-    return value
+    return _kept(path, lambda: secrets.token_hex(32))
 
 
-def local_admin_key(data_dir: Path) -> str:
-    """The embedded development server's admin key: made once, kept beside its data."""
+def local_admin_key(data_dir: Path) -> Path:
+    """Where the embedded development server's admin key is: made once, kept beside its data
+    (the key is never printed; read it from the file)."""
     from service.store.principals import new_key
 
     path = data_dir.resolve() / "admin.key"
-    if path.exists():
+    _kept(path, new_key)
+    return path
+
+
+def _kept(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, made by ``make`` if the file is new; readable by us only."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)  # made before secrets were kept private
         return path.read_text().strip()
-    key = new_key()
-    path.touch(mode=0o600)
-    path.write_text(key + "\n")
-    return key
+    value = make()
+    with os.fdopen(fd, "w") as file:
+        file.write(value + "\n")
+    return value

@@ -10,11 +10,16 @@ Each row also has its place in the event feeds (:mod:`devstack.provider.feeds`):
 before those columns existed is migrated when it is opened: the columns are added, existing
 rows get positions ``POSITION_STEP, 2 * POSITION_STEP, ...`` in insertion (rowid) order and
 the whole second of their ``created_at`` as timestamp, all in one transaction.
+
+The file holds every payout and its signed evidence, so it, its ``-wal`` and its ``-shm``
+are readable by their owner only (0600): the file is made so before SQLite opens it (which
+gives the other two its mode), and one left more open by an earlier run is narrowed.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -213,6 +218,7 @@ class PaymentStore:
     @classmethod
     def open(cls, path: Path) -> PaymentStore:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _private(path)
         conn = sqlite3.connect(
             path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
@@ -283,6 +289,17 @@ class PaymentStore:
             else:
                 row = self._conn.execute(query + " WHERE sink_key = ?", (sink_key,)).fetchone()
         return Counts(count=int(row[0]), declines=int(row[1]))
+
+
+def _private(path: Path) -> None:
+    """Make ``path`` (an empty file if new), its ``-wal`` and ``-shm`` readable by us only."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for name in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        try:
+            if name.stat().st_mode & 0o077:
+                name.chmod(0o600)
+        except FileNotFoundError:
+            continue
 
 
 def _migrate(conn: sqlite3.Connection) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -232,3 +235,108 @@ def test_the_embedded_observers_settle_a_lost_payout_with_no_retry(tmp_path: Pat
         "payments": [],
         "payments-ts": ["later-timestamp", "short-page-end", "watermark"],
     }
+
+
+# A command beside the server (migrate, principals create) uses its database; at most this.
+COMMAND_TIMEOUT = 120.0
+# serve notices a dead embedded server within a second and then shuts down in order.
+DEATH_NOTICED_TIMEOUT = STOP_TIMEOUT + 5.0
+
+
+def _command(data_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``settlement ARGS`` on ``data_dir``, as a second terminal would run it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SETTLEMENT_")}
+    env["SETTLEMENT_DATA_DIR"] = str(data_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+        check=False,
+    )
+
+
+def test_commands_beside_the_server_use_its_embedded_database(tmp_path: Path) -> None:
+    """`make migrate` or `principals create --embedded` while `serve --embedded` runs on the
+    same data directory: they use the server's PostgreSQL, which stays up (it was stopped as
+    a leftover before, and /health went degraded for good)."""
+    proc, base = _start(tmp_path)
+    migrated = _command(tmp_path, "migrate", "--embedded")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "database at" in migrated.stdout
+    made = _command(
+        tmp_path, "principals", "create", "--tenant", "acme", "--name", "shop", "--role",
+        "client", "--embedded",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    for command in (migrated, made):
+        assert "using the PostgreSQL that pid" in command.stderr
+        assert "leftover" not in command.stderr
+    assert proc.poll() is None
+    assert httpx.get(f"{base}/health").json() == {"status": "ok", "database": "ok", "redis": "ok"}
+    # the principal was made in the server's database: its key is known there
+    key = {"Authorization": "Bearer " + json.loads(made.stdout)["api_key"]}
+    missing = httpx.get(f"{base}/v1/accounts/{uuid.uuid4()}", headers=key)
+    assert missing.status_code == 404, missing.text
+    assert "leftover" not in _output(tmp_path).read_text()
+
+
+def test_a_second_server_on_the_data_directory_is_refused_and_the_first_runs_on(
+    tmp_path: Path,
+) -> None:
+    proc, base = _start(tmp_path)
+    second = _command(tmp_path, "serve", "--embedded", "--port", str(free_port()))
+    assert second.returncode != 0
+    assert f"run by another process (pid {proc.pid}: settlement serve --embedded" in (second.stderr)
+    assert httpx.get(f"{base}/health").json()["status"] == "ok"
+
+
+@pytest.mark.parametrize(
+    ("server", "program"), [("PostgreSQL", "postgres"), ("Redis", "redis-server")]
+)
+def test_the_server_exits_non_zero_when_an_embedded_server_dies(
+    tmp_path: Path, server: str, program: str
+) -> None:
+    proc, _ = _start(tmp_path)
+    children = _servers_of(proc)
+    # the postmaster or redis-server: a direct child (the backends are the postmaster's)
+    (dead,) = [c for c in psutil.Process(proc.pid).children() if c.name() == program]
+    dead.kill()
+    assert proc.wait(DEATH_NOTICED_TIMEOUT) != 0
+    output = _output(tmp_path).read_text()
+    assert f"the embedded {server} (pid {dead.pid}) exited with code -9 while we served" in output
+    assert "embedded server died; shutting down" in output
+    assert _wait_gone(children) == []
+
+
+def test_the_admin_key_and_the_simulators_payments_are_kept_private(tmp_path: Path) -> None:
+    """The admin key is not printed, only where it is; it and the simulator's SQLite files
+    (every payout with its signed evidence) are readable by their owner only."""
+    _, base = _start(tmp_path)
+    key_file = tmp_path / "admin.key"
+    key = key_file.read_text().strip()
+    output = _output(tmp_path).read_text()
+    assert f"admin API key in {key_file}" in output
+    assert key not in output
+    provider = re.search(r"provider simulator at (\S+)", output)
+    assert provider is not None
+    admin = {"Authorization": f"Bearer {key}"}
+    made = httpx.post(
+        f"{base}/admin/v1/principals",
+        json={"tenant": "acme", "name": "shop", "role": "client"},
+        headers=admin,
+    )
+    client = {"Authorization": f"Bearer {made.json()['api_key']}"}
+    paid = httpx.post(
+        f"{base}/v1/payouts",
+        json={"beneficiary": "ACME", "amount": 1200, "currency": "EUR"},
+        headers={**client, "Idempotency-Key": "po-private"},
+        timeout=30,
+    )
+    assert paid.status_code == 201, paid.text
+    files = [key_file, tmp_path / "provider.secret", tmp_path / "postgres.password"]
+    files += [tmp_path / f"provider.sqlite3{suffix}" for suffix in ("", "-wal", "-shm")]
+    modes = {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in files}
+    assert modes == {path.name: "0o600" for path in files}

@@ -28,8 +28,10 @@ from devstack import (
     EmbeddedPostgres,
     EmbeddedServiceError,
     EmbeddedServices,
+    ServerInUseError,
     ServiceEndpoints,
 )
+from devstack.ownership import OwnedServer
 
 pytestmark = pytest.mark.integration
 
@@ -73,11 +75,13 @@ def _running(pid: int) -> bool:
 
 
 def _cluster_pids(pgdata: Path) -> set[int]:
-    """Live processes of the cluster: the postmaster, its helpers and backends."""
+    """Live processes of the cluster: the postmaster, its helpers and backends (as root,
+    ``data_dir/postgres`` links to the cluster, where they run)."""
+    cluster = str(pgdata.resolve())
     found = set()
     for proc in psutil.process_iter():
         try:
-            if proc.cwd() == str(pgdata) and proc.status() != psutil.STATUS_ZOMBIE:
+            if proc.cwd() == cluster and proc.status() != psutil.STATUS_ZOMBIE:
                 found.add(proc.pid)
         except psutil.Error:
             continue
@@ -293,18 +297,90 @@ def test_start_ignores_a_pid_file_naming_an_unrelated_live_process(tmp_path: Pat
         unrelated.wait()
 
 
-def test_start_stops_a_server_left_running_on_the_data_dir(tmp_path: Path) -> None:
+def test_a_live_owners_server_is_used_and_left_running(tmp_path: Path) -> None:
+    """A second start on the data directory while its owner lives (``settlement migrate
+    --embedded`` beside ``serve --embedded``) uses the owner's server; stopping it stops
+    nothing."""
     data_dir = tmp_path / "data"
-    with _owner(data_dir) as (_owner_proc, info):
+    with _owner(data_dir) as (owner, info):
+        cluster = _cluster_pids(data_dir / "postgres")
+        with EmbeddedServices(data_dir, durable=False) as services:
+            assert services.postgres is not None and services.redis is not None
+            assert not services.postgres.owned and not services.redis.owned
+            assert services.postgres.pid == info["postgres_pid"]
+            assert services.redis.pid == info["redis_pid"]
+            assert services.database_url == info["postgres_url"]
+            assert _query(services.database_url, "SELECT 1") == [(1,)]
+            client = redis.Redis.from_url(services.redis_url, socket_timeout=2)
+            try:
+                assert client.ping() is True
+            finally:
+                client.close()
+        assert owner.poll() is None
+        assert _cluster_pids(data_dir / "postgres") >= cluster
+        assert _running(info["redis_pid"])
+        assert _query(info["postgres_url"], "SELECT 1") == [(1,)]
+    assert "leftover" not in (data_dir.parent / f"{data_dir.name}.owner.err").read_text()
+
+
+def test_a_server_that_must_be_ours_is_refused_while_another_owner_lives(
+    tmp_path: Path,
+) -> None:
+    data_dir = tmp_path / "data"
+    with _owner(data_dir) as (owner, info):
+        services = EmbeddedServices(data_dir, durable=False, share=False)
+        with pytest.raises(ServerInUseError, match=f"pid {owner.pid}"):
+            services.start()
+        assert _running(info["postgres_pid"]) and _running(info["redis_pid"])
+        assert _query(info["postgres_url"], "SELECT 1") == [(1,)]
+
+
+def test_a_dead_owners_leftover_is_stopped_at_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The owner is SIGKILLed while its PostgreSQL cannot act on its death signal yet
+    (stopped): nobody holds the lock, so the next start stops the leftover."""
+    data_dir = tmp_path / "data"
+    with _owner(data_dir) as (owner, info):
         leftover = _cluster_pids(data_dir / "postgres")
+        os.kill(info["postgres_pid"], signal.SIGSTOP)
+        os.killpg(owner.pid, signal.SIGKILL)
+        owner.wait()
+        assert _running(info["postgres_pid"])
         postgres = EmbeddedPostgres(data_dir, durable=False)
-        postgres.start()
+        with caplog.at_level("WARNING", logger="settlement.embedded"):
+            postgres.start()
         try:
+            assert postgres.owned
             assert not any(_running(pid) for pid in leftover)
             assert postgres.pid != info["postgres_pid"]
             assert _query(postgres.url, "SELECT 1") == [(1,)]
         finally:
             postgres.stop()
+    assert "stopping a leftover PostgreSQL" in caplog.text
+
+
+def test_the_watcher_tells_when_a_server_we_run_dies(tmp_path: Path) -> None:
+    died: list[tuple[str, int]] = []
+    told = threading.Event()
+
+    def on_exit(server: OwnedServer, code: int) -> None:
+        died.append((server.name, code))
+        told.set()
+
+    with EmbeddedServices(tmp_path, durable=False) as services:
+        assert services.postgres is not None
+        services.watch(on_exit)
+        os.kill(services.postgres.pid, signal.SIGKILL)
+        assert told.wait(GONE_TIMEOUT)
+    assert died == [("PostgreSQL", -signal.SIGKILL)]
+
+
+def test_the_watcher_is_quiet_when_the_servers_are_stopped(tmp_path: Path) -> None:
+    died: list[str] = []
+    with EmbeddedServices(tmp_path, durable=False) as services:
+        services.watch(lambda server, code: died.append(server.name))
+    assert died == []
 
 
 def test_start_from_another_thread_is_refused(tmp_path: Path) -> None:
