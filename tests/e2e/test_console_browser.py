@@ -266,6 +266,22 @@ def test_principals_are_created_with_the_key_shown_once(page: Page) -> None:
     assert name in page.text() and key not in page.driver.page_source
 
 
+def test_the_principals_page_filters_by_tenant_and_schema_runs_no_script(page: Page) -> None:
+    """The all-tenant admin finds the bootstrap admin by its tenant whatever other tenants
+    hold; /schema (the API reference off, as by default) is links, no script."""
+    page.sign_in(ADMIN_KEY, "/console/principals")
+    page.heading("Principals")
+    page.type("#f-tenant", "system")
+    page.click("#filter")
+    page.find("tr[data-principal]")
+    assert "Principals of system" in page.text() and "bootstrap-admin" in page.text()
+    assert "acme" not in page.find("#principals").text
+    page.shot("10-principals-of-one-tenant")
+    page.visit("/schema")
+    page.find('a[href="/schema/openapi.json"]')
+    assert page.driver.execute_script("return document.scripts.length") == 0
+
+
 def test_a_tenant_admin_cannot_see_another_tenants_operation(
     page: Page, case: Case, server: ServerProcess
 ) -> None:
