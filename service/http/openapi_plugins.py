@@ -52,6 +52,9 @@ REFERENCE_POLICY = (
     f"default-src 'none'; script-src {REFERENCE_SCRIPT}; style-src 'unsafe-inline'; "
     f"img-src 'self' data:; font-src 'self' data:; connect-src 'self'; {_COMMON}"
 )
+# Scalar's options (HTML-escaped JSON, read from the element): no fonts from its own host,
+# which the policy would refuse anyway.
+_REFERENCE_OPTIONS = html.escape(msgspec.json.encode({"withDefaultFonts": False}).decode())
 _HEADERS = (
     ("X-Frame-Options", "DENY"),
     ("Referrer-Policy", "no-referrer"),
@@ -138,7 +141,8 @@ class _Reference(OpenAPIRenderPlugin):
             f"<title>{title}: API reference</title></head><body>"
             "<noscript>The API reference needs JavaScript; the document itself is "
             f'<a href="{SCHEMA_PATH}/openapi.json">openapi.json</a>.</noscript>'
-            f'<div id="api-reference" data-url="{SCHEMA_PATH}/openapi.json"></div>'
+            f'<div id="api-reference" data-url="{SCHEMA_PATH}/openapi.json" '
+            f'data-configuration="{_REFERENCE_OPTIONS}"></div>'
             f'<script src="{REFERENCE_SCRIPT}" integrity="{REFERENCE_INTEGRITY}" '
             'crossorigin="anonymous" referrerpolicy="no-referrer"></script>'
             "</body></html>\n"
