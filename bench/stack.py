@@ -343,4 +343,5 @@ class GranianProcess(ServerProcess):
     children (forked, not spawned), one at least."""
 
     def worker_processes(self) -> list[psutil.Process]:
-        return psutil.Process(self.pid).children()
+        children: list[psutil.Process] = psutil.Process(self.pid).children()
+        return children
