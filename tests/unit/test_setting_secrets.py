@@ -4,6 +4,7 @@ password is printed by `settlement config` or an error about a setting."""
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 
 import pytest
 
@@ -50,9 +51,16 @@ def test_the_cli_refuses_a_weak_bootstrap_key_with_one_line(
 
 
 @pytest.mark.parametrize(
-    "key", [new_key(), "sk_" + secrets.token_hex(32), "sk_" + secrets.token_urlsafe(48)]
+    "make",
+    [new_key, lambda: "sk_" + secrets.token_hex(32), lambda: "sk_" + secrets.token_urlsafe(48)],
+    ids=[
+        "new_key",
+        "token_hex",
+        "token_urlsafe",
+    ],  # made in the test: xdist's workers collect alike
 )
-def test_a_random_api_key_is_accepted_as_bootstrap_admin_key(key: str) -> None:
+def test_a_random_api_key_is_accepted_as_bootstrap_admin_key(make: Callable[[], str]) -> None:
+    key = make()
     assert Settings.from_env({"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": key}).bootstrap_admin_key == key
 
 
