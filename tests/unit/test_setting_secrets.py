@@ -21,13 +21,13 @@ PASSWORD = "pa55-w0rd"
     [
         "admin",
         "changeme-please-this-is-the-admin-key",
-        "test-admin-key-" + secrets.token_hex(16),  # not the key format
+        "test-admin-key-65dd1d2cf981644621db53fbe97ce1e8",  # not the key format
         "sk_" + "a" * 43,  # the format, no entropy
         "sk_" + "admin" * 9,  # repeats
         "sk_" + "0123456789abcdef" * 3,  # repeats of a pattern
-        "sk_" + secrets.token_urlsafe(16),  # too short: 22 characters
-        " sk_" + secrets.token_urlsafe(32),  # not exactly the key
-    ],
+        "sk_JJHplDWvURD0GvU8_TPkKQ",  # too short: 22 characters
+        " sk_fzqMvOZ9x3IDk1YNoQeSMkHYyi6pYPn1y4Puxw-V9yI",  # not exactly the key
+    ],  # fixed values: every xdist worker must collect the same ids
 )
 def test_a_weak_or_malformed_bootstrap_admin_key_is_refused_at_start(key: str) -> None:
     with pytest.raises(ConfigError) as refused:
