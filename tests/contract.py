@@ -1,4 +1,4 @@
-"""The request rules of the HTTP contract, written here from the README rather than taken
+"""The request rules of the HTTP contract, written here from docs/http.md rather than taken
 from service/, and the Hypothesis strategies that probe them.
 
 tests/unit/test_request_rules.py checks the service's own functions against these rules;

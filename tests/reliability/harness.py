@@ -126,7 +126,7 @@ FAULTS = {
     "kill-observer": 1,
     "supersede-unknown": 1,
 }
-# The simulator's feed faults the nemesis arms (README, "Feed faults"), 1-3 units at a time.
+# The simulator's feed faults the nemesis arms (docs/feeds.md, "Feed faults"), 1-3 units at a time.
 FEED_FAULTS = [
     "backfill",
     "overlap",

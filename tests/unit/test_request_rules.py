@@ -1,5 +1,5 @@
 """The request rules of the idempotent routes as properties of the functions that apply them:
-Idempotency-Key parsing, the body schemas, and the request fingerprint (README "Idempotent
+Idempotency-Key parsing, the body schemas, and the request fingerprint (docs/http.md "Idempotent
 routes", steps 1 and 2). The rules themselves are written in tests/contract.py."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Each setting is declared once; reading, checking, `settlement config` and the README's
-table all come from that declaration."""
+"""Each setting is declared once; reading, checking, `settlement config` and the settings
+table of docs/operations.md all come from that declaration."""
 
 from __future__ import annotations
 
@@ -12,16 +12,16 @@ from service.config import SETTINGS, ConfigError, Settings
 from service.core import TerminalPolicy
 from service.setting import markdown_table
 
-README = Path(__file__).parents[2] / "README.md"
+TABLE_DOC = Path(__file__).parents[2] / "docs" / "operations.md"
 BEGIN = "<!-- settings table: settlement config --markdown -->\n"
 END = "<!-- end of settings table -->\n"
 
 
 def test_the_readme_table_is_the_declared_list() -> None:
-    text = README.read_text()
+    text = TABLE_DOC.read_text()
     table = text[text.index(BEGIN) + len(BEGIN) : text.index(END)]
     assert table == markdown_table(SETTINGS) + "\n", (
-        "README.md's settings table differs from service/config.py: paste the output of "
+        "docs/operations.md's settings table differs from service/config.py: paste the output of "
         "`settlement config --markdown` between its markers"
     )
 
