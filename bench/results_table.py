@@ -1,0 +1,132 @@
+"""The dated tables of ``docs/benchmarks.md``, made from ``bench/results``.
+
+One row per run of ``make bench`` (``<date>.json``) and per run of ``make bench-scale``
+(``<date>-scale.json``); soak runs (``<date>-soak.json``) are left out. Every figure is read
+from the run's file, none is typed by hand.
+
+Run: ``python -m bench.results_table`` prints both tables; ``--write`` puts them into
+``docs/benchmarks.md`` between its markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BEGIN", "DOC", "END", "RESULTS", "bench_rows", "main", "scale_rows", "tables"]
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- results tables: python -m bench.results_table -->\n"
+END = "<!-- end of results tables -->\n"
+
+BENCH_HEADER = (
+    "| run | workers | replay req/s | new req/s | status req/s | new p99 ms "
+    "| new app CPU ms/req | new app+PG+Redis CPU ms/req |\n"
+    "|---|---|---|---|---|---|---|---|"
+)
+SCALE_HEADER = (
+    "| run | rows | replay at size / empty | new at size / empty | status at size / empty "
+    "| new CPU ms/req empty → at size |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def _figure(value: object, digits: int = 1) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f"{value:,.{digits}f}"
+    return "-"
+
+
+def _get(data: Mapping[str, Any], *path: str) -> object:
+    here: object = data
+    for key in path:
+        if not isinstance(here, Mapping) or key not in here:
+            return None
+        here = here[key]
+    return here
+
+
+def _runs(directory: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each result file's stem and content, by name (the date sorts first)."""
+    return [(path.stem, json.loads(path.read_text())) for path in sorted(directory.glob("*.json"))]
+
+
+def bench_rows(directory: Path = RESULTS) -> list[str]:
+    """A row per ``make bench`` run."""
+    rows = []
+    for stem, data in _runs(directory):
+        if stem.endswith(("-soak", "-scale")) or "new" not in data.get("scenarios", {}):
+            continue
+        cpu = _get(data, "scenarios", "new", "cpu_ms_per_request")
+        total = _get(data, "scenarios", "new", "cpu_ms_per_request", "workers+postgres+redis")
+        if total is None and isinstance(cpu, Mapping):
+            parts = [cpu.get(one) for one in ("workers", "postgres", "redis")]
+            numbers = [float(one) for one in parts if isinstance(one, int | float)]
+            if len(numbers) == len(parts):
+                total = sum(numbers)
+        cells = [
+            f"`{stem}`",
+            str(_get(data, "config", "workers") or "-"),
+            _figure(_get(data, "scenarios", "replay", "rps"), 0),
+            _figure(_get(data, "scenarios", "new", "rps"), 0),
+            _figure(_get(data, "scenarios", "status", "rps"), 0),
+            _figure(_get(data, "scenarios", "new", "p99_ms")),
+            _figure(_get(data, "scenarios", "new", "cpu_ms_per_request", "workers"), 2),
+            _figure(total, 2),
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def scale_rows(directory: Path = RESULTS) -> list[str]:
+    """A row per ``make bench-scale`` run: throughput at size over throughput empty."""
+    rows = []
+    for stem, data in _runs(directory):
+        if not stem.endswith("-scale"):
+            continue
+        ratio = "at_size_over_empty"
+        cells = [
+            f"`{stem}`",
+            _figure(_get(data, "config", "rows"), 0),
+            _figure(_get(data, ratio, "replay", "rps_ratio"), 2),
+            _figure(_get(data, ratio, "new", "rps_ratio"), 2),
+            _figure(_get(data, ratio, "status", "rps_ratio"), 2),
+            f"{_figure(_get(data, ratio, 'new', 'cpu_ms_empty'), 2)} → "
+            f"{_figure(_get(data, ratio, 'new', 'cpu_ms_at_size'), 2)}",
+        ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def tables(directory: Path = RESULTS) -> str:
+    """Both tables, as they stand between the markers of ``docs/benchmarks.md``."""
+    return (
+        "`make bench`, one row per run:\n\n"
+        + "\n".join([BENCH_HEADER, *bench_rows(directory)])
+        + "\n\n`make bench-scale`, one row per run:\n\n"
+        + "\n".join([SCALE_HEADER, *scale_rows(directory)])
+        + "\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.results_table", description=__doc__)
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    text = tables()
+    if not args.write:
+        print(text, end="")
+        return 0
+    doc = DOC.read_text()
+    start, end = doc.index(BEGIN) + len(BEGIN), doc.index(END)
+    DOC.write_text(doc[:start] + text + doc[end:])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
