@@ -30,7 +30,7 @@ process. Give a process one :class:`Metrics` in that mode: two would write the s
 bounds) and gauge are also OpenTelemetry SDK synchronous instruments of this process, pushed
 by the OTLP exporter; the facade (:class:`_Instrument`) records both from one call.
 
-**Cost per request** (``python -m tools.metrics_cost``: ``on_request``, a counter or three
+**Cost per request** (``python -m bench.metrics_cost``: ``on_request``, a counter or three
 and a histogram): about 5 us in multiprocess mode (a counter's ``inc`` is about 1 us, an
 ``mmap`` write; a histogram's ``observe`` two of them), about 2.5 us in one process; the
 OpenTelemetry instruments add about 20 us, so they are made only to export.
