@@ -50,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
         "config", help="print the effective settings (secrets masked) and why each exists"
     )
     config.add_argument(
-        "--markdown", action="store_true", help="the README's table of every setting instead"
+        "--markdown",
+        action="store_true",
+        help="the table of every setting instead (docs/operations.md)",
     )
     config.set_defaults(run=_config)
 
@@ -120,7 +122,7 @@ def _version() -> str:
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:
     """One line per setting: VARIABLE=value, then its reason (secrets masked); or the
-    README's table of every setting, its default and what it takes."""
+    table of every setting, its default and what it takes (docs/operations.md's)."""
     print(markdown_table(SETTINGS) if args.markdown else config_lines(settings.described()))
     return 0
 

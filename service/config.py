@@ -2,8 +2,8 @@
 
 Each setting is declared once below, as a field made by :func:`service.setting.setting` (its
 default, the rule its value keeps, why it exists); reading, checking, ``settlement config``
-and the README's table all come from that declaration. Rules that join settings are
-:meth:`Settings.validate`'s. Nothing reads the environment at import time.
+and the settings table of docs/operations.md all come from that declaration. Rules that
+join settings are :meth:`Settings.validate`'s. Nothing reads the environment at import time.
 ``Settings.from_env()`` checks every value and raises :class:`ConfigError` naming the
 variable, so a bad value fails at start.
 """
@@ -378,4 +378,4 @@ class Settings:
 
 SETTINGS: tuple[Setting, ...] = declared(Settings)
 """Every setting, in the order declared: what the environment, ``settlement config`` and the
-README's table go by."""
+settings table of docs/operations.md go by."""

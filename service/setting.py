@@ -4,7 +4,7 @@
 gives the variable (``SETTLEMENT_`` + NAME) and its type how the variable is read: ``float``
 is seconds, ``int`` an integer, ``bool`` a flag, an ``Enum`` one of its values, ``str`` the
 text as is. From that one field come reading the environment, the per-setting check, the
-``settlement config`` lines (secrets masked) and the README's table
+``settlement config`` lines (secrets masked) and the settings table of docs/operations.md
 (``settlement config --markdown``).
 """
 
@@ -203,7 +203,8 @@ def config_lines(rows: Iterable[tuple[str, str, str]]) -> str:
 
 
 def markdown_table(settings: Iterable[Setting]) -> str:
-    """``settlement config --markdown``: the README's table of every setting and its default."""
+    """``settlement config --markdown``: the table of every setting and its default (the one
+    in docs/operations.md)."""
     lines = ["| variable | default | takes | why |", "|---|---|---|---|"]
     for one in settings:
         cells = (f"`{one.variable}`", _default(one.default), one.takes(), one.why)
