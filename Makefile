@@ -52,9 +52,10 @@ run: $(STAMP) ## start the server on 127.0.0.1:8000 with embedded PostgreSQL and
 migrate: $(STAMP) ## upgrade the schema (SETTLEMENT_DATABASE_URL, or the embedded one)
 	$(BIN)/settlement migrate --embedded
 
-lint: $(STAMP) ## ruff lint and format check
+lint: $(STAMP) ## ruff lint and format check, and the layers' import contracts (pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP) ## mypy --strict on service/, devstack/, the Python client, the chaos harness, the use-case tests and bench/
 	$(BIN)/mypy --strict service devstack

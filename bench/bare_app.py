@@ -32,12 +32,12 @@ from sqlalchemy import bindparam, exists, insert, literal_column, select
 from bench import serve
 from service.config import Settings
 from service.domain import ledger
+from service.domain.principals import Role
 from service.http.app import create_app
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.problems import problem_response
 from service.store.hot_sql import Prepared, effect_ok_of
-from service.store.principals import Role
 from service.store.tables import operations
 
 __all__ = ["PLAIN_ROUTE", "app_factory", "bare", "main", "plain_transfer"]

@@ -61,8 +61,9 @@ def pair(p: int) -> tuple[uuid.UUID, uuid.UUID]:
 async def create_client(database_url: str) -> tuple[uuid.UUID, str]:
     """A client principal of TENANT; its id and API key."""
     from service.config import Settings
+    from service.domain.principals import Role
     from service.store.db import make_engine
-    from service.store.principals import PrincipalStore, Role
+    from service.store.principals import PrincipalStore
 
     engine = make_engine(Settings(), database_url, pool_size=1)
     try:

@@ -316,9 +316,10 @@ def _create_principal(args: argparse.Namespace, settings: Settings) -> int:
     import msgspec
 
     from service.app.admin import PrincipalRequest
+    from service.domain.principals import Role
     from service.store.db import make_engine
     from service.store.migrate import ensure_current
-    from service.store.principals import PrincipalStore, Role
+    from service.store.principals import PrincipalStore
 
     try:
         request = msgspec.convert(

@@ -6,9 +6,9 @@ import uuid
 
 from service.app.answers import Problem
 from service.domain.ledger import Account
+from service.domain.principals import Principal
 from service.store.accounts import account_of
 from service.store.pool import HotPool
-from service.store.principals import Principal
 
 __all__ = ["AccountQueries"]
 

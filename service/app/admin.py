@@ -16,20 +16,29 @@ from service.app.answers import Problem
 from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
 from service.core import Refuse, RefuseReason, Scope
+from service.domain.principals import Principal, Role
 from service.leases import LeaseManager
 from service.store.pool import HotPool
 from service.store.principals import (
     BOOTSTRAP_TENANT,
-    Principal,
+    PrincipalExists,
     PrincipalLimit,
     PrincipalStore,
-    Role,
 )
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
 from service.store.worklist import BadCursor, WorkPage, count_operations, list_operations
 
-__all__ = ["Admin", "PrincipalCreated", "PrincipalRequest", "SupersedeBody", "Superseded"]
+# PrincipalExists and WorkPage: what HTTP catches and renders, named where HTTP reaches them
+__all__ = [
+    "Admin",
+    "PrincipalCreated",
+    "PrincipalExists",
+    "PrincipalRequest",
+    "SupersedeBody",
+    "Superseded",
+    "WorkPage",
+]
 
 Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}(?!\n)$")]
 Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}(?!\n)$")]

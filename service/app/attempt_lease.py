@@ -10,8 +10,9 @@ import asyncio
 import enum
 from typing import TypeVar
 
+from service.app.ports import LeasePort
 from service.failpoints import Failpoints
-from service.leases import Lease, LeaseManager
+from service.leases import Lease
 
 __all__ = ["Ended", "LeaseKeeper"]
 
@@ -27,7 +28,7 @@ class Ended(enum.Enum):
 class LeaseKeeper:
     """Waits for an attempt's work while a heartbeat keeps the scope's lease."""
 
-    def __init__(self, leases: LeaseManager, failpoints: Failpoints) -> None:
+    def __init__(self, leases: LeasePort, failpoints: Failpoints) -> None:
         self._leases = leases
         self._failpoints = failpoints
 

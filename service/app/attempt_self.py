@@ -8,6 +8,7 @@ import uuid
 
 from service.app.effects import ExecutionContext, Outcome
 from service.app.fingerprint import result_digest
+from service.app.ports import SettlementPort
 from service.core import (
     Apply,
     AttemptAnswer,
@@ -17,15 +18,15 @@ from service.core import (
     Source,
     attempt_answer,
 )
-from service.store.principals import Principal
-from service.store.settlement import AttemptRef, ClaimOutcome, Settled, SettlementStore
+from service.domain.principals import Principal
+from service.store.settlement import AttemptRef, ClaimOutcome, Settled
 from service.telemetry import span
 
 __all__ = ["answer_after", "attempt_observation", "attempt_of", "settle_attempt"]
 
 
 async def settle_attempt(
-    store: SettlementStore, attempt: AttemptRef, observation: Observation
+    store: SettlementPort, attempt: AttemptRef, observation: Observation
 ) -> Settled:
     """Settle what this attempt observed, in a ``settlement.settle`` span."""
     op = attempt.reservation.operation_id

@@ -30,12 +30,12 @@ from service.app.attempt_lease import LeaseKeeper
 from service.app.attempt_self import attempt_of
 from service.app.effects import IdempotentRoute
 from service.app.external_attempts import ExternalAttempts
-from service.app.late import LateAnswers
 from service.app.local_attempts import LocalAttempts
+from service.app.ports import LatePort, LeasePort, SettlementPort
+from service.domain.principals import Principal
 from service.failpoints import Failpoints
-from service.leases import Lease, LeaseManager
-from service.store.principals import Principal
-from service.store.settlement import ClaimOutcome, SettlementStore
+from service.leases import Lease
+from service.store.settlement import ClaimOutcome
 from service.telemetry import Metrics
 
 __all__ = ["Attempts"]
@@ -45,9 +45,9 @@ class Attempts:
     def __init__(
         self,
         *,
-        store: SettlementStore,
-        leases: LeaseManager,
-        late: LateAnswers,
+        store: SettlementPort,
+        leases: LeasePort,
+        late: LatePort,
         failpoints: Failpoints,
         provider_timeout: float,
         late_response_window: float,

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.admin import Tenant
 from service.app.answers import Problem
+from service.domain.principals import Principal, Role
 from service.store.console_reads import (
     BadPrincipalCursor,
     PrincipalPage,
@@ -24,9 +25,17 @@ from service.store.console_reads import (
     receipts_of,
 )
 from service.store.console_sessions import ConsoleSession, ConsoleSessionStore
-from service.store.principals import Principal, PrincipalStore, Role
+from service.store.principals import PrincipalStore
 
-__all__ = ["Console", "SignInThrottle", "SupersedeAdvice", "supersede_advice"]
+# ConsoleSession and ReceiptRow: what the console's pages render, named where HTTP reaches them
+__all__ = [
+    "Console",
+    "ConsoleSession",
+    "ReceiptRow",
+    "SignInThrottle",
+    "SupersedeAdvice",
+    "supersede_advice",
+]
 
 log = logging.getLogger("settlement.console")
 

@@ -20,9 +20,9 @@ import msgspec
 
 from service.app.answers import ProblemDocument
 from service.core import ReservationTuple
+from service.domain.principals import Principal, Role
 from service.evidence import SignedEvidence
 from service.store.outcomes import EffectSql
-from service.store.principals import Principal, Role
 
 __all__ = [
     "PROBLEM_CONTENT_TYPE",

@@ -35,8 +35,8 @@ import msgspec
 
 from service.app.answers import Problem
 from service.core import Source
+from service.domain.principals import Principal
 from service.evidence import SignedEvidence, observation_of, verify
-from service.store.principals import Principal
 from service.store.settlement import OperationNotFound, SettlementStore
 
 __all__ = ["Accepted", "EvidenceIntake", "OperationSummary"]

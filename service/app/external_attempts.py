@@ -18,13 +18,13 @@ from service.app.answers import Answer, Problem, answer_of
 from service.app.attempt_lease import Ended, LeaseKeeper
 from service.app.attempt_self import answer_after, attempt_observation, settle_attempt
 from service.app.effects import ExecutionContext, ExternalHandler, IdempotentRoute
-from service.app.late import LateAnswers
+from service.app.ports import LatePort, SettlementPort
 from service.core import Source, Unsettled
 from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
 from service.failpoints import Failpoints
 from service.leases import Lease
-from service.store.settlement import AttemptRef, SettlementStore
+from service.store.settlement import AttemptRef
 from service.telemetry import span
 
 __all__ = ["ExternalAttempts"]
@@ -38,9 +38,9 @@ class ExternalAttempts:
     def __init__(
         self,
         *,
-        store: SettlementStore,
+        store: SettlementPort,
         keeper: LeaseKeeper,
-        late: LateAnswers,
+        late: LatePort,
         failpoints: Failpoints,
         provider_timeout: float,
         late_response_window: float,

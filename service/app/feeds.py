@@ -13,12 +13,12 @@ import msgspec
 from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
 from service.config import FEED_NAME, FeedSpec
+from service.domain.principals import Principal
 from service.store.feed_alarms import Alarm, InOnePage
 from service.store.feed_checkpoints import Checkpoint
 from service.store.feed_receipts import Receipt
 from service.store.feeds import FeedStore
 from service.store.keyset import BadCursor
-from service.store.principals import Principal
 
 __all__ = [
     "ConflictAccepted",

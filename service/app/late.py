@@ -15,10 +15,10 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
+from service.app.ports import SettlementPort
 from service.core import Observation, Source
 from service.domain.payouts import ProviderUnavailable
 from service.evidence import SignedEvidence, observation_of
-from service.store.settlement import SettlementStore
 from service.telemetry import Metrics
 
 __all__ = ["LateAnswers"]
@@ -32,7 +32,7 @@ RETRY_ATTEMPTS = 5
 
 
 class LateAnswers:
-    def __init__(self, store: SettlementStore, metrics: Metrics) -> None:
+    def __init__(self, store: SettlementPort, metrics: Metrics) -> None:
         self._store = store
         self._metrics = metrics
         self._tasks: set[asyncio.Task[None]] = set()

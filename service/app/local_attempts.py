@@ -33,6 +33,7 @@ from service.app.effects import (
     StatementHandler,
     business_outcome,
 )
+from service.app.ports import SettlementPort
 from service.core import (
     ClaimRequest,
     Observation,
@@ -41,18 +42,17 @@ from service.core import (
     Unsettled,
     attempt_answer,
 )
+from service.domain.principals import Principal
 from service.failpoints import Failpoints
 from service.leases import Lease
 from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
 from service.store.outcomes import EffectRefused, KeyExpired
-from service.store.principals import Principal
 from service.store.settlement import (
     AttemptRef,
     ClaimOutcome,
     EffectStatement,
     RowLocked,
     Settled,
-    SettlementStore,
 )
 from service.telemetry import Metrics, annotate, span
 
@@ -76,7 +76,7 @@ class LocalAttempts:
     def __init__(
         self,
         *,
-        store: SettlementStore,
+        store: SettlementPort,
         keeper: LeaseKeeper,
         failpoints: Failpoints,
         metrics: Metrics,

@@ -29,6 +29,7 @@ from service.app.answers import Answer, Problem, answer_of, busy, expired, with_
 from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
+from service.app.ports import LeasePort, SettlementPort, TombstonePort, WakeupPort
 from service.core import (
     Binding,
     Claim,
@@ -39,12 +40,13 @@ from service.core import (
     Scope,
     decide_claim,
 )
+from service.domain.principals import Principal
 from service.failpoints import Failpoints
-from service.leases import Lease, LeaseManager, LeaseUnavailable, Wakeups
+from service.leases import Lease, LeaseUnavailable
 from service.store.outcomes import KeyExpired
-from service.store.principals import Principal, hash_key
-from service.store.retention import RetentionStore, Tombstone
-from service.store.settlement import RowLocked, SettlementContention, SettlementStore
+from service.store.principals import hash_key
+from service.store.retention import Tombstone
+from service.store.settlement import RowLocked, SettlementContention
 from service.telemetry import annotate, span
 
 __all__ = ["IdempotentRequests", "NoSlot", "Seen", "Slots"]
@@ -104,10 +106,10 @@ class IdempotentRequests:
     def __init__(
         self,
         *,
-        store: SettlementStore,
-        tombstones: RetentionStore,
-        leases: LeaseManager,
-        wakeups: Wakeups,
+        store: SettlementPort,
+        tombstones: TombstonePort,
+        leases: LeasePort,
+        wakeups: WakeupPort,
         attempts: Attempts,
         failpoints: Failpoints,
         clock: Callable[[], float],

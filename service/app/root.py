@@ -25,6 +25,7 @@ from service.app.evidence import EvidenceIntake
 from service.app.feed_events import FeedEvents
 from service.app.feed_figures import FeedFigureKeeper
 from service.app.feeds import FeedAdmin
+from service.app.health import HealthChecks
 from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
 from service.app.purger import Purger, retention_of
@@ -87,6 +88,7 @@ class Settlement:
         self.lease_redis = lease_redis  # the lease commands' own pool
         self.metrics = metrics or Metrics()
         self.wakeups = Wakeups(redis)
+        self.health = HealthChecks(self.reader, redis, timeout=settings.health_timeout)
         self.provider: ProviderClient | None = None
         if settings.provider_url and settings.provider_secret:
             # the client's own bound is the late window; each attempt waits provider_timeout

@@ -12,13 +12,14 @@ from datetime import UTC, datetime, timedelta
 
 from service.app.answers import Problem, expired
 from service.core import Scope
+from service.domain.principals import Principal, Role
 from service.leases import LeaseManager, LeaseUnavailable
 from service.store.pool import HotPool
-from service.store.principals import Principal, Role
 from service.store.retention import RetentionStore
-from service.store.status import OperationView, find_by_key, operation_view
+from service.store.status import MAX_OBSERVATION_ID, OperationView, find_by_key, operation_view
 
-__all__ = ["StatusQueries"]
+# the view HTTP renders and the bound of its page parameter, named where HTTP reaches them
+__all__ = ["MAX_OBSERVATION_ID", "OperationView", "StatusQueries"]
 
 # A lease key without an expiry would read as infinite; no lease is shown as longer than a day.
 MAX_SHOWN_LEASE = 86_400.0

@@ -7,8 +7,9 @@ from typing import Any
 
 from litestar.connection import ASGIConnection
 
+from service.app.ports import PrincipalKeys
+from service.domain.principals import Principal, Role
 from service.http.problems import ProblemError
-from service.store.principals import Principal, PrincipalStore, Role
 
 # any request or websocket of Litestar's: what authentication reads of it
 Connection = ASGIConnection[Any, Any, Any, Any]
@@ -24,7 +25,7 @@ class AuthError(ProblemError):
     """``unauthenticated`` (401) or ``forbidden`` (403)."""
 
 
-async def authenticate(request: Connection, principals: PrincipalStore) -> Principal:
+async def authenticate(request: Connection, principals: PrincipalKeys) -> Principal:
     principal = await principals.authenticate(bearer_key(request))
     if principal is None:
         raise unknown_key()
@@ -46,7 +47,7 @@ def unknown_key() -> AuthError:
     return AuthError("unauthenticated", "unknown or revoked API key")
 
 
-async def authenticate_admin(request: Connection, principals: PrincipalStore) -> Principal:
+async def authenticate_admin(request: Connection, principals: PrincipalKeys) -> Principal:
     """The caller, who must be an admin (401, 403 otherwise)."""
     admin = await authenticate(request, principals)
     require_role(admin, Role.ADMIN)

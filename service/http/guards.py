@@ -17,10 +17,10 @@ from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 from litestar.types import Guard
 
+from service.domain.principals import Principal, Role
 from service.http.auth import authenticate, require_role
 from service.http.bodies import check_json_content_type
 from service.http.deps import settlement_of
-from service.store.principals import Principal, Role
 
 __all__ = ["caller", "caller_of"]
 

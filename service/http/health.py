@@ -7,27 +7,18 @@ operations still work (new work gets 503 lease-unavailable until Redis is back).
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, get
 
+from service.app.health import DependencyState
+from service.domain.principals import Role
 from service.http.auth import AuthError, authenticate, require_role
 from service.http.deps import Services
 from service.http.problems import problem_response
-from service.leases import ping as redis_ping
-from service.store.db import ping as database_ping
-from service.store.principals import Role
 
 __all__ = ["Health", "Liveness", "Readiness", "health", "livez", "metrics", "readyz"]
-
-log = logging.getLogger("settlement.health")
-
-
-DependencyState = Literal["ok", "timeout", "unavailable"]
 
 
 class Health(msgspec.Struct):
@@ -48,26 +39,10 @@ class Readiness(msgspec.Struct):
     redis: Literal["ok", "degraded"]
 
 
-async def _check(name: str, probe: Callable[[], Awaitable[None]], limit: float) -> DependencyState:
-    try:
-        async with asyncio.timeout(limit):
-            await probe()
-    except TimeoutError:
-        log.warning("health check timed out", extra={"dependency": name, "timeout": limit})
-        return "timeout"
-    except Exception as exc:  # any failure means "down"; the reason goes to the log
-        log.warning("health check failed", extra={"dependency": name, "error": repr(exc)})
-        return "unavailable"
-    return "ok"
-
-
 @get("/health", operation_id="health", summary="Both dependencies, checked now")
 async def health(settlement: Services) -> Response[Health]:
-    timeout = settlement.settings.health_timeout
-    database, redis = await asyncio.gather(
-        _check("database", lambda: database_ping(settlement.reader), timeout),
-        _check("redis", lambda: redis_ping(settlement.redis), timeout),
-    )
+    checked = await settlement.health.check()
+    database, redis = checked.database, checked.redis
     healthy = database == "ok" and redis == "ok"
     return Response(
         Health(status="ok" if healthy else "degraded", database=database, redis=redis),
@@ -82,11 +57,8 @@ async def livez() -> Response[Liveness]:
 
 @get("/readyz", operation_id="readyz", summary="Ready to serve: the database answers")
 async def readyz(settlement: Services) -> Response[Readiness]:
-    timeout = settlement.settings.health_timeout
-    database, redis = await asyncio.gather(
-        _check("database", lambda: database_ping(settlement.reader), timeout),
-        _check("redis", lambda: redis_ping(settlement.redis), timeout),
-    )
+    checked = await settlement.health.check()
+    database, redis = checked.database, checked.redis
     ready = database == "ok"
     return Response(
         Readiness(

@@ -36,6 +36,7 @@ from litestar.response.base import ASGIResponse
 from service.app.effects import IdempotentRoute
 from service.app.requests import Seen
 from service.app.root import Settlement
+from service.domain.principals import Principal
 from service.http.auth import authenticate, bearer_key, require_role, unknown_key
 from service.http.bodies import check_json_content_type
 from service.http.deps import settlement_of
@@ -43,7 +44,6 @@ from service.http.keys import MAX_KEY_LENGTH, IdempotencyKeyError, parse_idempot
 from service.http.problems import IDEMPOTENT, ProblemError
 from service.http.render import prefer_wait, render
 from service.http.reply import to_asgi
-from service.store.principals import Principal
 
 __all__ = [
     "IDEMPOTENT",

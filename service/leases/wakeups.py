@@ -24,7 +24,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from service.leases.client import AnyRedis
 
-__all__ = ["Wakeups"]
+__all__ = ["Announcements", "Wakeups"]
 
 log = logging.getLogger("settlement.wakeups")
 
@@ -41,12 +41,13 @@ POLL = 0.5
 _FAILED = (RedisError, RedisClusterException, OSError)
 
 
-class Wakeups:
-    def __init__(self, redis: AnyRedis, *, prefix: str = "settlement:settled:") -> None:
-        self._redis = redis
+class Announcements:
+    """The announce-and-defer rules, with no Redis of their own: ``publish_soon`` is handed
+    each operation id to announce now; ``prefix`` names the channels."""
+
+    def __init__(self, publish_soon: Callable[[str], None], *, prefix: str) -> None:
+        self._publish_soon = publish_soon
         self._prefix = prefix
-        self._slots = asyncio.Semaphore(MAX_WAITERS)
-        self._announcing: set[asyncio.Task[None]] = set()
         # operations whose announcement rides with their lease's release: announced yet?
         self._deferred: dict[str, bool] = {}
 
@@ -80,6 +81,25 @@ class Wakeups:
         finally:
             if self._deferred.pop(operation_id, False):
                 self._publish_soon(operation_id)
+
+
+class Wakeups:
+    def __init__(self, redis: AnyRedis, *, prefix: str = "settlement:settled:") -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._slots = asyncio.Semaphore(MAX_WAITERS)
+        self._announcing: set[asyncio.Task[None]] = set()
+        self._announcements = Announcements(self._publish_soon, prefix=prefix)
+
+    def announce(self, operation_id: str) -> None:
+        """See :meth:`Announcements.announce`: published on this Redis, in the background."""
+        self._announcements.announce(operation_id)
+
+    def deferred(
+        self, operation_id: str
+    ) -> contextlib.AbstractContextManager[Callable[[], str | None]]:
+        """See :meth:`Announcements.deferred`."""
+        return self._announcements.deferred(operation_id)
 
     def _publish_soon(self, operation_id: str) -> None:
         task = asyncio.get_running_loop().create_task(self._publish(operation_id))

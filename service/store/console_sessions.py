@@ -19,7 +19,8 @@ import msgspec
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.principals import Principal, Role, hash_key
+from service.domain.principals import Principal, Role
+from service.store.principals import hash_key
 from service.store.tables import console_sessions, principals
 
 __all__ = ["ConsoleSession", "ConsoleSessionStore", "hash_session"]

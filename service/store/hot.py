@@ -43,6 +43,7 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
+from service.domain.principals import Principal
 from service.store.hot_params import (
     claim_settle_params,
     finish_params,
@@ -61,7 +62,7 @@ from service.store.hot_sql import (
 )
 from service.store.outcomes import AttemptRef, EffectSql, EffectStatement, Settled
 from service.store.phase import database_refusals
-from service.store.principals import Principal, live_principal
+from service.store.principals import live_principal
 from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row, record_values
 from service.store.unit_of_work import StaleRevision

@@ -7,7 +7,6 @@ takes constant time.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import logging
@@ -17,21 +16,19 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-import msgspec
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.domain.principals import Principal, Role
 from service.store.db import reader
 from service.store.tables import principals
 
 __all__ = [
     "KEY_PREFIX",
-    "Principal",
     "PrincipalExists",
     "PrincipalLimit",
     "PrincipalStore",
-    "Role",
     "hash_key",
     "new_key",
 ]
@@ -46,24 +43,6 @@ _LOCK = "principals-of:"
 
 BOOTSTRAP_TENANT = "system"
 BOOTSTRAP_NAME = "bootstrap-admin"
-
-
-class Role(enum.StrEnum):
-    CLIENT = "client"
-    OBSERVER = "observer"
-    ADMIN = "admin"
-
-
-class Principal(msgspec.Struct, frozen=True):
-    id: uuid.UUID
-    tenant: str
-    name: str
-    role: Role
-    credential_generation: int
-    all_tenants: bool = False
-
-    def may_act_in(self, tenant: str) -> bool:
-        return self.all_tenants or self.tenant == tenant
 
 
 class PrincipalExists(ValueError):

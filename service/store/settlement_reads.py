@@ -18,8 +18,8 @@ from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import Record, Scope
+from service.domain.principals import Principal
 from service.store.hot import HotPath
-from service.store.principals import Principal
 from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row
 from service.store.tables import operations

@@ -15,9 +15,9 @@ from service.app.feeds import FeedAdmin, FeedView, HoldAction
 from service.config import FeedSpec
 from service.core import OperationState
 from service.domain.feeds import CursorPage
+from service.domain.principals import Principal
 from service.failpoints import Failpoints
 from service.store.feeds import FeedStore
-from service.store.principals import Principal
 from service.store.retention import Retention, RetentionStore
 from service.store.settlement import SettlementStore
 from tests.integration.factories import Clock

@@ -14,9 +14,10 @@ import pytest
 
 from service.config import Settings
 from service.core import Scope
+from service.domain.principals import Role
 from service.leases import LeaseManager
 from service.store.db import make_engine
-from service.store.principals import PrincipalStore, Role
+from service.store.principals import PrincipalStore
 from tests.conftest import Services
 from tests.integration.asgi import Asgi
 

@@ -9,9 +9,10 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from service.domain.principals import Role
 from service.store.db import async_url
 from service.store.migrate import upgrade
-from service.store.principals import PrincipalExists, PrincipalStore, Role
+from service.store.principals import PrincipalExists, PrincipalStore
 from tests.conftest import Services, create_database
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from service.app.answers import Problem
 from service.app.evidence import EvidenceIntake
+from service.domain.principals import Principal, Role
 from service.evidence import (
     Evidence,
     EvidenceResult,
@@ -27,7 +28,6 @@ from service.evidence import (
 )
 from service.store.db import async_url
 from service.store.migrate import upgrade
-from service.store.principals import Principal, Role
 from service.store.retention import _FORGET_ORPHANS, Retention, RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore

@@ -10,8 +10,9 @@ from urllib.parse import urlencode
 import pytest
 
 from service.config import Settings
+from service.domain.principals import Role
 from service.store.db import make_engine
-from service.store.principals import PrincipalStore, Role
+from service.store.principals import PrincipalStore
 from tests.integration.asgi import Asgi
 
 pytestmark = pytest.mark.integration

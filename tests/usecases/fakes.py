@@ -20,7 +20,7 @@ import contextlib
 import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 from service.core import (
     Apply,
@@ -37,8 +37,10 @@ from service.core import (
     settle,
     with_lease,
 )
+from service.domain.principals import Principal
 from service.evidence import SignedEvidence
-from service.leases import Lease, LeaseUnavailable, Wakeups
+from service.leases import Lease, LeaseUnavailable
+from service.leases.wakeups import Announcements
 from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
@@ -46,7 +48,6 @@ from service.store.outcomes import (
     OperationNotFound,
     Settled,
 )
-from service.store.principals import Principal
 from service.store.retention import Tombstone
 
 __all__ = [
@@ -72,12 +73,12 @@ class FakeClock:
         self.now += seconds
 
 
-class FakeWakeups(Wakeups):
+class FakeWakeups:
     """``Prefer: wait`` wake-ups without Redis: an announcement sets the waiters' events."""
 
     def __init__(self) -> None:
         # the real announce-and-defer rules; only the publishing and the waits are fakes
-        super().__init__(cast(Any, None), prefix="")
+        self._announcements = Announcements(self.publish, prefix="")
         self.announced: list[str] = []
         """operation ids announced (published), in order"""
         self.subscribable = True
@@ -86,8 +87,13 @@ class FakeWakeups(Wakeups):
         """set when a request starts waiting for a wake-up"""
         self._waiters: dict[str, list[asyncio.Event]] = {}
 
-    def _publish_soon(self, operation_id: str) -> None:
-        self.publish(operation_id)
+    def announce(self, operation_id: str) -> None:
+        self._announcements.announce(operation_id)
+
+    def deferred(
+        self, operation_id: str
+    ) -> contextlib.AbstractContextManager[Callable[[], str | None]]:
+        return self._announcements.deferred(operation_id)
 
     def publish(self, operation_id: str) -> None:
         self.announced.append(operation_id)

@@ -1,11 +1,13 @@
-"""The fakes stand in for the real stores, leases and wake-ups, passed where the use cases
-take the real types (so mypy does not compare them): each method a fake shares with what it
-stands in for must take the same parameters, or a changed store call would pass here against
-a fake that no longer matches and fail only against PostgreSQL or Redis."""
+"""The fakes stand in for the real stores, leases and wake-ups. mypy checks both against the
+ports the use cases take (service/app/ports.py); this checks in addition that each method a
+fake shares with what it stands in for takes the same parameters, with the same defaults (a
+port does not say what a default is), or a changed store call would pass here against a fake
+that no longer matches and fail only against PostgreSQL or Redis."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 
 import pytest
 
@@ -25,7 +27,7 @@ FAKES: list[tuple[type, type, set[str]]] = [
 ]
 
 
-def _public_methods(cls: type) -> dict[str, object]:
+def _public_methods(cls: type) -> dict[str, Callable[..., object]]:
     return {
         name: value
         for name, value in vars(cls).items()
@@ -33,8 +35,8 @@ def _public_methods(cls: type) -> dict[str, object]:
     }
 
 
-def _parameters(function: object) -> list[tuple[str, object, object]]:
-    signature = inspect.signature(function)  # type: ignore[arg-type]
+def _parameters(function: Callable[..., object]) -> list[tuple[str, object, object]]:
+    signature = inspect.signature(function)
     return [(p.name, p.kind, p.default) for p in signature.parameters.values()]
 
 

@@ -167,7 +167,8 @@ async def test_a_busy_database_is_503_and_the_attempt_gives_up(
     assert row.state is OperationState.UNKNOWN
     retried = await world.send(LOCAL)
     assert isinstance(retried, Stored) and not retried.replayed
-    assert world.store.row(world.scope(LOCAL)).fencing_token == 2  # type: ignore[union-attr]
+    row = world.store.row(world.scope(LOCAL))
+    assert row is not None and row.fencing_token == 2
 
 
 async def test_a_busy_database_that_cannot_take_the_give_up_either_is_still_503(

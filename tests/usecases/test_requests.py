@@ -35,8 +35,9 @@ from tests.usecases.world import (
 async def test_a_completed_operation_is_replayed_without_a_lease_or_a_claim(world: World) -> None:
     record = world.existing(LOCAL, "completed")
     answer = await world.send(LOCAL)
+    assert record.result is not None  # a completed row's
     assert answer == Stored(
-        result=record.result,  # type: ignore[arg-type]
+        result=record.result,
         operation_id=record.reservation.operation_id,
         replayed=True,
     )

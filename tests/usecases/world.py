@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -25,6 +25,7 @@ from service.core import (
     Result,
     Scope,
 )
+from service.domain.principals import Principal, Role
 from service.evidence import (
     Evidence,
     EvidenceResult,
@@ -36,7 +37,7 @@ from service.evidence import (
 from service.failpoints import Failpoints
 from service.http.problems import SLUGS
 from service.store.outcomes import AttemptRef, EffectSql
-from service.store.principals import Principal, Role, hash_key
+from service.store.principals import hash_key
 from service.telemetry import Metrics
 from tests.usecases.fakes import (
     FakeClock,
@@ -119,14 +120,14 @@ def evidence_for(
 ) -> SignedEvidence:
     """A provider's definitive answer about ``reservation`` (signatures are not checked by
     the attempt: the provider client verified them)."""
-    outcome = "completed" if status < 300 else "failed"
+    outcome: Literal["completed", "failed"] = "completed" if status < 300 else "failed"
     answer = body if body is not None else {"paid": True}
     digest = result_digest(status, content_type_for(outcome), canonical(answer))
     evidence = Evidence(
         operation_id=uuid.UUID(reservation.operation_id),
         binding_generation=reservation.binding_generation,
         request_fingerprint=reservation.request_fingerprint,
-        outcome=outcome,  # type: ignore[arg-type]
+        outcome=outcome,
         result=EvidenceResult(status=status, body=answer),
         result_digest=digest,
         issued_at="2026-01-01T00:00:00Z",
@@ -174,18 +175,18 @@ class World:
         self.late = FakeLate()
         self.failpoints = Failpoints(failpoints or {})
         self.attempts = Attempts(
-            store=self.store,  # type: ignore[arg-type]
-            leases=self.leases,  # type: ignore[arg-type]
-            late=self.late,  # type: ignore[arg-type]
+            store=self.store,
+            leases=self.leases,
+            late=self.late,
             failpoints=self.failpoints,
             provider_timeout=provider_timeout,
             late_response_window=late_response_window,
             metrics=Metrics(),
         )
         self.requests = IdempotentRequests(
-            store=self.store,  # type: ignore[arg-type]
-            tombstones=self.tombstones,  # type: ignore[arg-type]
-            leases=self.leases,  # type: ignore[arg-type]
+            store=self.store,
+            tombstones=self.tombstones,
+            leases=self.leases,
             wakeups=self.wakeups,
             attempts=self.attempts,
             failpoints=self.failpoints,

@@ -13,8 +13,9 @@ from litestar import Request, post
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
-from service.app.admin import PrincipalRequest, SupersedeBody
+from service.app.admin import PrincipalExists, PrincipalRequest, SupersedeBody
 from service.app.answers import Problem
+from service.app.console import ConsoleSession
 from service.app.feeds import HoldAction
 from service.http.console.pages import operation_context
 from service.http.console.render import page, problem_page, refusal
@@ -33,8 +34,6 @@ from service.http.console.security import (
     signed_in,
 )
 from service.http.deps import Services
-from service.store.console_sessions import ConsoleSession
-from service.store.principals import PrincipalExists
 
 __all__ = [
     "create_principal",

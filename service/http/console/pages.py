@@ -14,13 +14,12 @@ from litestar.params import FromPath
 from litestar.response import Template
 
 from service.app.answers import Problem
-from service.app.console import supersede_advice
+from service.app.console import ConsoleSession, supersede_advice
+from service.app.status import OperationView
 from service.http.console.render import page, problem_page, refusal
 from service.http.console.security import safe_next, session_of, sign_in_cookie, signed_in
 from service.http.console.timeline import observations_before, pretty_body, timeline
 from service.http.deps import Services
-from service.store.console_sessions import ConsoleSession
-from service.store.status import OperationView
 
 __all__ = [
     "feeds_page",

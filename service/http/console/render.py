@@ -13,8 +13,8 @@ from litestar.response import Template
 from litestar.template.config import TemplateConfig
 
 from service.app.answers import Problem
+from service.app.console import ConsoleSession
 from service.http.problems import SLUGS
-from service.store.console_sessions import ConsoleSession
 
 __all__ = ["page", "problem_page", "refusal", "template_config"]
 

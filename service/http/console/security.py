@@ -29,8 +29,8 @@ from litestar.enums import ScopeType
 from litestar.response import Redirect
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.app.console import ConsoleSession
 from service.app.root import Settlement
-from service.store.console_sessions import ConsoleSession
 
 __all__ = [
     "CONSOLE_PATH",

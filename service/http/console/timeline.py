@@ -13,8 +13,8 @@ from datetime import datetime
 
 import msgspec
 
-from service.store.console_reads import ReceiptRow
-from service.store.status import MAX_OBSERVATION_ID, OperationView
+from service.app.console import ReceiptRow
+from service.app.status import MAX_OBSERVATION_ID, OperationView
 
 __all__ = ["Entry", "observations_before", "timeline"]
 

@@ -9,13 +9,13 @@ from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
 from service.app.admin import PrincipalRequest, SupersedeBody
+from service.domain.principals import Principal, Role
 from service.http.auth import authenticate_admin
 from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.guards import caller, caller_of
 from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
-from service.store.principals import Principal, Role
 
 __all__ = [
     "create_principal",

@@ -10,13 +10,13 @@ from litestar import Request, Response, get, post
 from litestar.params import JSONBody, Parameter, QueryParameter
 
 from service.app.feeds import ConflictAction, HoldAction
+from service.domain.principals import Role
 from service.http.auth import authenticate_admin
 from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.guards import caller, caller_of
 from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
-from service.store.principals import Role
 
 __all__ = ["accept_conflict", "decide_hold", "get_feed", "list_feeds", "list_holds"]
 

@@ -11,6 +11,7 @@ from litestar.response.base import ASGIResponse
 
 from service.app.routes import ACCOUNTS, TRANSFERS
 from service.domain import ledger
+from service.domain.principals import Role
 from service.http.auth import authenticate, require_role
 from service.http.bodies import StrictJson
 from service.http.deps import Services
@@ -23,7 +24,6 @@ from service.http.idempotent import (
     identify_caller,
 )
 from service.http.render import render_json_or_problem
-from service.store.principals import Role
 
 __all__ = ["get_account", "post_account", "post_transfer"]
 

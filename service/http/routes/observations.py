@@ -7,12 +7,12 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.params import JSONBody
 
+from service.domain.principals import Role
 from service.evidence import SignedEvidence
 from service.http.bodies import StrictJson
 from service.http.deps import Services
 from service.http.guards import caller, caller_of
 from service.http.render import render_json_or_problem
-from service.store.principals import Role
 
 __all__ = ["post_observation"]
 

@@ -8,12 +8,12 @@ from typing import Annotated, Any
 from litestar import Request, Response, get
 from litestar.params import FromPath, QueryParameter
 
+from service.app.status import MAX_OBSERVATION_ID
 from service.http.auth import authenticate
 from service.http.deps import Services
 from service.http.problems import problem_response
 from service.http.query import refuse_undeclared_query
 from service.http.render import render_json_or_problem
-from service.store.status import MAX_OBSERVATION_ID
 
 __all__ = ["get_operation", "get_operation_by_key"]
 
