@@ -3,10 +3,10 @@
 A **local** effect is SQL (``statement``: its guard, its writes, and the :class:`Outcome` to
 store when it applies) that rides in its settlement's statement, so it commits only with its
 settlement (``service.store.outcomes.EffectSql``). Its guard is its one rule set: when
-it refuses, it names the problem (a slug of ``BUSINESS_FAILURES``) and its detail, and that
-refusal is the operation's terminal ``failed`` outcome, stored and replayed. An **external**
-effect sends the request downstream under the sink key and returns verified evidence of a
-definitive answer, or raises ``ProviderUnavailable`` when there is none.
+it refuses, it names the problem (a business failure of ``service.problem_types``) and its
+detail, and that refusal is the operation's terminal ``failed`` outcome, stored and
+replayed. An **external** effect sends the request downstream under the sink key and returns
+verified evidence of a definitive answer, or raises ``ProviderUnavailable`` when there is none.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from service.app.answers import ProblemDocument
 from service.core import ReservationTuple
 from service.domain.principals import Principal, Role
 from service.evidence import SignedEvidence
+from service.problem_types import problem_type
 from service.store.outcomes import EffectSql
 
 __all__ = [
@@ -37,15 +38,6 @@ __all__ = [
 
 JSON = "application/json"
 PROBLEM_CONTENT_TYPE = "application/problem+json"
-
-# Business failures a route may store as terminal outcomes: (status, title).
-BUSINESS_FAILURES: dict[str, tuple[int, str]] = {
-    "insufficient-funds": (402, "Insufficient funds"),
-    "account-not-found": (404, "Account not found"),
-    "currency-mismatch": (422, "Currency mismatch"),
-    "balance-limit": (422, "Balance limit exceeded"),
-    "payout-declined": (402, "Payout declined"),
-}
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -106,15 +98,17 @@ def served_at(route: str) -> str:
 def business_outcome(slug: str, detail: str, operation_id: uuid.UUID) -> Outcome:
     """A business failure (a local effect's guard refused it with ``slug`` and ``detail``) as
     the problem document stored (and replayed) as its outcome."""
-    status, title = BUSINESS_FAILURES[slug]
+    failure = problem_type(slug)
+    if not failure.business:
+        raise ValueError(f"{slug} is no business failure (service.problem_types)")
     problem = ProblemDocument(
-        type=f"/problems/{slug}",
-        title=title,
-        status=status,
+        type=failure.type,
+        title=failure.title,
+        status=failure.status,
         detail=detail,
         operation_id=str(operation_id),
         state="failed",
     )
     return Outcome(
-        status=status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
+        status=failure.status, body=msgspec.json.encode(problem), content_type=PROBLEM_CONTENT_TYPE
     )

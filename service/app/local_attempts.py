@@ -45,7 +45,7 @@ from service.core import (
 from service.domain.principals import Principal
 from service.failpoints import Failpoints
 from service.leases import Lease
-from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
+from service.store.db import DatabaseUnavailable
 from service.store.outcomes import EffectRefused, KeyExpired
 from service.store.settlement import (
     AttemptRef,
@@ -64,10 +64,10 @@ log = logging.getLogger("settlement.attempts")
 # What a local attempt meets when the database is busy or away, not broken: a row lock not
 # granted in the lock timeout or a deadlock PostgreSQL broke by aborting this transaction
 # (two attempts of one operation after a lease takeover; the store says RowLocked for both),
-# no pooled connection within the connect timeout, or a connection lost (a restart). A retry
-# with the same key is safe after each: it replays whatever committed, or runs the operation
-# again if nothing did.
-BUSY: tuple[type[BaseException], ...] = (RowLocked, TimeoutError, PoolTimeout, *DATABASE_GONE)
+# no pooled connection within the connect timeout, or a connection lost (a restart: the store
+# says DatabaseUnavailable for both). A retry with the same key is safe after each: it replays
+# whatever committed, or runs the operation again if nothing did.
+BUSY: tuple[type[BaseException], ...] = (RowLocked, TimeoutError, DatabaseUnavailable)
 
 
 class LocalAttempts:
@@ -152,7 +152,7 @@ class LocalAttempts:
         lost at COMMIT) everything; a retry with the same key runs it or replays it."""
         if isinstance(exc, EffectRefused):
             return _refused(operation_id, exc, state=None)
-        if isinstance(exc, BUSY) or database_gone(exc):
+        if isinstance(exc, BUSY):
             log.warning(
                 "new operation found the database busy or away",
                 extra={"operation_id": operation_id, "error": type(exc).__name__},
@@ -222,9 +222,7 @@ class LocalAttempts:
         except EffectRefused as exc:
             await self._give_up(attempt)
             return _refused(str(context.operation_id), exc, state="unknown")
-        except Exception as exc:
-            if database_gone(exc):  # wrapped where BUSY cannot see it: busy, not a bug
-                return await self._busy(attempt, context, exc)
+        except Exception:
             log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
             await self._give_up(attempt)
             op = str(context.operation_id)

@@ -11,6 +11,8 @@ import uuid
 
 import msgspec
 
+from service.errors import SettlementError
+
 __all__ = [
     "Binding",
     "ConflictInfo",
@@ -95,10 +97,10 @@ class TerminalPolicy(enum.StrEnum):
     COMPLETED_WINS = "completed_wins"
 
 
-class InvalidObservation(ValueError):
+class InvalidObservation(SettlementError, ValueError):
     """An observation that is malformed on its face (a bug in the caller, not bad luck)."""
 
-    status_hint = 500
+    problem = "internal-error"
 
 
 class ReservationTuple(msgspec.Struct, frozen=True):

@@ -24,7 +24,7 @@ from service.app.admin import (
     Superseded,
 )
 from service.app.answers import ProblemDocument
-from service.app.effects import BUSINESS_FAILURES, PROBLEM_CONTENT_TYPE
+from service.app.effects import PROBLEM_CONTENT_TYPE
 from service.app.evidence import Accepted
 from service.app.feeds import (
     ConflictAccepted,
@@ -41,7 +41,7 @@ from service.domain.payouts import PayoutRequest
 from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
 from service.http.pages import ProblemPage
-from service.http.problems import SLUGS
+from service.problem_types import PROBLEM_TYPES
 from service.store.status import OperationView
 from service.store.worklist import WorkPage
 
@@ -68,7 +68,7 @@ class RouteDoc:
 
     status: int  # the success status
     response: type | None  # its JSON body (None: documented by hand below)
-    problems: tuple[str, ...]  # slugs it may answer, SLUGS or BUSINESS_FAILURES
+    problems: tuple[str, ...]  # slugs it may answer (service.problem_types)
     request: type | None = None  # its JSON body (the handler's data type: checked, not set)
     auth: str = "bearer"  # "bearer", "none", or "optional" (GET /metrics)
     idempotent: bool = False  # Idempotency-Key, Prefer and the idempotency response headers
@@ -233,22 +233,9 @@ def _headers(*names: str) -> dict[str, Any]:
     return refs
 
 
-# problems answered with Retry-After; operation-in-progress also with Location
-_RETRY = {
-    "request-timeout",
-    "operation-in-progress",
-    "effect-refused",
-    "operation-outcome-unknown",
-    "lease-unavailable",
-    "too-many-requests",
-    "evidence-quota-exceeded",
-    "service-unavailable",
-}
-
-
 def all_slugs() -> dict[str, tuple[int, str]]:
     """Every slug the server can answer: slug -> (status, title)."""
-    return {**SLUGS, **BUSINESS_FAILURES}
+    return {slug: (problem.status, problem.title) for slug, problem in PROBLEM_TYPES.items()}
 
 
 def _problem_responses(doc: RouteDoc) -> dict[str, Any]:
@@ -261,9 +248,10 @@ def _problem_responses(doc: RouteDoc) -> dict[str, Any]:
         names = ["Request-Id"]
         if doc.idempotent:
             names += ["Idempotent-Replayed-If-Checked", "Operation-Id-If-Known"]
-        if _RETRY.intersection(group):
+        carried = [PROBLEM_TYPES[slug] for slug in group]
+        if any(problem.retry_after for problem in carried):
             names.append("Retry-After")
-        if "operation-in-progress" in group:
+        if any(problem.location for problem in carried):
             names.append("Location")
         if status == 401:
             names.append("WWW-Authenticate")

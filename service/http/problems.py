@@ -1,6 +1,8 @@
-"""RFC 9457 problem+json: the one table from errors of every layer to HTTP responses.
+"""RFC 9457 problem+json: errors of every layer as HTTP responses.
 
-Core and store errors know nothing of HTTP; they are mapped here, and only here.
+Core and store errors know nothing of HTTP: each is a :class:`service.errors.SettlementError`
+naming its problem type, and it is answered here, and only here, with that type's status and
+title (:mod:`service.problem_types`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,9 @@ from litestar.status_codes import HTTP_500_INTERNAL_SERVER_ERROR
 
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
+from service.errors import SettlementError
 from service.http.reply import Reply, to_response
-from service.leases import LeaseUnavailable
-from service.store.db import DATABASE_GONE, PoolTimeout, database_gone
-from service.store.principals import PrincipalExists
-from service.store.settlement import OperationNotFound, RowLocked, SettlementContention
+from service.problem_types import PROBLEM_TYPES, problem_type
 from service.telemetry import note_problem
 
 __all__ = [
@@ -45,63 +45,14 @@ CLIENT_GONE = "client disconnected prematurely"
 IDEMPOTENT = "idempotent"
 
 
-# slug -> (status, title). docs/design.md §6 is the contract; slugs and statuses are public API.
-SLUGS: dict[str, tuple[int, str]] = {
-    "unauthenticated": (401, "Authentication required"),
-    "forbidden": (403, "Forbidden"),
-    "validation-error": (400, "Invalid request"),
-    "idempotency-key-missing": (400, "Idempotency-Key header missing"),
-    "idempotency-key-invalid": (400, "Idempotency-Key header invalid"),
-    "fingerprint-mismatch": (422, "Idempotency key reused with a different request"),
-    "binding-mismatch": (409, "Reservation bound to another credential"),
-    "operation-in-progress": (409, "Operation in progress"),
-    "operation-conflict": (409, "Operation outcome in conflict"),
-    "operation-superseded": (409, "Operation superseded while this attempt ran"),
-    "operation-outcome-unknown": (504, "Operation outcome unknown"),
-    "effect-refused": (409, "Effect refused by a database constraint"),
-    "idempotency-key-expired": (410, "Idempotency key expired"),
-    "lease-unavailable": (503, "Lease store unavailable"),
-    "not-found": (404, "Not found"),
-    "method-not-allowed": (405, "Method not allowed"),
-    "payload-too-large": (413, "Payload too large"),
-    "request-timeout": (408, "Request body too slow"),
-    "unsupported-media-type": (415, "Unsupported media type"),
-    "too-many-requests": (429, "Too many requests running for this principal"),
-    "invalid-evidence": (422, "Evidence signature does not verify"),
-    "evidence-quota-exceeded": (429, "Too much of this observer's evidence was quarantined"),
-    "service-unavailable": (503, "Service unavailable"),
-    "principal-exists": (409, "Principal exists"),
-    "principal-limit": (409, "The tenant holds as many principals as it may"),
-    "supersede-needs-force": (409, "Superseding a completed operation needs force"),
-    "conflict-in-one-page": (409, "An event twice in one page is for the source to fix"),
-    "internal-error": (500, "Internal server error"),
-}
-
-
-class ProblemError(Exception):
-    """An HTTP-layer refusal that names its problem slug (auth, key, parameters)."""
+class ProblemError(SettlementError):
+    """A refusal of the request that names its problem slug (auth, key, parameters)."""
 
     def __init__(self, slug: str, detail: str) -> None:
         super().__init__(detail)
         self.slug = slug
+        self.problem = slug
         self.detail = detail
-
-
-# exception type -> (slug, answer with Retry-After), for errors raised below the HTTP layer;
-# the first matching type wins
-ERROR_SLUGS: dict[type[BaseException], tuple[str, bool]] = {
-    OperationNotFound: ("not-found", False),
-    PrincipalExists: ("principal-exists", False),
-    SettlementContention: ("service-unavailable", True),
-    # a row lock not granted within the lock timeout: another phase holds the operation
-    RowLocked: ("operation-in-progress", True),
-    LeaseUnavailable: ("lease-unavailable", True),
-    # no pooled database connection within the connect timeout (SQLAlchemy's, asyncpg's)
-    PoolTimeout: ("service-unavailable", True),
-    TimeoutError: ("service-unavailable", True),
-    # the database went away (a restart, a dropped connection): retry with the same key
-    **dict.fromkeys(DATABASE_GONE, ("service-unavailable", True)),
-}
 
 
 def problem_response(
@@ -121,7 +72,8 @@ def problem_reply(
     headers: dict[str, str] | None = None,
     **fields: Any,
 ) -> Reply:
-    status, title = SLUGS[slug]
+    problem = problem_type(slug)
+    status, title = problem.status, problem.title
     note_problem(slug)
     headers = dict(headers) if headers else {}
     if status == 401:  # RFC 9110 section 11.6.1: a 401 names the scheme it wants
@@ -148,9 +100,9 @@ def _http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Resp
             return problem_response("validation-error", _validation_detail(exc))
     if exc.status_code == 413:
         return problem_response("payload-too-large", str(exc.detail))
-    for slug, (status, _) in SLUGS.items():
-        if status == exc.status_code:
-            return problem_response(slug, str(exc.detail))
+    for problem in PROBLEM_TYPES.values():
+        if problem.status == exc.status_code and not problem.business:
+            return problem_response(problem.slug, str(exc.detail))
     return problem_response("internal-error", str(exc.detail))
 
 
@@ -172,21 +124,24 @@ def _layer_error(request: Request[Any, Any, Any], exc: Exception) -> Response[by
         # the client hung up while its body was read: nothing to answer, nothing broken
         log.info("client disconnected", extra={"path": request.url.path})
         return problem_response("validation-error", "the client disconnected")
-    for kind, (slug, retry) in ERROR_SLUGS.items():
-        if isinstance(exc, kind):
-            if not retry:  # a refusal about the request itself: its message is the answer
-                return problem_response(slug, str(exc))
-            # a busy or unreachable dependency: its message (addresses, pool internals) goes
-            # to the log, the client gets what to do
-            log.warning("dependency busy", extra={"slug": slug, "error": repr(exc)})
-            detail = f"{slug.replace('-', ' ')}: a dependency is busy or unreachable; retry"
-            return problem_response(slug, detail, headers={"Retry-After": "1"})
-    if database_gone(exc):  # wrapped where the table above cannot see it
-        log.warning("database unreachable", extra={"error": repr(exc)[:300]})
-        detail = "service unavailable: the database is unreachable; retry with the same key"
-        return problem_response("service-unavailable", detail, headers={"Retry-After": "1"})
+    if isinstance(exc, SettlementError) and exc.problem != "internal-error":
+        return _settlement_error(exc, exc.problem)  # a bug (internal-error) is logged below
+    if isinstance(exc, TimeoutError):  # an await that ran out of time: a dependency is slow
+        return _settlement_error(exc, "service-unavailable")
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return problem_response("internal-error", "the server failed; the request may be retried")
+
+
+def _settlement_error(exc: Exception, slug: str) -> Response[bytes]:
+    """``exc`` answered as its problem type: a refusal with its message as the detail; a busy
+    or unreachable dependency (a type answered with Retry-After) with what to do, its
+    message (addresses, pool internals) going to the log."""
+    problem = problem_type(slug)
+    if not problem.retry_after:
+        return problem_response(problem.slug, str(exc))
+    log.warning("dependency busy", extra={"slug": problem.slug, "error": repr(exc)[:300]})
+    detail = f"{problem.slug.replace('-', ' ')}: a dependency is busy or unreachable; retry"
+    return problem_response(problem.slug, detail, headers={"Retry-After": "1"})
 
 
 def _stamped(

@@ -31,6 +31,7 @@ from typing import Any, TypeVar, cast
 from redis import exceptions as redis_errors
 from redis.commands.core import AsyncScript
 
+from service.errors import SettlementError
 from service.leases.client import AnyRedis, LeaseRedis
 
 T = TypeVar("T")
@@ -88,10 +89,10 @@ return released
 """
 
 
-class LeaseUnavailable(Exception):
+class LeaseUnavailable(SettlementError):
     """Redis is unreachable or timed out: no new execution without a lease (fail closed)."""
 
-    status_hint = 503
+    problem = "lease-unavailable"
 
 
 @dataclass(frozen=True, slots=True)

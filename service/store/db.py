@@ -1,6 +1,13 @@
 """The async engine, the worker's one connection pool: every connection carries the same
 connect, statement and lock timeouts and session settings, whether the hot path
-(:mod:`service.store.pool`) or a cold path (SQLAlchemy) uses it."""
+(:mod:`service.store.pool`) or a cold path (SQLAlchemy) uses it.
+
+"Is the database gone" is decided here, once (:func:`database_gone`), and the engine answers
+it for every user of the pool: a connection that cannot be had (none came free in time, or
+the server refused to open one) and a statement the database went away under leave the store
+as :class:`DatabaseUnavailable`, never as the driver's errors (asyncpg's, SQLAlchemy's). The
+hot path's statements, sent on asyncpg itself, are translated the same way where their
+connection is given back (:class:`service.store.pool.HotPool`)."""
 
 from __future__ import annotations
 
@@ -9,15 +16,17 @@ from typing import Any
 import asyncpg
 import msgspec
 import sqlalchemy.exc
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy import event, text
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, PoolProxiedConnection
 
 from service.config import Settings
+from service.errors import SettlementError
 
 __all__ = [
     "DATABASE_GONE",
+    "DatabaseUnavailable",
     "PoolTimeout",
     "async_url",
     "database_gone",
@@ -26,9 +35,20 @@ __all__ = [
     "ping",
     "reader",
     "server_settings",
+    "unavailable",
 ]
 
-# PoolTimeout: no connection of SQLAlchemy's pool came free within its timeout.
+
+class DatabaseUnavailable(SettlementError):
+    """The database went away under a statement or would not give a connection: nothing of
+    the transaction is known to have committed, so the answer is "retry with the same key"."""
+
+    problem = "service-unavailable"
+
+
+class PoolTimeout(DatabaseUnavailable):
+    """No connection of the pool came free within ``db_connect_timeout``."""
+
 
 # The database went away under a statement or would not take a connection (a restart, a
 # dropped connection, "the database system is starting up"): the transaction is gone, and
@@ -57,6 +77,44 @@ def database_gone(exc: BaseException | None) -> bool:
     return False
 
 
+def unavailable(exc: BaseException) -> DatabaseUnavailable | None:
+    """What the store raises instead of ``exc``: a :class:`DatabaseUnavailable` when the
+    database is gone (or ``exc`` already is one), else None (``exc`` goes on as it is)."""
+    if isinstance(exc, DatabaseUnavailable):
+        return exc
+    if isinstance(exc, sqlalchemy.exc.TimeoutError):  # the pool's queue: nothing came free
+        return PoolTimeout(f"no database connection came free in time ({exc})")
+    if database_gone(exc):
+        return DatabaseUnavailable(f"the database is unreachable ({type(exc).__name__})")
+    return None
+
+
+class _Pool(AsyncAdaptedQueuePool):
+    """The engine's pool, whose checkout raises :class:`DatabaseUnavailable` when no
+    connection can be had (the pool's own timeout, a server that refuses connections)."""
+
+    def connect(self) -> PoolProxiedConnection:
+        try:
+            return super().connect()
+        except Exception as exc:
+            gone = unavailable(exc)
+            if gone is None:
+                raise
+            raise gone from exc
+
+
+def _statement_failed(context: ExceptionContext) -> None:
+    """The engine's ``handle_error`` hook: a statement the database went away under raises
+    :class:`DatabaseUnavailable` (SQLAlchemy has invalidated the connection by then)."""
+    if context.is_disconnect:
+        raise DatabaseUnavailable("the database connection was lost") from (
+            context.original_exception
+        )
+    gone = unavailable(context.original_exception)
+    if gone is not None:
+        raise gone from context.original_exception
+
+
 def async_url(url: str) -> str:
     """Accept ``postgresql://`` and ``postgres://`` URLs and use the asyncpg driver."""
     parsed = make_url(url.replace("postgres://", "postgresql://", 1))
@@ -78,15 +136,17 @@ def make_engine(
 ) -> AsyncEngine:
     """The pool of ``pool_size`` (default ``db_pool_size``) connections, never more: a
     request, a local effect, a status view and a cold path alike wait at most
-    ``db_connect_timeout`` for one (then :data:`PoolTimeout`). ``name``: the connections'
-    ``application_name`` (what ``pg_stat_activity`` shows).
+    ``db_connect_timeout`` for one (then :class:`PoolTimeout`). ``name``: the connections'
+    ``application_name`` (what ``pg_stat_activity`` shows). Its errors of a database gone
+    are :class:`DatabaseUnavailable` (see the module's docstring).
 
     A connection given back is rolled back by the pool if SQLAlchemy began a transaction on
     it (``pool_reset_on_return``'s default; no round trip when none is open: 0-4 us of CPU
     per checkout measured against none); the hot path's own transactions are asyncpg's,
     which :class:`service.store.pool.HotPool` checks itself."""
-    return create_async_engine(
+    engine = create_async_engine(
         async_url(url),
+        poolclass=_Pool,
         pool_size=pool_size or settings.db_pool_size,
         max_overflow=0,
         pool_timeout=settings.db_connect_timeout,
@@ -101,6 +161,8 @@ def make_engine(
             "server_settings": {**server_settings(settings), "application_name": name},
         },
     )
+    event.listen(engine.sync_engine, "handle_error", _statement_failed)
+    return engine
 
 
 def server_settings(settings: Settings) -> dict[str, str]:

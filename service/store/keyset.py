@@ -9,6 +9,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, and_, or_
 
+from service.errors import SettlementError
+
 __all__ = ["BadCursor", "after", "decode", "encode"]
 
 # A cursor's moment is a row's timestamp: anything outside these is not one of ours.
@@ -18,8 +20,10 @@ CURSOR_LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 MAX_CURSOR = 512
 
 
-class BadCursor(ValueError):
-    status_hint = 400
+class BadCursor(SettlementError, ValueError):
+    """A list cursor that does not decode (not one this server handed out)."""
+
+    problem = "validation-error"
 
 
 def encode(moment: datetime, key: str) -> str:

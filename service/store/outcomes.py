@@ -23,6 +23,7 @@ from service.core import (
     Scope,
     Source,
 )
+from service.errors import SettlementError
 
 __all__ = [
     "AttemptRef",
@@ -88,21 +89,27 @@ class EffectStatement:
 LeaseProbe = Callable[[list[Scope]], Awaitable[list[float | None]]]
 
 
-class OperationNotFound(LookupError):
-    status_hint = 404
+class OperationNotFound(SettlementError, LookupError):
+    """No such operation, or not the caller's (whose existence is never revealed)."""
+
+    problem = "not-found"
 
 
-class KeyExpired(LookupError):
+class KeyExpired(SettlementError, LookupError):
     """The scope's operation was purged by retention; its tombstone still stands."""
+
+    problem = "idempotency-key-expired"
 
     def __init__(self, operation_id: uuid.UUID) -> None:
         super().__init__(f"operation {operation_id} expired; its key cannot be used again yet")
         self.operation_id = operation_id
 
 
-class EffectRefused(RuntimeError):
+class EffectRefused(SettlementError, RuntimeError):
     """The database refused a local effect's writes (a CHECK, unique, foreign-key, not-null
     or exclusion constraint): its statement rolled back, nothing of it was written."""
+
+    problem = "effect-refused"
 
     def __init__(self, constraint: str) -> None:
         super().__init__(f"the database refused the effect's writes ({constraint})")

@@ -22,6 +22,7 @@ from typing import TypeVar
 import asyncpg
 from sqlalchemy.exc import DBAPIError
 
+from service.errors import SettlementError
 from service.store.outcomes import EffectRefused, KeyExpired
 from service.store.unit_of_work import StaleRevision, UnitOfWork
 
@@ -39,16 +40,16 @@ LOCK_NOT_AVAILABLE = "55P03"
 KEY_EXPIRED = "SK410"
 
 
-class RowLocked(RuntimeError):
+class RowLocked(SettlementError, RuntimeError):
     """A row stayed locked past the lock timeout (another phase holds it)."""
 
-    status_hint = 409
+    problem = "operation-in-progress"
 
 
-class SettlementContention(RuntimeError):
+class SettlementContention(SettlementError, RuntimeError):
     """The revision kept moving for ``max_retries`` rounds."""
 
-    status_hint = 503
+    problem = "service-unavailable"
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.config import Settings
-from service.store.db import DATABASE_GONE, make_engine
+from service.store.db import DATABASE_GONE, DatabaseUnavailable, make_engine, unavailable
 
 __all__ = ["HotPool", "make_pool", "plain_dsn"]
 
@@ -42,7 +42,8 @@ class HotPool:
     """``async with pool.acquire() as conn``: an asyncpg connection of ``engine``'s pool.
 
     A request never waits for a connection longer than ``db_connect_timeout``: the engine's
-    ``pool_timeout`` (then :class:`service.store.db.PoolTimeout`: 503); a free connection
+    ``pool_timeout`` (then :class:`service.store.db.PoolTimeout`, a
+    :class:`~service.store.db.DatabaseUnavailable`: 503); a free connection
     is taken without waiting (SQLAlchemy's queue only times a wait that happens)."""
 
     __slots__ = ("engine",)
@@ -95,11 +96,14 @@ class _Borrow:
             raw.close()  # back to SQLAlchemy's pool
         else:
             raw.invalidate(exc if isinstance(exc, Exception) else None)
+        gone = unavailable(exc) if isinstance(exc, Exception) else None
+        if gone is not None and gone is not exc:  # the driver's error leaves as the store's
+            raise gone from exc
 
 
 # what may leave a statement in flight or a connection unusable (a BaseException that is
 # not an Exception, a cancellation, is treated the same)
-_INTERRUPTED: tuple[type[BaseException], ...] = (TimeoutError, *DATABASE_GONE)
+_INTERRUPTED: tuple[type[BaseException], ...] = (TimeoutError, DatabaseUnavailable, *DATABASE_GONE)
 
 
 async def make_pool(settings: Settings, url: str, *, size: int | None = None) -> HotPool:

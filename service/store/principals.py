@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.domain.principals import Principal, Role
+from service.errors import SettlementError
 from service.store.db import reader
 from service.store.tables import principals
 
@@ -45,12 +46,16 @@ BOOTSTRAP_TENANT = "system"
 BOOTSTRAP_NAME = "bootstrap-admin"
 
 
-class PrincipalExists(ValueError):
-    status_hint = 409
+class PrincipalExists(SettlementError, ValueError):
+    """The tenant has a principal of that name."""
+
+    problem = "principal-exists"
 
 
-class PrincipalLimit(ValueError):
+class PrincipalLimit(SettlementError, ValueError):
     """The tenant holds as many live principals as it may: nothing was created."""
+
+    problem = "principal-limit"
 
     def __init__(self, tenant: str, limit: int) -> None:
         super().__init__(

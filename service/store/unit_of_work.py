@@ -17,6 +17,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
 from service.core import Archived, Decision, Observation, Record, ReservationTuple, Scope
+from service.errors import SettlementError
 from service.store.rows import observation_values, record_from_row, record_values, to_ts
 from service.store.tables import (
     attempts,
@@ -40,10 +41,11 @@ class AttemptEnd(msgspec.Struct, frozen=True):
     at: datetime
 
 
-class StaleRevision(Exception):
-    """The CAS predicate (tuple + revision) matched no row: someone wrote first."""
+class StaleRevision(SettlementError):
+    """The CAS predicate (tuple + revision) matched no row: someone wrote first (the phase
+    runner reruns the phase; it leaves the store only as :class:`SettlementContention`)."""
 
-    status_hint = 409
+    problem = "service-unavailable"
 
 
 class UnitOfWork:

@@ -31,8 +31,7 @@ from settlement_client import (
 )
 
 from devstack import EmbeddedRedis
-from service.app.effects import BUSINESS_FAILURES
-from service.http.problems import SLUGS
+from service.problem_types import PROBLEM_TYPES
 from tests.conftest import Services
 from tests.e2e.client import ADMIN_KEY, PATIENCE, auth, new_account, new_principal, scalar, until
 from tests.e2e.observer import Observer
@@ -314,7 +313,7 @@ def test_a_lost_payout_answer_is_settled_by_the_feed_and_followed(
 def test_the_client_knows_every_slug_and_whether_it_is_safe_to_retry(
     server: ServerProcess, client_key: str
 ) -> None:
-    assert set(PROBLEMS) == set(SLUGS) | set(BUSINESS_FAILURES)
+    assert set(PROBLEMS) == set(PROBLEM_TYPES)
     with Client(server.base_url, client_key) as client:
         for slug, cls in PROBLEMS.items():
             page = client.problem_page(slug).value

@@ -9,9 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.app.effects import BUSINESS_FAILURES
+from service.errors import SettlementError
 from service.http.pages import PAGES
-from service.http.problems import ERROR_SLUGS, SLUGS
+from service.problem_types import PROBLEM_TYPES, business_failures
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -42,9 +42,19 @@ def slugs_in_source() -> set[str]:
     return found
 
 
+def errors_below(root: type[SettlementError]) -> set[type[SettlementError]]:
+    """Every error class of the server's tree under ``root``."""
+    import service.http.app  # noqa: F401 - every layer's errors, imported
+
+    found = set(root.__subclasses__())
+    for error in list(found):
+        found |= errors_below(error)
+    return found
+
+
 def test_every_slug_the_server_can_send_has_a_page() -> None:
-    sent = slugs_in_source() | set(SLUGS) | set(BUSINESS_FAILURES)
-    sent |= {slug for slug, _ in ERROR_SLUGS.values()}
+    sent = slugs_in_source() | set(PROBLEM_TYPES)
+    sent |= {error.problem for error in errors_below(SettlementError)}
     assert len(sent) > 25  # the scan found the calls
     assert sent <= set(PAGES), f"no page for {sorted(sent - set(PAGES))}"
 
@@ -87,7 +97,7 @@ def test_retry_advice_matches_what_the_server_does() -> None:
     retry = {slug for slug, page in PAGES.items() if page.retry_with_same_key_safe}
     assert {"operation-in-progress", "operation-outcome-unknown", "lease-unavailable"} <= retry
     assert "fingerprint-mismatch" not in retry
-    assert not retry & set(BUSINESS_FAILURES)  # stored and replayed: the same answer again
+    assert not retry & set(business_failures())  # stored and replayed: the same answer again
 
 
 def test_an_unknown_slug_is_a_404_problem(server: ServerProcess) -> None:

@@ -15,6 +15,7 @@ from redis.asyncio import Redis
 
 from service.config import Settings
 from service.leases import Heartbeat, Lease, LeaseManager, LeaseUnavailable, make_lease_redis
+from service.problem_types import problem_type
 from tests.conftest import Services
 from tests.integration.redis_relay import RedisRelay
 
@@ -266,7 +267,7 @@ async def test_unreachable_redis_raises_lease_unavailable_promptly(
         with pytest.raises(LeaseUnavailable) as caught:
             await leases.acquire(_name())
         assert isinstance(caught.value.__cause__, redis_errors.ConnectionError)
-        assert caught.value.status_hint == 503
+        assert problem_type(caught.value.problem).status == 503
         with pytest.raises(LeaseUnavailable):
             await leases.extend(lease)
         with pytest.raises(LeaseUnavailable):

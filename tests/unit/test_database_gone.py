@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncpg
 import sqlalchemy.exc
 
-from service.store.db import database_gone
+from service.errors import SettlementError
+from service.store.db import DatabaseUnavailable, PoolTimeout, database_gone, unavailable
 
 
 def wrapped(inner: BaseException, *, invalidated: bool = False) -> sqlalchemy.exc.DBAPIError:
@@ -39,3 +40,18 @@ def test_other_errors_are_not() -> None:
     assert not database_gone(ValueError("a bug"))
     assert not database_gone(wrapped(asyncpg.exceptions.UniqueViolationError("dup")))
     assert not database_gone(wrapped(ValueError("a bug")))
+
+
+def test_the_store_raises_its_own_error_in_place_of_the_drivers() -> None:
+    gone = unavailable(wrapped(ConnectionResetError(104, "reset")))
+    assert isinstance(gone, DatabaseUnavailable) and isinstance(gone, SettlementError)
+    assert gone.problem == "service-unavailable"
+    busy = unavailable(sqlalchemy.exc.TimeoutError("QueuePool limit reached"))
+    assert isinstance(busy, PoolTimeout) and isinstance(busy, DatabaseUnavailable)
+    already = DatabaseUnavailable("lost")
+    assert unavailable(already) is already
+
+
+def test_an_error_that_is_not_the_database_gone_goes_on_as_it_is() -> None:
+    assert unavailable(ValueError("a bug")) is None
+    assert unavailable(wrapped(asyncpg.exceptions.UniqueViolationError("dup"))) is None

@@ -46,6 +46,7 @@ from service.core import (
     TerminalPolicy,
     settle,
 )
+from service.problem_types import problem_type
 
 from .factories import (
     EXPIRED_LEASE,
@@ -690,7 +691,7 @@ def test_malformed_observation_is_rejected_on_construction(
             lease_expires_at=lease,
         )
     assert isinstance(raised_error.value, ValueError)
-    assert raised_error.value.status_hint == 500
+    assert problem_type(raised_error.value.problem).status == 500
 
 
 def test_expired_lease_is_still_a_well_formed_in_progress_observation() -> None:

@@ -15,7 +15,7 @@ import pytest
 from service.app.answers import Stored
 from service.app.effects import PROBLEM_CONTENT_TYPE, Outcome
 from service.core import OperationState
-from service.store.db import PoolTimeout
+from service.store.db import DatabaseUnavailable, PoolTimeout, unavailable
 from service.store.outcomes import EffectRefused
 from service.store.settlement import RowLocked
 from tests.usecases.world import LOCAL, Gate, World, local_route, problem, refusing, status_of
@@ -131,7 +131,7 @@ async def test_a_new_statement_refused_by_a_constraint_is_409_and_writes_no_row(
     ("failure", "slug"),
     [
         (PoolTimeout("no connection"), "service-unavailable"),
-        (ConnectionResetError("gone"), "service-unavailable"),
+        (DatabaseUnavailable("connection lost"), "service-unavailable"),
         (RuntimeError("a bug"), "internal-error"),
     ],
     ids=["pool-timeout", "connection-lost", "bug"],
@@ -148,7 +148,7 @@ async def test_a_new_statement_that_failed_says_retry_and_writes_no_row(
 
 @pytest.mark.parametrize(
     "busy",
-    [RowLocked("lock"), PoolTimeout("pool"), TimeoutError(), ConnectionResetError("gone")],
+    [RowLocked("lock"), PoolTimeout("pool"), TimeoutError(), DatabaseUnavailable("lost")],
     ids=["row-locked", "pool-timeout", "timeout", "connection-lost"],
 )
 async def test_a_busy_database_is_503_and_the_attempt_gives_up(
@@ -312,7 +312,12 @@ async def test_a_lost_connection_wrapped_in_another_error_is_busy_not_a_bug(
         try:
             raise ConnectionResetError("the database restarted")
         except ConnectionResetError as exc:
-            raise RuntimeError("the driver's own error") from exc
+            try:
+                raise RuntimeError("the driver's own error") from exc
+            except RuntimeError as driver:
+                gone = unavailable(driver)  # what the store raises in the driver's place
+                assert gone is not None
+                raise gone from driver
 
     world.store.one_statement = False  # under the row's lock
     world.store.during_effect = wrapped

@@ -35,7 +35,7 @@ from service.evidence import (
     result_digest,
 )
 from service.failpoints import Failpoints
-from service.http.problems import SLUGS
+from service.problem_types import problem_type
 from service.store.outcomes import AttemptRef, EffectSql
 from service.store.principals import hash_key
 from service.telemetry import Metrics
@@ -139,7 +139,7 @@ def status_of(answer: Answer) -> int:
     """The HTTP status the answer is rendered with."""
     if isinstance(answer, Stored):
         return answer.result.status
-    return SLUGS[answer.slug][0]
+    return problem_type(answer.slug).status
 
 
 class Gate:

@@ -14,7 +14,7 @@ from litestar.template.config import TemplateConfig
 
 from service.app.answers import Problem
 from service.app.console import ConsoleSession
-from service.http.problems import SLUGS
+from service.problem_types import PROBLEM_TYPES
 
 __all__ = ["page", "problem_page", "refusal", "template_config"]
 
@@ -52,7 +52,8 @@ def refusal(session: ConsoleSession | None, status: int, title: str, detail: str
 
 def problem_page(session: ConsoleSession | None, problem: Problem) -> Template:
     """A use case's refusal as a page, with the status the API answers it with."""
-    status, title = SLUGS.get(problem.slug, (400, "Refused"))
+    known = PROBLEM_TYPES.get(problem.slug)
+    status, title = (known.status, known.title) if known else (400, "Refused")
     return refusal(session, status, title, problem.detail)
 
 
