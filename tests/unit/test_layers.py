@@ -71,6 +71,7 @@ FORBIDDEN = {
         "telemetry is used",
         "service.store.tables",
     ),
+    ("errors.py", "from service.core import Record"): ("the error root", "service.core"),
 }
 
 
