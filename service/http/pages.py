@@ -67,9 +67,8 @@ def _html(page: ProblemPage) -> bytes:
         if page.retry_with_same_key_safe
         else "Not as it is: the same request with the same key gets this answer again."
     )
-    # element text only (no attribute), so quotes stay as they are: a title reads as written
-    fields = {k: html.escape(str(v), quote=False) for k, v in msgspec.structs.asdict(page).items()}
-    return _HTML.format(**{**fields, "retry": html.escape(retry, quote=False)}).encode()
+    fields = {k: html.escape(str(v)) for k, v in msgspec.structs.asdict(page).items()}
+    return _HTML.format(**{**fields, "retry": html.escape(retry)}).encode()
 
 
 # What a problem page is served as, the first one the default (a browser's */*).

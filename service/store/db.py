@@ -105,7 +105,11 @@ class _Pool(AsyncAdaptedQueuePool):
 
 def _statement_failed(context: ExceptionContext) -> None:
     """The engine's ``handle_error`` hook: a statement the database went away under raises
-    :class:`DatabaseUnavailable` (SQLAlchemy has invalidated the connection by then)."""
+    :class:`DatabaseUnavailable` (SQLAlchemy has invalidated the connection by then). A
+    cancellation (an exit exception, which SQLAlchemy counts as a disconnect) goes on as it
+    is: turned into an error, it would no longer cancel its task."""
+    if not isinstance(context.original_exception, Exception):
+        return
     if context.is_disconnect:
         raise DatabaseUnavailable("the database connection was lost") from (
             context.original_exception

@@ -4,11 +4,21 @@ middle of operation" in a bare DBAPIError and the answer was a 500."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import asyncpg
+import pytest
 import sqlalchemy.exc
 
 from service.errors import SettlementError
-from service.store.db import DatabaseUnavailable, PoolTimeout, database_gone, unavailable
+from service.store.db import (
+    DatabaseUnavailable,
+    PoolTimeout,
+    _statement_failed,
+    database_gone,
+    unavailable,
+)
 
 
 def wrapped(inner: BaseException, *, invalidated: bool = False) -> sqlalchemy.exc.DBAPIError:
@@ -55,3 +65,13 @@ def test_the_store_raises_its_own_error_in_place_of_the_drivers() -> None:
 def test_an_error_that_is_not_the_database_gone_goes_on_as_it_is() -> None:
     assert unavailable(ValueError("a bug")) is None
     assert unavailable(wrapped(asyncpg.exceptions.UniqueViolationError("dup"))) is None
+
+
+def test_a_cancelled_statement_stays_a_cancellation() -> None:
+    """SQLAlchemy counts a cancellation as a disconnect; turned into DatabaseUnavailable it
+    would no longer cancel its task (a worker's loop would catch it and go on for ever)."""
+    cancelled = SimpleNamespace(original_exception=asyncio.CancelledError(), is_disconnect=True)
+    assert _statement_failed(cancelled) is None  # type: ignore[arg-type]
+    lost = SimpleNamespace(original_exception=ConnectionResetError("reset"), is_disconnect=True)
+    with pytest.raises(DatabaseUnavailable):
+        _statement_failed(lost)  # type: ignore[arg-type]
