@@ -40,7 +40,7 @@ lock: ## remake constraints.txt: the newest versions within pyproject.toml's ran
 	"$$tmp/venv/bin/python" -m pip install --quiet -e '.[$(LOCK_EXTRAS)]' -e clients/python; \
 	{ echo "# Made by \`make lock\` from the ranges in pyproject.toml and clients/python/pyproject.toml"; \
 	  echo "# (extras $(LOCK_EXTRAS)) with Python $$("$$tmp/venv/bin/python" -c 'import platform; print(platform.python_version())'): every \`pip install\` of the Makefile"; \
-	  echo "# takes its versions from here (-c). Not edited by hand: see README.md, Locked versions."; \
+	  echo "# takes its versions from here (-c). Not edited by hand: see docs/operations.md, Locked versions."; \
 	  "$$tmp/venv/bin/python" -m pip freeze --exclude-editable; } > "$$tmp/lock"; \
 	if grep -qi '^torch' "$$tmp/lock"; then echo "make lock: torch was pulled in; lock unchanged" >&2; exit 1; fi; \
 	mv "$$tmp/lock" $(LOCK); \
