@@ -22,6 +22,7 @@ from service.app.admin import (
     PrincipalRevoked,
     SupersedeBody,
     Superseded,
+    WorkPage,
 )
 from service.app.answers import ProblemDocument
 from service.app.effects import PROBLEM_CONTENT_TYPE
@@ -35,6 +36,7 @@ from service.app.feeds import (
     HoldDecided,
     HoldPage,
 )
+from service.app.status import OperationView
 from service.domain.currencies import ISO_4217
 from service.domain.ledger import Account, AccountRequest, Transfer, TransferRequest
 from service.domain.payouts import PayoutRequest
@@ -42,8 +44,6 @@ from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
 from service.http.pages import ProblemPage
 from service.problem_types import PROBLEM_TYPES
-from service.store.status import OperationView
-from service.store.worklist import WorkPage
 
 __all__ = ["BEARER", "OPERATIONS", "Payout", "RouteDoc", "all_slugs", "complete"]
 
