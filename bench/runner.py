@@ -16,9 +16,10 @@ from bench.session import Session, env_number, say
 from bench.stack import ServerProcess, Stack
 from bench.usage import Usage, process_cpu_seconds, sample
 
-# uvicorn's workers share one listening socket, and whichever worker wakes first may accept
-# every connection wrk opens at once. A run whose busiest worker held more than MAX_SKEW
-# times an even share of the connections is measured again, at most BALANCE_RETRIES times.
+# A server's workers (granian's, uvicorn's) share one listening socket, and whichever
+# worker wakes first may accept every connection wrk opens at once. A run whose busiest
+# worker held more than MAX_SKEW times an even share of the connections is measured again,
+# at most BALANCE_RETRIES times.
 MAX_SKEW = 1.5
 BALANCE_RETRIES = 2
 # The process groups that serve a request, whose CPU per request is summed as SERVED.

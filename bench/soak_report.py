@@ -117,7 +117,7 @@ def _print_load(soak: Soak, load: dict[str, Any]) -> None:
     )
     print(f"  cores app/pg/redis/load/other: {cores}/{soak.usage.other_cores:.2f}")
     per_worker = "/".join(f"{c:.2f}" for c in soak.usage.worker_cores)
-    print(f"  cores per worker: {per_worker} (uvicorn's workers share one listening socket)")
+    print(f"  cores per worker: {per_worker} (the server's workers share one listening socket)")
     for what, counts in soak.session.server_log_counts.items():
         print(
             f"  {what} log: {counts['error_lines']} error lines, "

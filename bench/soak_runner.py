@@ -22,7 +22,7 @@ from bench.stack import ServerProcess, Stack
 from bench.usage import RssSeries, Usage, process_cpu_seconds, sample, sample_series
 
 SCRIPTS = {"new": "fresh.lua", "replay": "cycle.lua"}
-# uvicorn's workers share one listening socket: which worker accepts wrk's connections is up
+# the server's workers share one listening socket: which worker accepts wrk's connections is up
 # to the kernel, so they are counted in each segment, this long after wrk starts.
 CONNECTIONS_AFTER = 2.0
 

@@ -37,7 +37,7 @@ class Usage:
     # every CPU of the machine, busy (not idle, not waiting on I/O), whoever used it
     machine_busy_seconds: float = 0.0
     worker_cpu_seconds: dict[int, float] = field(default_factory=dict)
-    # most client connections each worker held at once (uvicorn's workers share one
+    # most client connections each worker held at once (a server's workers share one
     # listening socket: the kernel decides which worker accepts a connection)
     worker_connections: dict[int, int] = field(default_factory=dict)
     # commands Redis processed meanwhile, whoever sent them (bench.runner counts them)
