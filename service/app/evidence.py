@@ -110,7 +110,7 @@ class EvidenceIntake:
 
     async def _is_ours(self, observer: Principal, operation_id: uuid.UUID) -> bool:
         """An external effect of the observer's tenant (rule 2)."""
-        owner = await self._store.owner_of(operation_id)
+        owner = await self._store.reads.owner_of(operation_id)
         return (
             owner is not None
             and observer.may_act_in(owner[0])
@@ -121,7 +121,7 @@ class EvidenceIntake:
         """Rule 1: the problem to answer, or None while the observer is under its cap."""
         now = datetime.fromtimestamp(self._clock(), UTC)
         window = timedelta(seconds=self._window)
-        seen = await self._store.quarantined_evidence(observer.id, now - window, self._limit)
+        seen = await self._store.reads.quarantined_evidence(observer.id, now - window, self._limit)
         if seen.count < self._limit or seen.oldest is None:
             return None
         # until the oldest counted one leaves the window (the database's clock wrote it:

@@ -111,7 +111,7 @@ class FeedEvents:
         assert signed is not None
         operation_id = signed.evidence.operation_id
         observation = observation_of(signed.evidence, Source.FEED)
-        owner = await self._store.owner_of(operation_id)
+        owner = await self._store.reads.owner_of(operation_id)
         if owner is None:
             if await self._tombstones.by_operation(operation_id) is not None:
                 return await self._quarantine(
@@ -141,7 +141,7 @@ class FeedEvents:
         )
         await self._failpoints.hit("observer.event.after_commit")
         if found is not None:
-            self._store.report(operation_id, found[0], found[1])
+            self._store.reports.settled(operation_id, found[0], found[1])
         return ReceiptState(receipt.state)
 
     async def redecide(self, feed: str, held: Receipt, *, operator: bool = False) -> ReceiptState:

@@ -263,7 +263,7 @@ class LocalAttempts:
         log.warning("lease lost during execution", extra={"operation_id": op})
         record = None
         with contextlib.suppress(Exception):
-            record = await self._store.get(uuid.UUID(op))
+            record = await self._store.reads.get(uuid.UUID(op))
         if record is not None:
             answer = attempt_answer(
                 record,

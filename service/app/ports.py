@@ -2,9 +2,10 @@
 the tombstones, the leases, the wake-ups and the late answer keeper, as ``typing.Protocol``s.
 
 The use cases take these, never the concrete classes, so anything with the same methods
-stands in: the composition root passes the real ones (``SettlementStore``, ``RetentionStore``,
-``LeaseManager``, ``Wakeups``, ``LateAnswers``), the use-case tests their in-memory fakes, and
-mypy checks both against the same declaration. Each port holds only what a use case calls.
+stands in: the composition root passes the real ones (``SettlementStore``, whose ``reads``
+is a ``SettlementReads``, ``RetentionStore``, ``LeaseManager``, ``Wakeups``, ``LateAnswers``),
+the use-case tests their in-memory fakes, and mypy checks both against the same declaration.
+Each port holds only what a use case calls.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "HeartbeatPort",
     "LatePort",
     "LeasePort",
+    "OperationReadPort",
     "PrincipalKeys",
     "SettlementPort",
     "TombstonePort",
@@ -34,8 +36,8 @@ __all__ = [
 ]
 
 
-class SettlementPort(Protocol):
-    """The operations' rows: the request's reads, the claim and the settlements."""
+class OperationReadPort(Protocol):
+    """The operations' rows read, one statement each: the request's first read, re-reads."""
 
     async def identify(
         self, key_hash: bytes, route: str, idempotency_key: str
@@ -44,6 +46,13 @@ class SettlementPort(Protocol):
     async def get(self, operation_id: uuid.UUID) -> Record | None: ...
 
     async def get_by_scope(self, scope: Scope) -> Record | None: ...
+
+
+class SettlementPort(Protocol):
+    """The operations' rows: their reads, the claim and the settlements."""
+
+    @property
+    def reads(self) -> OperationReadPort: ...
 
     async def claim(
         self,

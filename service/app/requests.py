@@ -141,7 +141,7 @@ class IdempotentRequests:
     ) -> tuple[Principal, Seen] | None:
         """Who holds ``api_key`` and what their scope (``spec``'s route, ``key``) holds, in
         one statement (a replay needs no other); None for an unknown or revoked key."""
-        found = await self._store.identify(hash_key(api_key), spec.route, key)
+        found = await self._store.reads.identify(hash_key(api_key), spec.route, key)
         if found is None:
             return None
         principal, record, tombstone = found
@@ -321,7 +321,7 @@ class IdempotentRequests:
         if record is None:
             if wait <= 0:
                 return busy(scope)
-            record = await self._store.get_by_scope(scope)
+            record = await self._store.reads.get_by_scope(scope)
         if record is None:
             return busy(scope)  # the winner has not inserted its row yet
         operation_id = record.reservation.operation_id
@@ -329,10 +329,10 @@ class IdempotentRequests:
             current = None
             async with self._wakeups.wait_for(operation_id) as settled:
                 if settled is not None:  # subscribed: re-read, then wait for the wake-up
-                    current = await self._store.get_by_scope(scope)
+                    current = await self._store.reads.get_by_scope(scope)
                     if current is not None and not current.state.terminal:
                         await settled(wait)
-                        current = await self._store.get_by_scope(scope)
+                        current = await self._store.reads.get_by_scope(scope)
             if current is not None and current.state.terminal:
                 decided = answer_of(decide_claim(current, claim, self._clock()))
                 return with_preference(decided, f"wait={wait:g}")

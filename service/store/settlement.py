@@ -8,13 +8,16 @@ the one :class:`PhaseRunner`; a new claim and a local effect's settlement take t
 (:mod:`service.store.hot`), which keeps the same lock and CAS: a scope with no row is
 claimed and settled in one statement, anything else under the row's lock.
 
-The read side (:mod:`service.store.settlement_reads`) and what a commit reports to the hooks
-and the log (:mod:`service.store.settlement_reports`) are parts of the same store.
+The store holds two parts, each an object of its own that callers reach by name: its
+``reads`` (:class:`~service.store.settlement_reads.SettlementReads`: single statements, no
+lock, the request's first read among them) and its ``reports``
+(:class:`~service.store.settlement_reports.SettlementReports`: what a commit tells the hooks
+and the log). The hot path is shared: the reads and the writes take the same
+:class:`HotPath`.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -29,15 +32,12 @@ from service.core import (
     Record,
     Refuse,
     Scope,
-    Source,
-    Stage,
     SupersedeDecision,
     SupersedeRequest,
     TerminalPolicy,
     decide_claim,
 )
 from service.store.claims import claim_phase
-from service.store.db import reader
 from service.store.epochs import supersede_phase, sweep_phase
 from service.store.hot import HotPath
 from service.store.merge import settle_phase
@@ -77,10 +77,8 @@ __all__ = [
     "SweepPage",
 ]
 
-log = logging.getLogger("settlement.store")
 
-
-class SettlementStore(SettlementReads, SettlementReports):
+class SettlementStore:
     def __init__(
         self,
         engine: AsyncEngine,
@@ -96,12 +94,14 @@ class SettlementStore(SettlementReads, SettlementReports):
         effects need it, and with it a new operation is claimed in one statement."""
         self._engine = engine
         self._hot = None if pool is None else HotPath(pool)
-        self._reader = reader(engine)
         self._policy = policy
         self._retention = retention or Retention(default=86_400.0, tombstone=2_592_000.0)
         self._clock = clock
-        self._hooks: SettlementHooks = hooks or NoHooks()
         self._runner = PhaseRunner(self.unit_of_work, max_retries=max_retries)
+        self.reads = SettlementReads(engine, hot=self._hot, clock=clock)
+        """the operations' rows read (single statements, no lock)"""
+        self.reports = SettlementReports(hooks or NoHooks())
+        """what a commit tells the hooks and the log"""
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self._engine)
@@ -131,7 +131,7 @@ class SettlementStore(SettlementReads, SettlementReports):
                 detail=detail,
             )
             await uow.commit()
-        self._hooks.on_settled(observation.source.value, Stage.TUPLE_GATE.value, "quarantined")
+        self.reports.refused(observation)
 
     # -- settle: one observation into the row -------------------------------------------------
 
@@ -162,7 +162,7 @@ class SettlementStore(SettlementReads, SettlementReports):
             )
             raise OperationNotFound(str(operation_id))
         before, settled = found
-        self._report(operation_id, before, settled, time.perf_counter() - started)
+        self.reports.settled(operation_id, before, settled, time.perf_counter() - started)
         return settled
 
     async def settle_local(
@@ -199,7 +199,7 @@ class SettlementStore(SettlementReads, SettlementReports):
         if done is None:
             raise OperationNotFound(str(operation_id))
         before, settled = done
-        self._report(operation_id, before, settled, time.perf_counter() - started)
+        self.reports.settled(operation_id, before, settled, time.perf_counter() - started)
         return settled
 
     @property
@@ -211,7 +211,7 @@ class SettlementStore(SettlementReads, SettlementReports):
         self, operation_id: uuid.UUID, observation: Observation, detail: dict[str, Any]
     ) -> Phase[tuple[Record, Settled] | None]:
         """The settle phase of :meth:`settle`, for a caller that commits more in the same
-        transaction (a feed event's receipt); report its result with :meth:`report`."""
+        transaction (a feed event's receipt); report its result with ``reports.settled``."""
         return settle_phase(
             operation_id,
             observation,
@@ -247,7 +247,7 @@ class SettlementStore(SettlementReads, SettlementReports):
             assert isinstance(decision, Claim)  # no row: always a NEW claim
             attempt_id = uuid.uuid4()
             if await self._hot.claim_new(scope, decision.record, attempt_id, lease_token, at(now)):
-                return self._claimed(
+                return self.reports.claimed(
                     ClaimOutcome(decision=decision, record=decision.record, attempt_id=attempt_id)
                 )
         phase = claim_phase(
@@ -258,7 +258,7 @@ class SettlementStore(SettlementReads, SettlementReports):
             clock=self._clock,
             policy=self._policy,
         )
-        return self._claimed(await self._runner.run(f"claim {scope.route}", phase))
+        return self.reports.claimed(await self._runner.run(f"claim {scope.route}", phase))
 
     async def claim_and_settle_local(
         self,
@@ -294,9 +294,9 @@ class SettlementStore(SettlementReads, SettlementReports):
         )
         if settled is None:
             return None
-        self._claimed(outcome)
+        self.reports.claimed(outcome)
         operation_id = uuid.UUID(decision.record.reservation.operation_id)
-        self._report(operation_id, decision.record, settled, time.perf_counter() - started)
+        self.reports.settled(operation_id, decision.record, settled, time.perf_counter() - started)
         return outcome, settled
 
     # -- supersede: a new reservation epoch ---------------------------------------------------
@@ -330,16 +330,7 @@ class SettlementStore(SettlementReads, SettlementReports):
         )
         decision = await self._runner.run(f"supersede {operation_id}", phase)
         if not isinstance(decision, Refuse):
-            log.warning(
-                "operation superseded",
-                extra={
-                    "operation_id": str(operation_id),
-                    "binding_generation": decision.record.reservation.binding_generation,
-                    "reran_completed": decision.reran_completed,
-                    "fenced_live_attempt": decision.fenced_live_attempt,
-                    "reason": reason,
-                },
-            )
+            self.reports.superseded(operation_id, decision, reason)
         return decision
 
     # -- sweep: dead attempts become unknown --------------------------------------------------
@@ -360,6 +351,5 @@ class SettlementStore(SettlementReads, SettlementReports):
 
         phase = sweep_phase(batch, lease_remaining, after, clock=self._clock, policy=self._policy)
         page = await self._runner.run("sweep", phase)
-        for _ in page.demoted:
-            self._hooks.on_settled(Source.SWEEPER.value, Stage.RANK_MERGE.value, "applied")
+        self.reports.swept(len(page.demoted))
         return page

@@ -2,8 +2,10 @@
 
 An operation's row by id or by scope, the request's first read (``identify``: the
 principal, the scope's row and its tombstone in one statement on the hot path), an
-operation's owner, and how much of one observer's evidence was quarantined lately. The
-read part of :class:`service.store.settlement.SettlementStore`.
+operation's owner, and how much of one observer's evidence was quarantined lately.
+:class:`service.store.settlement.SettlementStore` holds one as its ``reads``; callers reach
+it there (``store.reads.get(...)``), so a read on the hot path costs one attribute lookup
+more than a method of the store's own, and no call.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import Record, Scope
 from service.domain.principals import Principal
+from service.store.db import reader
 from service.store.hot import HotPath
 from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row
@@ -53,9 +56,14 @@ SELECT count(*) AS count, min(created_at) AS oldest FROM (
 class SettlementReads:
     """Reads of operation rows (single statements, no lock)."""
 
-    _hot: HotPath | None
-    _reader: AsyncEngine
-    _clock: Callable[[], float]
+    def __init__(
+        self, engine: AsyncEngine, *, hot: HotPath | None, clock: Callable[[], float]
+    ) -> None:
+        """``hot``: the hot path (the store's, shared with its writes); without it a read
+        by scope is a SQLAlchemy statement, and ``identify`` is refused."""
+        self._reader = reader(engine)
+        self._hot = hot
+        self._clock = clock
 
     async def get(self, operation_id: uuid.UUID) -> Record | None:
         return await self._read_one(operations.c.id == operation_id)

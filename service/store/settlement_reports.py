@@ -3,7 +3,10 @@
 A settlement reports its decision (logged at a level by how newsworthy it is), a row that
 left ``in_progress`` or became terminal (the wake-ups), and a verified outcome of a
 superseded epoch (an error: the effect may have happened in both epochs); a claim reports
-its kind. The reporting part of :class:`service.store.settlement.SettlementStore`.
+its kind, a refused observation and a sweep's demotions their count, a supersede its new
+epoch. :class:`service.store.settlement.SettlementStore` holds one as its ``reports``; a
+caller that commits a settle phase of its own (a feed event with its receipt) reports it
+there.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from service.core import (
     OperationState,
     Record,
     Source,
+    Stage,
+    Supersede,
 )
 from service.store.outcomes import ClaimOutcome, Settled, SettlementHooks
 
@@ -28,22 +33,21 @@ log = logging.getLogger("settlement.store")
 
 
 class SettlementReports:
-    """Reports of committed settlements and claims to the hooks and the log."""
+    """Reports of committed settlements, claims, refusals, sweeps and supersedes to the hooks
+    and the log."""
 
-    _hooks: SettlementHooks
+    def __init__(self, hooks: SettlementHooks) -> None:
+        self._hooks = hooks
 
-    def report(self, operation_id: uuid.UUID, before: Record, settled: Settled) -> None:
-        """Tell the hooks (metrics, wake-ups) about a settlement committed by a caller of
-        :meth:`SettlementStore.settle_phase_of`."""
-        self._report(operation_id, before, settled)
-
-    def _report(
+    def settled(
         self,
         operation_id: uuid.UUID,
         before: Record,
         settled: Settled,
         seconds: float | None = None,
     ) -> None:
+        """A settlement committed: ``before``, the row it was decided on; ``seconds``, how
+        long it took (None: not measured)."""
         observation, decision = settled.observation, settled.decision
         _log_decision(operation_id, observation, decision)
         self._hooks.on_settled(
@@ -67,7 +71,8 @@ class SettlementReports:
                 },
             )
 
-    def _claimed(self, outcome: ClaimOutcome) -> ClaimOutcome:
+    def claimed(self, outcome: ClaimOutcome) -> ClaimOutcome:
+        """A claim committed (or refused: then nothing is told); returns ``outcome``."""
         if isinstance(outcome.decision, Claim):
             self._hooks.on_claimed(outcome.decision.kind.value)
             # a new operation is routine (DEBUG); taking over a stale or unknown one is news
@@ -82,6 +87,28 @@ class SettlementReports:
                 },
             )
         return outcome
+
+    def refused(self, observation: Observation) -> None:
+        """An observation that reached no row was recorded as quarantined (stage A)."""
+        self._hooks.on_settled(observation.source.value, Stage.TUPLE_GATE.value, "quarantined")
+
+    def swept(self, demoted: int) -> None:
+        """A sweep demoted ``demoted`` dead attempts' rows to ``unknown``."""
+        for _ in range(demoted):
+            self._hooks.on_settled(Source.SWEEPER.value, Stage.RANK_MERGE.value, "applied")
+
+    def superseded(self, operation_id: uuid.UUID, decision: Supersede, reason: str) -> None:
+        """A supersede committed (not refused): a new reservation epoch, logged."""
+        log.warning(
+            "operation superseded",
+            extra={
+                "operation_id": str(operation_id),
+                "binding_generation": decision.record.reservation.binding_generation,
+                "reran_completed": decision.reran_completed,
+                "fenced_live_attempt": decision.fenced_live_attempt,
+                "reason": reason,
+            },
+        )
 
 
 def _stale_epoch_outcome(record: Record, observation: Observation) -> bool:

@@ -132,7 +132,7 @@ async def test_a_hold_behind_the_checkpoint_settles_once_its_operation_is_known(
     clock.advance(2)
     await watcher.run_once()  # type: ignore[attr-defined]
     assert await receipt_states(engine, feed_name) == {"x": "applied"}
-    settled = await store.get(uuid.UUID(operation_id))
+    settled = await store.reads.get(uuid.UUID(operation_id))
     assert settled is not None and settled.state is OperationState.COMPLETED
     assert await feed_settlements(engine, operation_id) == 1
 

@@ -235,7 +235,9 @@ async def test_cursor_c7_crash_after_106_resumes_with_107_then_promotes_c8(
     assert page.result is PageResult.PROMOTED and page.processed == 1
     checkpoint = await feed_store.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C8", 107)
-    assert (await store.get(uuid.UUID(ops[107].operation_id))).state is OperationState.COMPLETED  # type: ignore[union-attr]
+    assert (
+        await store.reads.get(uuid.UUID(ops[107].operation_id))
+    ).state is OperationState.COMPLETED  # type: ignore[union-attr]
     for n in (106, 107):
         assert await feed_settlements(engine, ops[n].operation_id) == 1
     assert await feed_settlements(engine, ops[104].operation_id) == 0
@@ -346,7 +348,7 @@ async def test_a_bad_signature_holds_the_barrier_until_an_operator_decides(
     for _ in range(3):  # held: the same page again and again, never past it
         assert (await watcher.run_once()).result is PageResult.BLOCKED
     assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == ""
-    assert (await store.get(uuid.UUID(bad.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
+    assert (await store.reads.get(uuid.UUID(bad.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
     [hold], open_holds, _ = await feed_store.holds(feed_name)
     assert open_holds == 1
     assert (hold.event_id, hold.reason) == ("b", "bad-signature")
@@ -504,7 +506,7 @@ async def test_two_observers_on_one_feed_apply_each_event_once_and_never_regress
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("K4", 12)
     for op in ops:
         assert await feed_settlements(engine, op.operation_id) == 1
-        assert (await store.get(uuid.UUID(op.operation_id))).state is OperationState.COMPLETED  # type: ignore[union-attr]
+        assert (await store.reads.get(uuid.UUID(op.operation_id))).state is OperationState.COMPLETED  # type: ignore[union-attr]
 
 
 async def test_the_feed_settlement_is_a_feed_observation_of_the_operation(

@@ -98,7 +98,7 @@ async def feed_decisions(engine: AsyncEngine, operation_id: str) -> list[tuple[s
 
 
 async def revision(store: SettlementStore, operation_id: str) -> tuple[OperationState, int]:
-    record = await store.get(uuid.UUID(operation_id))
+    record = await store.reads.get(uuid.UUID(operation_id))
     assert record is not None
     return record.state, record.revision
 

@@ -244,7 +244,7 @@ async def test_an_answer_that_breaks_the_contract_is_no_page_and_moves_nothing(
     assert await feed_store.checkpoint(feed_name, kind) == before
     assert await receipt_states(engine, feed_name) == {}
     assert await feed_store.alarms(feed_name) == []
-    assert (await store.get(uuid.UUID(op.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
+    assert (await store.reads.get(uuid.UUID(op.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
     expected = {"cursor": ["C7"]} if kind == "cursor" else {"after": ["1000"]}
     assert source.asked == [{**expected, "limit": ["10"]}] * 2  # both reached the source
 

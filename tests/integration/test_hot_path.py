@@ -110,27 +110,27 @@ async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
     engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
     digest = key_hash(scope.principal_id)
-    found = await store.identify(digest, scope.route, scope.idempotency_key)
+    found = await store.reads.identify(digest, scope.route, scope.idempotency_key)
     assert found is not None
     principal, record, tombstone = found
     assert (principal.id, principal.tenant, record) == (scope.principal_id, "acme", None)
     assert tombstone is None
 
     _, row = await claimed(store, scope, clock)
-    found = await store.identify(digest, scope.route, scope.idempotency_key)
+    found = await store.reads.identify(digest, scope.route, scope.idempotency_key)
     assert found is not None and found[1] == row
     # another route or key of the same principal is another scope
-    other = await store.identify(digest, "POST /v1/accounts", scope.idempotency_key)
+    other = await store.reads.identify(digest, "POST /v1/accounts", scope.idempotency_key)
     assert other is not None and other[1] is None
     # a wrong key, and a revoked one, identify nobody
-    assert await store.identify(b"\x00" * 32, scope.route, scope.idempotency_key) is None
+    assert await store.reads.identify(b"\x00" * 32, scope.route, scope.idempotency_key) is None
     async with engine.begin() as conn:
         await conn.execute(
             update(principals)
             .where(principals.c.id == scope.principal_id)
             .values(revoked_at=datetime.now(UTC))
         )
-    assert await store.identify(digest, scope.route, scope.idempotency_key) is None
+    assert await store.reads.identify(digest, scope.route, scope.idempotency_key) is None
 
 
 async def test_a_second_new_claim_of_a_scope_writes_nothing_and_locks_the_row_instead(
@@ -213,7 +213,7 @@ async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
     # effect never runs
     assert await count(engine, accounts, accounts.c.operation_id == op) == 0
     assert settled.decision.disposition.value in ("ignored", "quarantined")
-    current = await store.get(op)
+    current = await store.reads.get(op)
     assert current is not None and current.state is OperationState.UNKNOWN
     assert current.reservation.binding_generation == 2
 
@@ -242,7 +242,7 @@ async def test_a_late_attempt_of_a_taken_over_operation_is_ignored_and_writes_no
     late = await store.settle_local(op, stale, opening(stale, stale_row)[0], route=ROUTE)
     assert late.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
-    current = await store.get(op)
+    current = await store.reads.get(op)
     assert current is not None and current.state is OperationState.COMPLETED
     assert late.record == current
     # in the same locked transaction: the probe recorded with its decision, the row's
@@ -322,7 +322,7 @@ async def test_a_transfer_and_its_settlement_are_one_statement_under_the_row_loc
     assert (observed["disposition"], observed["revision_after"]) == ("applied", 2)
     (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
     assert (attempt_row["outcome"], attempt_row["finished_at"] is not None) == ("completed", True)
-    current = await store.get(op)
+    current = await store.reads.get(op)
     assert current is not None and current.state is OperationState.COMPLETED
     assert current.result is not None and current.result.digest == "d1"
 
@@ -543,7 +543,7 @@ async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
     # the row as the two-phase way leaves it: revision 2, the attempt begun and ended, the
     # observation from revision 1 to 2
-    current = await store.get_by_scope(scope)
+    current = await store.reads.get_by_scope(scope)
     assert current is not None and current.state is OperationState.COMPLETED
     assert current.revision == 2 and current.fencing_token == 1
     (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
@@ -557,7 +557,9 @@ async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
     assert await balances(engine, ids) == [90, 10]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 1
     # a replay now reads the settled row
-    found = await store.identify(key_hash(scope.principal_id), scope.route, scope.idempotency_key)
+    found = await store.reads.identify(
+        key_hash(scope.principal_id), scope.route, scope.idempotency_key
+    )
     assert found is not None and found[1] == current
 
 
@@ -574,7 +576,7 @@ async def test_a_new_transfer_the_guard_refuses_is_settled_failed_in_one_more_st
     assert said == [("insufficient-funds", "source balance 5 is below the amount 10")]
     _, settled = done
     assert settled.record.state is OperationState.FAILED and settled.record.revision == 2
-    current = await store.get_by_scope(scope)
+    current = await store.reads.get_by_scope(scope)
     assert current is not None and current.state is OperationState.FAILED
     op = uuid.UUID(request.new_operation_id)
     (attempt_row,) = await rows(engine, attempts, attempts.c.operation_id == op)
@@ -601,7 +603,7 @@ async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
     )
     assert done is None
     assert await balances(engine, ids) == [100, 0]
-    current = await store.get_by_scope(scope)
+    current = await store.reads.get_by_scope(scope)
     assert current is not None and current == first
 
 

@@ -161,7 +161,9 @@ async def test_the_count_reads_through_its_index_and_the_orphans_go(
         pass
     sent = observations.c.detail["principal_id"].astext == str(stranger.id)
     assert await count(engine, observations, sent) == 0
-    assert msgspec.structs.asdict(await store.quarantined_evidence(stranger.id, at(0), 5)) == {
+    assert msgspec.structs.asdict(
+        await store.reads.quarantined_evidence(stranger.id, at(0), 5)
+    ) == {
         "count": 0,
         "oldest": None,
     }

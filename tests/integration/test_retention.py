@@ -119,7 +119,7 @@ async def test_a_purge_keeps_a_tombstone_and_the_effect_and_drops_the_rest(
     assert kept["forget_at"] == at(clock.now + 600)
 
     # the tombstone is what identify sees, and what a claim runs into
-    found = await retention_store.identify(
+    found = await retention_store.reads.identify(
         key_hash(principal_id), scope.route, scope.idempotency_key
     )
     assert found is not None and found[1] is None
@@ -132,7 +132,7 @@ async def test_a_purge_keeps_a_tombstone_and_the_effect_and_drops_the_rest(
 
     # at its forget_at the key is new again: identify reads no tombstone, and a claim runs
     clock.advance(600)
-    found = await retention_store.identify(
+    found = await retention_store.reads.identify(
         key_hash(principal_id), scope.route, scope.idempotency_key
     )
     assert found is not None and found[1] is None and found[2] is None
@@ -311,7 +311,7 @@ SELECT gen_random_uuid(), 'acme', :owner, 'POST /v1/transfers', 'bulk-' || g, 1,
     async def replays() -> None:
         while not done.is_set():
             started = time.perf_counter()
-            found = await retention_store.identify(
+            found = await retention_store.reads.identify(
                 key_hash(principal_id), kept_scope.route, kept_scope.idempotency_key
             )
             reads.append(time.perf_counter() - started)

@@ -64,7 +64,7 @@ async def test_new_claim_writes_operation_and_attempt_with_first_fencing_token(
     engine: AsyncEngine, store: SettlementStore, clock: Clock
 ) -> None:
     record, operation_id = await new_operation(engine, store, clock)
-    stored = await store.get(operation_id)
+    stored = await store.reads.get(operation_id)
     assert stored == record
     assert stored.state is OperationState.IN_PROGRESS
     assert (stored.revision, stored.fencing_token) == (1, 1)
@@ -132,7 +132,7 @@ async def test_stale_fencing_token_cannot_settle_after_takeover(
 
     late = await store.settle(operation_id, completed(first.record, fencing_token=1))
     assert late.decision.disposition.value == "ignored"
-    stored = await store.get(operation_id)
+    stored = await store.reads.get(operation_id)
     assert stored is not None and stored.state is OperationState.IN_PROGRESS
 
 
@@ -187,7 +187,7 @@ async def test_two_concurrent_settlers_lose_no_update(
     applied = sum(isinstance(d, Apply) for ds in results for d in ds)
     assert applied > 0
 
-    final = await store.get(operation_id)
+    final = await store.reads.get(operation_id)
     assert final is not None
     assert final.revision == record.revision + applied
     applied_rows = await rows(
@@ -210,7 +210,7 @@ async def test_write_with_stale_revision_is_refused(
 ) -> None:
     record, operation_id = await new_operation(engine, store, clock)
     await store.settle(operation_id, completed(record, fencing_token=1))
-    current = await store.get(operation_id)
+    current = await store.reads.get(operation_id)
     assert current is not None and current.revision == 2
 
     async with store.unit_of_work() as uow:
@@ -220,7 +220,7 @@ async def test_write_with_stale_revision_is_refused(
                 record.revision,
                 at(clock.now),
             )
-    assert await store.get(operation_id) == current
+    assert await store.reads.get(operation_id) == current
 
 
 async def test_cas_refusal_reloads_and_reruns_all_stages(engine: AsyncEngine, clock: Clock) -> None:
@@ -255,7 +255,7 @@ async def test_cas_refusal_reloads_and_reruns_all_stages(engine: AsyncEngine, cl
     # First round decided "apply unknown" on revision 1, but the row had moved to a
     # completed revision 2; the rerun sees completed and ignores the late unknown.
     assert settled.decision.disposition.value == "ignored"
-    final = await store.get(operation_id)
+    final = await store.reads.get(operation_id)
     assert final is not None
     assert final.state is OperationState.COMPLETED and final.revision == 2
     assert await count(engine, observations, observations.c.operation_id == operation_id) == 1
@@ -320,7 +320,7 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
         )
     assert refused_by_check.value.constraint == "ck_accounts_balance_non_negative"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
-    unchanged = await store.get(operation_id)
+    unchanged = await store.reads.get(operation_id)
     assert unchanged is not None and unchanged.state is OperationState.IN_PROGRESS
     assert await count(engine, observations, observations.c.operation_id == operation_id) == 0
 

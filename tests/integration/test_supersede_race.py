@@ -54,7 +54,7 @@ async def test_supersede_racing_a_settlement_never_mixes_epochs(
         else:
             settled, superseded = await asyncio.gather(settle, supersede)
         assert isinstance(superseded, Supersede)
-        final = await settler.get(operation_id)
+        final = await settler.reads.get(operation_id)
         assert final is not None
         # the new epoch is clean whatever the order
         assert final.reservation.binding_generation == 2

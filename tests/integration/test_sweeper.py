@@ -39,7 +39,7 @@ async def test_sweeper_demotes_dead_attempts_and_pages_past_live_ones(
     while sweeper.more:
         demoted += await sweeper.run_once()
 
-    states = [(await store.get(i)).state for i in ids]  # type: ignore[union-attr]
+    states = [(await store.reads.get(i)).state for i in ids]  # type: ignore[union-attr]
     assert states == [
         OperationState.IN_PROGRESS if i % 2 == 0 else OperationState.UNKNOWN for i in range(6)
     ]
@@ -51,5 +51,5 @@ async def test_sweeper_demotes_dead_attempts_and_pages_past_live_ones(
     again = await sweeper.run_once()
     while sweeper.more:
         again += await sweeper.run_once()
-    states = [(await store.get(i)).state for i in ids]  # type: ignore[union-attr]
+    states = [(await store.reads.get(i)).state for i in ids]  # type: ignore[union-attr]
     assert OperationState.IN_PROGRESS not in states

@@ -54,6 +54,7 @@ __all__ = [
     "FakeClock",
     "FakeLate",
     "FakeLeases",
+    "FakeReads",
     "FakeStore",
     "FakeTombstones",
     "FakeWakeups",
@@ -293,11 +294,11 @@ class FakeStore:
         """awaited while a local effect runs under the row's lock, before its outcome"""
         self.after_commit: Callable[[], Awaitable[None]] | None = None
         """awaited after a local settlement committed, before it returns"""
+        self.reads = FakeReads(self, clock)
+        """the rows read, as the store's ``reads``"""
 
     def _raise_if(self, method: str) -> None:
-        error = self.fail.pop(method, None)
-        if error is not None:
-            raise error
+        _raise_once(self.fail, method)
 
     # -- what tests arrange -----------------------------------------------------------------
 
@@ -310,33 +311,6 @@ class FakeStore:
     def row(self, scope: Scope) -> Record | None:
         operation_id = self.scopes.get(scope)
         return None if operation_id is None else self.rows[operation_id]
-
-    # -- reads --------------------------------------------------------------------------------
-
-    async def identify(
-        self, key_hash: bytes, route: str, idempotency_key: str
-    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
-        principal = self.principals.get(key_hash)
-        if principal is None:
-            return None
-        scope = Scope(
-            tenant=principal.tenant,
-            principal_id=principal.id,
-            route=route,
-            idempotency_key=idempotency_key,
-        )
-        stone = self.tombstones.get(scope)
-        if stone is not None and stone.forget_at.timestamp() <= self._clock():
-            stone = None  # as the schema's tombstone_stands: read only while it stands
-        return principal, self.row(scope), stone
-
-    async def get(self, operation_id: uuid.UUID) -> Record | None:
-        self._raise_if("get")
-        return self.rows.get(str(operation_id))
-
-    async def get_by_scope(self, scope: Scope) -> Record | None:
-        self._raise_if("get_by_scope")
-        return self.row(scope)
 
     # -- claim ----------------------------------------------------------------------------------
 
@@ -457,6 +431,47 @@ class FakeStore:
         applied = isinstance(settled.decision, Apply)
         if applied and settled.observation.kind is ObservationKind.COMPLETED:
             self.committed.append(tuple(statement.params.values()))
+
+
+class FakeReads:
+    """The fake store's rows read (its ``reads``): what its tests arranged there, and a
+    failure arranged for the next call by method name (``FakeStore.fail``)."""
+
+    def __init__(self, store: FakeStore, clock: FakeClock) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def identify(
+        self, key_hash: bytes, route: str, idempotency_key: str
+    ) -> tuple[Principal, Record | None, Tombstone | None] | None:
+        principal = self._store.principals.get(key_hash)
+        if principal is None:
+            return None
+        scope = Scope(
+            tenant=principal.tenant,
+            principal_id=principal.id,
+            route=route,
+            idempotency_key=idempotency_key,
+        )
+        stone = self._store.tombstones.get(scope)
+        if stone is not None and stone.forget_at.timestamp() <= self._clock():
+            stone = None  # as the schema's tombstone_stands: read only while it stands
+        return principal, self._store.row(scope), stone
+
+    async def get(self, operation_id: uuid.UUID) -> Record | None:
+        _raise_once(self._store.fail, "get")
+        return self._store.rows.get(str(operation_id))
+
+    async def get_by_scope(self, scope: Scope) -> Record | None:
+        _raise_once(self._store.fail, "get_by_scope")
+        return self._store.row(scope)
+
+
+def _raise_once(fail: dict[str, BaseException], method: str) -> None:
+    """Raise what a test arranged for the next call of ``method``, once."""
+    error = fail.pop(method, None)
+    if error is not None:
+        raise error
 
 
 def _outcome(statement: EffectStatement) -> Observation:

@@ -15,11 +15,20 @@ from service.app.late import LateAnswers
 from service.leases import LeaseManager, Wakeups
 from service.store.retention import RetentionStore
 from service.store.settlement import SettlementStore
-from tests.usecases.fakes import FakeLate, FakeLeases, FakeStore, FakeTombstones, FakeWakeups
+from service.store.settlement_reads import SettlementReads
+from tests.usecases.fakes import (
+    FakeLate,
+    FakeLeases,
+    FakeReads,
+    FakeStore,
+    FakeTombstones,
+    FakeWakeups,
+)
 
 FAKES: list[tuple[type, type, set[str]]] = [
     # (fake, what it stands in for, the fake's own methods tests arrange it with)
     (FakeStore, SettlementStore, {"put", "row"}),
+    (FakeReads, SettlementReads, set()),
     (FakeLeases, LeaseManager, {"hold", "steal"}),
     (FakeWakeups, Wakeups, {"publish"}),
     (FakeTombstones, RetentionStore, set()),
