@@ -81,12 +81,12 @@ class FeedEvents:
         now = self._clock()
         served = (bytes(raw.evidence), raw.signature)
         if held is None and known is not None and known.state is ReceiptState.HELD:
-            held = await self._feeds.receipt(feed, event.event_id)
+            held = await self._feeds.receipts.receipt(feed, event.event_id)
         if held is not None and held.reason == "bad-signature" and not operator:
             if event.digest and event.digest != held.digest:
                 # served again with other content: the hold keeps the latest copy, which is
                 # what an operator's retry decides
-                await self._feeds.refuse_event(
+                await self._feeds.receipts.refuse_event(
                     feed, event.event_id, event.order, held.operation_id, None,
                     "held", "bad-signature", at(now), digest=event.digest, served=served,
                 )  # fmt: skip
@@ -100,7 +100,7 @@ class FeedEvents:
                 if signed is None
                 else observation_of(signed.evidence, Source.FEED, verified=False)
             )
-            receipt = await self._feeds.refuse_event(
+            receipt = await self._feeds.receipts.refuse_event(
                 feed, event.event_id, event.order, operation_id, observation,
                 "held", "bad-signature", at(now), digest=event.digest, served=served,
             )  # fmt: skip
@@ -121,14 +121,14 @@ class FeedEvents:
                 return await self._quarantine(
                     feed, event, operation_id, observation, "unknown-operation"
                 )
-            receipt = await self._feeds.refuse_event(
+            receipt = await self._feeds.receipts.refuse_event(
                 feed, event.event_id, event.order, None, None,
                 "held", "unknown-operation", at(now), digest=event.digest, served=served,
             )  # fmt: skip
             return ReceiptState(receipt.state)
         if owner[1] not in self._external:
             return await self._quarantine(feed, event, operation_id, observation, "not-external")
-        receipt, found = await self._feeds.settle_event(
+        receipt, found = await self._feeds.receipts.settle_event(
             feed,
             event.event_id,
             event.order,
@@ -159,7 +159,7 @@ class FeedEvents:
         an operation, the least recently decided first); how many became final. A database
         error ends the pass: the next one retries."""
         finals = 0
-        for held in await self._feeds.due_holds(feed, batch):
+        for held in await self._feeds.receipts.due_holds(feed, batch):
             try:
                 state = await self.redecide(feed, held)
             except Exception as exc:
@@ -182,7 +182,7 @@ class FeedEvents:
         reason: str,
     ) -> ReceiptState:
         await self._failpoints.hit("observer.quarantine.before")
-        receipt = await self._feeds.refuse_event(
+        receipt = await self._feeds.receipts.refuse_event(
             feed,
             event.event_id,
             event.order,
@@ -234,7 +234,7 @@ class FeedEvents:
         """After a page that passed the checks is decided: pin again the unpinned receipts it
         served (the checks' ``repin``: an accepted conflict is accepted once, not for good).
         ``places``: a cursor feed, whose positions are one event's each."""
-        pinned = await self._feeds.repin(feed, served, places=places)
+        pinned = await self._feeds.receipts.repin(feed, served, places=places)
         if pinned:
             log.info("feed receipts pinned again", extra={"feed": feed, "event_ids": pinned})
 
@@ -246,7 +246,7 @@ class FeedEvents:
             "feed alarm",
             extra={"feed": feed, "alarm": kind, "event_id": event_id, "detail": detail},
         )
-        await self._feeds.alarm(feed, kind, event_id, detail, at(self._clock()), order)
+        await self._feeds.alarms.alarm(feed, kind, event_id, detail, at(self._clock()), order)
 
 
 def served_again(held: Receipt) -> RawEvent | None:

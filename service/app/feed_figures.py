@@ -46,14 +46,14 @@ async def read_figures(
     now = clock()
     lags = {
         checkpoint.name: max(0.0, now - checkpoint.caught_up_at.timestamp())
-        for checkpoint in await store.checkpoints()
+        for checkpoint in await store.checkpoints.all()
         if checkpoint.caught_up_at is not None
     }
     return FeedFigures(
-        events=sorted((f, s, n) for (f, s), n in (await store.counts()).items()),
-        alarms=sorted((f, k, n) for (f, k), n in (await store.alarm_counts()).items()),
+        events=sorted((f, s, n) for (f, s), n in (await store.receipts.counts()).items()),
+        alarms=sorted((f, k, n) for (f, k), n in (await store.alarms.counts()).items()),
         lags=sorted(lags.items()),
-        oldest_unknown=(await store.oldest_unknown(external_routes)) or 0.0,
+        oldest_unknown=(await store.checkpoints.oldest_unknown(external_routes)) or 0.0,
         read_at=now,
     )
 

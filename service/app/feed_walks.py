@@ -114,7 +114,7 @@ class FeedWalks:
             )
             if self._failures >= WALK_FAILURES:
                 self._failures = 0
-                await self._feeds.walk_to(self.spec.name, cursor=None, after=None)
+                await self._feeds.checkpoints.walk_to(self.spec.name, cursor=None, after=None)
         else:
             self._failures = 0
 
@@ -142,12 +142,12 @@ class FeedWalks:
         behind = [e for e in page.events if event_order(e.position) <= applied]
         events = [FeedEvent(e.event_id, event_order(e.position), event_digest(e)) for e in behind]
         name = self.spec.name
-        seen = await self._feeds.seen(name, [e.event_id for e in events])
-        owners = await self._feeds.owners(name, [e.order for e in events])
+        seen = await self._feeds.receipts.seen(name, [e.event_id for e in events])
+        owners = await self._feeds.receipts.owners(name, [e.order for e in events])
         checked = check_cursor_page(applied, events, seen, owners)
         if isinstance(checked, Stop):
             await self._stopped(checked, "reconciliation")
-            await self._feeds.walk_to(name, cursor=None, after=None)
+            await self._feeds.checkpoints.walk_to(name, cursor=None, after=None)
             return
         alarms = [
             ("backfill", e, f"position {e.order} behind the applied prefix, found on re-reading")
@@ -160,7 +160,7 @@ class FeedWalks:
         done = done or page.next_cursor == cursor
         following = None if done else page.next_cursor
         if following != checkpoint.walk_cursor:
-            await self._feeds.walk_to(name, cursor=following, after=None)
+            await self._feeds.checkpoints.walk_to(name, cursor=following, after=None)
 
     # -- the late-event audit (timestamp feeds) -------------------------------------------------
 
@@ -175,7 +175,7 @@ class FeedWalks:
             after = max(-1, closed - self._window - 1)
         following = await self._audit_walk(closed, after)
         if following != checkpoint.walk_after:
-            await self._feeds.walk_to(self.spec.name, cursor=None, after=following)
+            await self._feeds.checkpoints.walk_to(self.spec.name, cursor=None, after=following)
 
     async def _audit_walk(self, closed: int, after: int) -> int | None:
         """One page of the audit from ``after``; where the walk goes on (None: a new one)."""
@@ -183,7 +183,7 @@ class FeedWalks:
         page = await self._client.timestamp_page(after if after >= 0 else None, MAX_PAGE)
         behind = [e for e in page.events if e.timestamp is not None and e.timestamp <= closed]
         events = [FeedEvent(e.event_id, event_order(e.timestamp), event_digest(e)) for e in behind]
-        seen = await self._feeds.seen(name, [e.event_id for e in events])
+        seen = await self._feeds.receipts.seen(name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
             await self._stopped(checked, "audit")

@@ -139,7 +139,7 @@ class FeedAdmin:
     async def list(self, admin: Principal) -> FeedList | Problem:
         if not admin.all_tenants:
             return _forbidden()
-        checkpoints = {c.name: c for c in await self._store.checkpoints()}
+        checkpoints = {c.name: c for c in await self._store.checkpoints.all()}
         names = sorted(set(checkpoints) | set(self._specs))
         return FeedList([await self._view(n, checkpoints.get(n)) for n in names])
 
@@ -163,13 +163,13 @@ class FeedAdmin:
         if name not in self._specs and await self._checkpoint(name) is None:
             return Problem("not-found", f"no feed {name!r}")
         try:
-            held, open_holds, following = await self._store.holds(name, limit, after)
+            held, open_holds, following = await self._store.receipts.holds(name, limit, after)
         except BadCursor as exc:
             return Problem("validation-error", f"after: {exc}")
         return HoldPage([_hold(r) for r in held], open_holds, following)
 
     async def _checkpoint(self, name: str) -> Checkpoint | None:
-        return {c.name: c for c in await self._store.checkpoints()}.get(name)
+        return {c.name: c for c in await self._store.checkpoints.all()}.get(name)
 
     async def decide(
         self, admin: Principal, name: str, event_id: str, body: HoldAction
@@ -182,13 +182,13 @@ class FeedAdmin:
             return _forbidden()
         if not FEED_NAME.match(name) or "\x00" in event_id:
             return Problem("not-found", f"no held event on feed {name[:64]!r}")
-        held = await self._store.receipt(name, event_id)
+        held = await self._store.receipts.receipt(name, event_id)
         if held is None or held.state != "held":
             return Problem("not-found", f"no held event {event_id!r} on feed {name!r}")
         if body.action == "retry":
             state = await self._events.redecide(name, held, operator=True)
             return HoldDecided(feed=name, event_id=event_id, action="retry", state=state.value)
-        decided = await self._store.refuse_event(
+        decided = await self._store.receipts.refuse_event(
             name,
             event_id,
             held.event_order,
@@ -212,7 +212,7 @@ class FeedAdmin:
             return _forbidden()
         if not FEED_NAME.match(name) or "\x00" in event_id:
             return Problem("not-found", f"no conflicting identity on feed {name[:64]!r}")
-        accepted = await self._store.accept_conflict(
+        accepted = await self._store.alarms.accept_conflict(
             name, event_id, datetime.fromtimestamp(self._clock(), UTC)
         )
         if accepted is None:
@@ -239,7 +239,7 @@ class FeedAdmin:
     async def _view(self, name: str, checkpoint: Checkpoint | None) -> FeedView:
         spec = self._specs.get(name)
         kind = checkpoint.kind if checkpoint is not None else spec.kind if spec else "cursor"
-        holds, open_holds, _ = await self._store.holds(name)
+        holds, open_holds, _ = await self._store.receipts.holds(name)
         view = FeedView(
             name=name,
             kind=kind,
@@ -247,10 +247,10 @@ class FeedAdmin:
             promises=sorted(spec.promises) if spec is not None else [],
             checkpoint_version=0 if checkpoint is None else checkpoint.version,
             lag=None,
-            oldest_unknown=await self._store.oldest_unknown(self._external),
+            oldest_unknown=await self._store.checkpoints.oldest_unknown(self._external),
             holds=[_hold(r) for r in holds],
             open_holds=open_holds,
-            alarms=[_alarm(a) for a in await self._store.alarms(name)],
+            alarms=[_alarm(a) for a in await self._store.alarms.recent(name)],
         )
         if checkpoint is not None:
             if kind == "cursor":

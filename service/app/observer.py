@@ -168,7 +168,7 @@ class FeedObserver:
     async def run_once(self) -> Page:
         """One page of the feed (first, when due, the feed's holds are decided again)."""
         await self.redrive_holds()
-        checkpoint = await self._feeds.checkpoint(self.spec.name, self.spec.kind)
+        checkpoint = await self._feeds.checkpoints.checkpoint(self.spec.name, self.spec.kind)
         try:
             if self.spec.kind == "cursor":
                 return await self._cursor_page(checkpoint)
@@ -198,8 +198,8 @@ class FeedObserver:
         events = [
             FeedEvent(e.event_id, event_order(e.position), event_digest(e)) for e in page.events
         ]
-        seen = await self._feeds.seen(name, [e.event_id for e in events])
-        owners = await self._feeds.owners(name, [e.order for e in events])
+        seen = await self._feeds.receipts.seen(name, [e.event_id for e in events])
+        owners = await self._feeds.receipts.owners(name, [e.order for e in events])
         checked = check_cursor_page(checkpoint.applied_position, events, seen, owners)
         if isinstance(checked, Stop):
             return await self._stopped(checked, len(events))
@@ -234,16 +234,16 @@ class FeedObserver:
                         "promised)",
                         extra={"feed": name},
                     )
-                await self._feeds.caught_up(name, at(self._clock()))
+                await self._feeds.checkpoints.caught_up(name, at(self._clock()))
                 return Page(PageResult.CAUGHT_UP)
             case Advance(cursor=cursor):
                 # nothing was passed: the new token is kept, the version stays, and the
                 # observer backs off as on any caught-up page
-                await self._feeds.advance_cursor(checkpoint, cursor, at(self._clock()))
+                await self._feeds.checkpoints.advance_cursor(checkpoint, cursor, at(self._clock()))
                 return Page(PageResult.CAUGHT_UP)
             case Promote(cursor=cursor, applied_position=applied):
                 await self._failpoints.hit("observer.barrier.before")
-                moved = await self._feeds.promote_cursor(
+                moved = await self._feeds.checkpoints.promote_cursor(
                     checkpoint, cursor, applied, at(self._clock())
                 )
                 await self._failpoints.hit("observer.barrier.after")
@@ -273,7 +273,7 @@ class FeedObserver:
         events = [
             FeedEvent(e.event_id, event_order(e.timestamp), event_digest(e)) for e in page.events
         ]
-        seen = await self._feeds.seen(name, [e.event_id for e in events])
+        seen = await self._feeds.receipts.seen(name, [e.event_id for e in events])
         checked = check_timestamp_page(closed, events, seen)
         if isinstance(checked, Stop):
             return await self._stopped(checked, len(events))
@@ -321,10 +321,10 @@ class FeedObserver:
             if any(not _final(states.get(e.event_id)) for e in ahead):
                 return Page(PageResult.BLOCKED, len(events), processed)
             if not events:
-                await self._feeds.caught_up(name, at(self._clock()))
+                await self._feeds.checkpoints.caught_up(name, at(self._clock()))
             return Page(PageResult.CAUGHT_UP, len(events), processed)
         await self._failpoints.hit("observer.barrier.before")
-        moved = await self._feeds.close_through(checkpoint, through, at(self._clock()))
+        moved = await self._feeds.checkpoints.close_through(checkpoint, through, at(self._clock()))
         await self._failpoints.hit("observer.barrier.after")
         self._limit = self._page_size
         if not moved:

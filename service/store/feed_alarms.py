@@ -1,6 +1,6 @@
 """A feed's alarms (docs/design.md §8): what an operator must look at, counted per event, and
-accepting a conflicting identity after review. The alarm part of
-:class:`service.store.feeds.FeedStore`.
+accepting a conflicting identity after review. A :class:`service.store.feeds.FeedStore`
+holds one as its ``alarms``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.feed import twice_in_one_page
+from service.store.db import reader
 from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
 
 __all__ = ["Accepted", "Alarm", "FeedAlarms", "InOnePage"]
@@ -45,8 +46,9 @@ class InOnePage(msgspec.Struct, frozen=True):
 class FeedAlarms:
     """Alarms: raised (or repeated), listed, counted; a conflicting identity accepted."""
 
-    _engine: AsyncEngine
-    _reader: AsyncEngine
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._reader = reader(engine)
 
     async def alarm(
         self,
@@ -105,7 +107,9 @@ class FeedAlarms:
             )
         return accepted
 
-    async def alarms(self, feed: str | None = None) -> list[Alarm]:
+    async def recent(self, feed: str | None = None) -> list[Alarm]:
+        """The 100 alarms (of ``feed``, or of every feed) raised or repeated last, newest
+        first."""
         a = feed_alarms.c
         stmt = select(feed_alarms).order_by(a.last_at.desc()).limit(100)
         if feed is not None:
@@ -113,7 +117,8 @@ class FeedAlarms:
         async with self._reader.connect() as conn:
             return [Alarm(**dict(row)) for row in (await conn.execute(stmt)).mappings()]
 
-    async def alarm_counts(self) -> dict[tuple[str, str], int]:
+    async def counts(self) -> dict[tuple[str, str], int]:
+        """(feed, kind) -> how many times alarms of that kind were raised."""
         a = feed_alarms.c
         async with self._reader.connect() as conn:
             rows = await conn.execute(

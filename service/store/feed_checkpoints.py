@@ -2,8 +2,8 @@
 
 A checkpoint moves only by a CAS on its version and the value it was read with
 (:meth:`FeedCheckpoints.promote_cursor`, :meth:`FeedCheckpoints.close_through`); a losing
-observer rereads, and never writes older progress over newer. The checkpoint part of
-:class:`service.store.feeds.FeedStore`.
+observer rereads, and never writes older progress over newer. A
+:class:`service.store.feeds.FeedStore` holds one as its ``checkpoints``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.store.db import reader
 from service.store.tables import feed_checkpoints, feed_promotions, inline, operations
 
 __all__ = ["Checkpoint", "FeedCheckpoints"]
@@ -51,8 +52,9 @@ class Checkpoint(msgspec.Struct, frozen=True):
 class FeedCheckpoints:
     """Checkpoints: created, read, moved by CAS; and the age of the oldest ``unknown``."""
 
-    _engine: AsyncEngine
-    _reader: AsyncEngine
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._reader = reader(engine)
 
     async def checkpoint(self, name: str, kind: str) -> Checkpoint:
         """The feed's checkpoint, created at the start of the feed if it has none."""
@@ -76,7 +78,8 @@ class FeedCheckpoints:
             raise ValueError(f"feed {name} is a {found.kind} feed, not {kind}")
         return found
 
-    async def checkpoints(self) -> list[Checkpoint]:
+    async def all(self) -> list[Checkpoint]:
+        """Every feed's checkpoint, by name."""
         async with self._reader.connect() as conn:
             rows = (
                 await conn.execute(select(feed_checkpoints).order_by(feed_checkpoints.c.name))

@@ -8,7 +8,7 @@
   (:meth:`FeedReceipts.due_holds`); its age is on the database's clock, whichever observer
   first saw it.
 
-The receipt part of :class:`service.store.feeds.FeedStore`.
+A :class:`service.store.feeds.FeedStore` holds one as its ``receipts``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from service.core import Observation
 from service.core.feed import FeedEvent, ReceiptState, Seen
 from service.store import keyset
+from service.store.db import reader
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
 from service.store.tables import feed_checkpoints, feed_receipts, inline
@@ -83,10 +84,14 @@ HOLDS_SHOWN = 100
 class FeedReceipts:
     """Receipts: read by event, by place and by state; written with the event's outcome."""
 
-    _engine: AsyncEngine
-    _reader: AsyncEngine
-    _runner: PhaseRunner
-    _settle: SettlePhase
+    def __init__(self, engine: AsyncEngine, runner: PhaseRunner, *, settle: SettlePhase) -> None:
+        """``runner``: runs an event's transaction (the settlement store's, one retry
+        policy); ``settle``: builds the settle phase of the event's observation, which
+        commits with its receipt."""
+        self._engine = engine
+        self._reader = reader(engine)
+        self._runner = runner
+        self._settle = settle
 
     async def seen(self, feed: str, event_ids: Sequence[str]) -> dict[str, Seen]:
         """Receipts of ``event_ids``: where each event was, and its state."""

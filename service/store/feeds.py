@@ -1,11 +1,13 @@
 """The feed observer's durable state (docs/design.md §8): checkpoints, receipts, alarms.
 
-One store over three tables, each part in its own module:
+One store over three tables, each an object of its own in its own module, which callers
+reach by name (``feeds.receipts.seen(...)``):
 
-* :mod:`service.store.feed_checkpoints`: where each feed is, moved only by a CAS.
-* :mod:`service.store.feed_receipts`: one receipt per event, committed with its outcome;
-  a hold is a receipt that is not final yet.
-* :mod:`service.store.feed_alarms`: what an operator must look at.
+* ``checkpoints`` (:mod:`service.store.feed_checkpoints`): where each feed is, moved only by
+  a CAS.
+* ``receipts`` (:mod:`service.store.feed_receipts`): one receipt per event, committed with
+  its outcome; a hold is a receipt that is not final yet.
+* ``alarms`` (:mod:`service.store.feed_alarms`): what an operator must look at.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from service.store.phase import PhaseRunner
 __all__ = ["FeedStore"]
 
 
-class FeedStore(FeedCheckpoints, FeedReceipts, FeedAlarms):
+class FeedStore:
+    """A feed observer's checkpoints, receipts and alarms, on one engine."""
+
     def __init__(
         self,
         engine: AsyncEngine,
@@ -28,10 +32,9 @@ class FeedStore(FeedCheckpoints, FeedReceipts, FeedAlarms):
         *,
         settle: SettlePhase,
     ) -> None:
-        """``settle``: builds the settle phase of an observation (the settlement store's own
-        policy, clock and retention), so an event's settlement and its receipt share one
-        transaction."""
-        self._engine = engine
-        self._reader = engine.execution_options(isolation_level="AUTOCOMMIT")
-        self._runner = runner
-        self._settle = settle
+        """``runner`` and ``settle``: the settlement store's phase runner and the settle
+        phase of an observation (its own policy, clock and retention), so an event's
+        settlement and its receipt share one transaction."""
+        self.checkpoints = FeedCheckpoints(engine)
+        self.receipts = FeedReceipts(engine, runner, settle=settle)
+        self.alarms = FeedAlarms(engine)

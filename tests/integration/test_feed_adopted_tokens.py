@@ -53,9 +53,9 @@ async def test_an_observer_started_at_an_adopted_token_still_finds_the_events_it
     feed.cursor_pages["C10"] = CursorPage(events=[], next_cursor="T")
     adopter = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
     assert (await adopter.run_once()).result is PageResult.PROMOTED
-    promoted = await feed_store.checkpoint(feed_name, "cursor")
+    promoted = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (await adopter.run_once()).result is PageResult.CAUGHT_UP
-    adopted = await feed_store.checkpoint(feed_name, "cursor")
+    adopted = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (adopted.resume_cursor, adopted.promoted_cursor) == ("T", "C10")
     assert adopted.version == promoted.version  # nothing was passed
 
@@ -69,13 +69,13 @@ async def test_an_observer_started_at_an_adopted_token_still_finds_the_events_it
     )
     starter = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
     assert (await starter.run_once()).result is PageResult.PROMOTED
-    assert (await feed_store.checkpoint(feed_name, "cursor")).applied_position == 40
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).applied_position == 40
     for _ in range(2 * AUDIT_EVERY):
         await starter.run_once()
 
     states = await receipt_states(engine, feed_name)
     assert states == {"e10": "applied", "s20": "applied", "s25": "applied", "e40": "applied"}
-    backfills = {(a.kind, a.event_id): a.count for a in await feed_store.alarms(feed_name)}
+    backfills = {(a.kind, a.event_id): a.count for a in await feed_store.alarms.recent(feed_name)}
     assert backfills == {("backfill", "s20"): 1, ("backfill", "s25"): 1}
     passes = [cursor for cursor, limit in feed.asked if limit == MAX_PAGE]
     assert passes[0] == "C10" and "" not in passes  # its first mark: C10, never the token
@@ -84,7 +84,9 @@ async def test_an_observer_started_at_an_adopted_token_still_finds_the_events_it
         await adopter.run_once()
         await starter.run_once()
     assert await receipt_states(engine, feed_name) == states
-    assert {(a.kind, a.event_id): a.count for a in await feed_store.alarms(feed_name)} == backfills
+    assert {
+        (a.kind, a.event_id): a.count for a in await feed_store.alarms.recent(feed_name)
+    } == backfills
     for payout in (first, s20, s25, later):
         assert await feed_settlements(engine, payout.operation_id) == 1
 

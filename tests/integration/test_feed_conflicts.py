@@ -41,7 +41,7 @@ def now() -> datetime:
 
 
 async def alarm_kinds(feed_store: FeedStore, name: str) -> dict[str, str]:
-    return {a.event_id: a.kind for a in await feed_store.alarms(name)}
+    return {a.event_id: a.kind for a in await feed_store.alarms.recent(name)}
 
 
 async def pins(engine: AsyncEngine, name: str) -> dict[str, bool]:
@@ -83,17 +83,17 @@ async def test_an_event_served_at_another_position_stops_the_feed_until_accepted
         assert (await watcher.run_once()).result is PageResult.STOPPED
     assert await alarm_kinds(feed_store, feed_name) == {"e1": "conflicting-identity"}
 
-    accepted = await feed_store.accept_conflict(feed_name, "e1", now())
+    accepted = await feed_store.alarms.accept_conflict(feed_name, "e1", now())
 
     assert isinstance(accepted, Accepted) and accepted.unpinned == ["e1"]
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("B", 3)
     assert await receipt_states(engine, feed_name) == {"e1": "applied", "e2": "applied"}
     assert await feed_settlements(engine, first.operation_id) == 1  # its outcome stays, once
     assert await feed_settlements(engine, second.operation_id) == 1
     assert await alarm_kinds(feed_store, feed_name) == {"e1": "conflict-accepted"}
-    assert await feed_store.accept_conflict(feed_name, "e1", now()) is None  # nothing left
+    assert await feed_store.alarms.accept_conflict(feed_name, "e1", now()) is None  # nothing left
 
 
 async def test_another_event_at_a_served_position_is_accepted_by_unpinning_the_owner(
@@ -112,9 +112,9 @@ async def test_another_event_at_a_served_position_is_accepted_by_unpinning_the_o
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     feed.cursor_pages["A"] = CursorPage(events=[event(newcomer, "x", position=5)], next_cursor="B")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert [a.event_order for a in await feed_store.alarms(feed_name)] == [5]
+    assert [a.event_order for a in await feed_store.alarms.recent(feed_name)] == [5]
 
-    accepted = await feed_store.accept_conflict(feed_name, "x", now())
+    accepted = await feed_store.alarms.accept_conflict(feed_name, "x", now())
 
     assert isinstance(accepted, Accepted) and accepted.unpinned == ["y"]  # x has no receipt yet
     assert (await watcher.run_once()).result is PageResult.PROMOTED
@@ -143,12 +143,14 @@ async def test_a_settled_event_served_with_other_content_resumes_once_accepted(
     feed.events = [foreign("e1", timestamp=10)]  # the same id, other evidence
     assert (await watcher.run_once()).result is PageResult.STOPPED
 
-    accepted = await feed_store.accept_conflict(feed_name, "e1", now())
+    accepted = await feed_store.alarms.accept_conflict(feed_name, "e1", now())
 
     assert isinstance(accepted, Accepted) and accepted.unpinned == ["e1"]
     feed.watermark = 20
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 20
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 20
     assert await receipt_states(engine, feed_name) == {"e1": "applied"}
     assert await feed_settlements(engine, paid.operation_id) == 1
 
@@ -175,15 +177,15 @@ async def test_an_event_twice_in_one_page_cannot_be_accepted_and_nothing_changes
         events=[*in_order, event(first, "e1", position=2)], next_cursor="B"
     )
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    alarmed = await feed_store.alarms(feed_name)
+    alarmed = await feed_store.alarms.recent(feed_name)
     assert [(a.kind, a.event_id, a.event_order) for a in alarmed] == [
         ("conflicting-identity", "e1", 2)
     ]
 
-    refused = await feed_store.accept_conflict(feed_name, "e1", now())
+    refused = await feed_store.alarms.accept_conflict(feed_name, "e1", now())
 
     assert isinstance(refused, InOnePage)
-    assert await feed_store.alarms(feed_name) == alarmed  # not touched, not even counted
+    assert await feed_store.alarms.recent(feed_name) == alarmed  # not touched, not even counted
     assert await pins(engine, feed_name) == {"e1": True, "e2": True}
 
 
@@ -209,7 +211,7 @@ async def test_an_accepted_move_is_pinned_where_it_passed_and_a_later_move_stops
         events=[moved, event(second, "e2", position=3)], next_cursor="B"
     )
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "e1", now()), Accepted)
     assert (await placed(engine, feed_name))["e1"] == (1, False, event_digest(moved))
 
     assert (await watcher.run_once()).result is PageResult.PROMOTED
@@ -220,12 +222,12 @@ async def test_an_accepted_move_is_pinned_where_it_passed_and_a_later_move_stops
     )
     for _ in range(2):
         assert (await watcher.run_once()).result is PageResult.STOPPED
-    alarms = {a.kind: a for a in await feed_store.alarms(feed_name)}
+    alarms = {a.kind: a for a in await feed_store.alarms.recent(feed_name)}
     assert set(alarms) == {"conflicting-identity", "conflict-accepted"}
     again = alarms["conflicting-identity"]
     assert (again.event_id, again.event_order, again.count) == ("e1", 4, 2)
     assert "seen at position 2, now at 4" in again.detail
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("B", 3)
     assert await receipt_states(engine, feed_name) == {"e1": "applied", "e2": "applied"}
     assert await feed_settlements(engine, first.operation_id) == 1
@@ -249,7 +251,7 @@ async def test_an_unpinned_owner_is_pinned_again_where_it_is_served_next(
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     feed.cursor_pages["A"] = CursorPage(events=[event(newcomer, "x", position=5)], next_cursor="B")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert isinstance(await feed_store.accept_conflict(feed_name, "x", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "x", now()), Accepted)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     pins_now = {k: v[:2] for k, v in (await placed(engine, feed_name)).items()}
     assert pins_now == {"y": (5, False), "x": (5, True)}  # y not served: as accepted
@@ -261,9 +263,11 @@ async def test_an_unpinned_owner_is_pinned_again_where_it_is_served_next(
     assert (await placed(engine, feed_name))["y"] == (6, True, event_digest(y_later))
     feed.cursor_pages["C"] = CursorPage(events=[event(owner, "y", position=7)], next_cursor="D")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    again = [a for a in await feed_store.alarms(feed_name) if a.kind == "conflicting-identity"]
+    again = [
+        a for a in await feed_store.alarms.recent(feed_name) if a.kind == "conflicting-identity"
+    ]
     assert [(a.event_id, a.event_order) for a in again] == [("y", 7)]
-    assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "C"
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).resume_cursor == "C"
     assert await feed_settlements(engine, owner.operation_id) == 1
 
 
@@ -288,7 +292,7 @@ async def test_an_accepted_content_is_pinned_and_other_content_or_place_stops_ag
     other = foreign("e1", timestamp=10)
     feed.events = [other]
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "e1", now()), Accepted)
 
     assert (await watcher.run_once()).result is PageResult.CAUGHT_UP  # passes; 10 stays open
 
@@ -299,11 +303,13 @@ async def test_an_accepted_content_is_pinned_and_other_content_or_place_stops_ag
     ):
         feed.events = [served_again]
         assert (await watcher.run_once()).result is PageResult.STOPPED
-        alarms = {a.kind: a for a in await feed_store.alarms(feed_name)}
+        alarms = {a.kind: a for a in await feed_store.alarms.recent(feed_name)}
         assert set(alarms) == {"conflicting-identity", "conflict-accepted"}
         assert said in alarms["conflicting-identity"].detail
         assert await placed(engine, feed_name) == {"e1": (10, True, event_digest(other))}
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 9
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 9
     assert await receipt_states(engine, feed_name) == {"e1": "applied"}
     assert await feed_settlements(engine, paid.operation_id) == 1
 
@@ -327,14 +333,14 @@ async def test_a_page_stopped_for_another_reason_pins_nothing_again(
     moved = event(first, "e1", position=3)
     feed.cursor_pages["A"] = CursorPage(events=[moved], next_cursor="B")
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "e1", now()), Accepted)
     feed.cursor_pages["A"] = CursorPage(
         events=[moved, event(second, "e2", position=2)], next_cursor="B"
     )
 
     assert (await watcher.run_once()).result is PageResult.STOPPED
 
-    kinds = {a.kind for a in await feed_store.alarms(feed_name)}
+    kinds = {a.kind for a in await feed_store.alarms.recent(feed_name)}
     assert kinds == {"regression", "conflict-accepted"}
     assert await placed(engine, feed_name) == {"e1": (1, False, event_digest(moved))}
     feed.cursor_pages["A"] = CursorPage(events=[moved], next_cursor="B")

@@ -58,7 +58,7 @@ async def test_empty_pages_with_a_fresh_token_each_back_off_and_never_climb_the_
     spec = FeedSpec(feed_name, "cursor", "http://feed.invalid/cursor", promises)
     feed = FreshTokens(spec)
     watcher = observer(spec, feed, store, feed_store, engine, clock)
-    before = await feed_store.checkpoint(feed_name, "cursor")
+    before = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     waits = []
     for _ in range(200):
         page = await watcher.run_once()
@@ -66,7 +66,7 @@ async def test_empty_pages_with_a_fresh_token_each_back_off_and_never_climb_the_
         waits.append(watcher.wait_after(page))
     # backs off like a caught-up feed (1 s doubled up to the 8 s bound), never a 0 s loop
     assert waits[:5] == [1.0, 2.0, 4.0, 8.0, 8.0] and min(waits) > 0
-    after = await feed_store.checkpoint(feed_name, "cursor")
+    after = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert after.version == before.version  # nothing was passed: no new version
     assert after.resume_cursor == ("T200" if documented else "")
     assert after.caught_up_at is not None
@@ -117,8 +117,8 @@ async def test_one_event_id_twice_in_a_page_with_other_content_stops_the_page(
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     assert (await watcher.run_once()).result is PageResult.STOPPED
     assert await receipt_states(engine, feed_name) == {}
-    assert {x.kind for x in await feed_store.alarms(feed_name)} == {"conflicting-identity"}
-    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    assert {x.kind for x in await feed_store.alarms.recent(feed_name)} == {"conflicting-identity"}
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, kind)
     assert (checkpoint.resume_cursor, checkpoint.closed_through_timestamp) == ("", None)
 
 
@@ -151,7 +151,7 @@ async def test_an_inclusive_after_and_a_tie_group_larger_than_the_page_grow_the_
     watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
     results = [(await watcher.run_once()).result for _ in range(6)]
     assert PageResult.GROW in results
-    checkpoint = await feed_store.checkpoint(feed_name, "timestamp")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
     assert checkpoint.closed_through_timestamp == 101
     states = await receipt_states(engine, feed_name)
     assert len(states) == 16 and set(states.values()) == {"quarantined"}
@@ -180,7 +180,9 @@ async def test_a_hold_behind_the_checkpoint_served_again_blocks_nothing_ahead_of
     watcher = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
     for _ in range(3):
         await watcher.run_once()
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 105
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 105
     states = await receipt_states(engine, feed_name)
     assert states == {"x": "held", "y": "quarantined", "z": "quarantined"}
 
@@ -206,7 +208,9 @@ async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle
     )  # fmt: skip
     for _ in range(7):
         await watcher.run_once()
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1599
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 1599
     late = foreign("late", timestamp=1599)
     feed.events.insert(600, late)  # behind the closed timestamp: no main page asks there
     for n in range(4 * AUDIT_EVERY):
@@ -217,9 +221,9 @@ async def test_the_audit_pages_through_its_window_on_a_feed_that_never_goes_idle
         assert page.events > 0
     states = await receipt_states(engine, feed_name)
     assert states.get("late") == "quarantined"  # its operation is not here (grace 0)
-    assert {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"} == {
-        "late"
-    }
+    assert {
+        a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"
+    } == {"late"}
 
 
 FAILPOINTS = [
@@ -281,7 +285,7 @@ async def test_a_crash_at_any_failpoint_of_either_feed_kind_resumes_with_one_out
     assert states == {"e0": "applied", "stranger": "quarantined", "e1": "applied", "e2": "applied"}
     for op in ops:
         assert await feed_settlements(engine, op.operation_id) == 1
-    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, kind)
     if kind == "cursor":
         assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("P4", 13)
     else:
@@ -335,8 +339,10 @@ async def test_a_silent_page_cap_skips_nothing_unless_a_broken_promise_is_truste
     for _ in range(5):
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
-    closed = (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp
-    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    closed = (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp
+    late = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"}
     if not skips:
         assert len(states) == 100 and not late
         # a short page may be capped: its last timestamp stays open until a later event
@@ -347,10 +353,10 @@ async def test_a_silent_page_cap_skips_nothing_unless_a_broken_promise_is_truste
     for _ in range(4 * AUDIT_EVERY):  # the audit's walk: capped pages of 50, one per ten
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
-    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    late = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"}
     assert len(states) == 100  # ...until the audit found them, each alarmed
     assert late == {f"e{n}" for n in range(1051, 1101)}
-    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "tie-stall"]
+    assert not [a for a in await feed_store.alarms.recent(feed_name) if a.kind == "tie-stall"]
 
 
 @pytest.mark.parametrize(
@@ -381,7 +387,9 @@ async def test_a_watermark_that_lies_is_caught_by_the_audit_when_it_is_trusted(
     )  # fmt: skip
     for _ in range(3):
         await watcher.run_once()
-    closed = (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp
+    closed = (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp
     assert closed == (1100 if early else 1009)
     feed.events.append(foreign("late", timestamp=1050))
     feed.events.append(foreign("after", timestamp=1200))
@@ -389,7 +397,7 @@ async def test_a_watermark_that_lies_is_caught_by_the_audit_when_it_is_trusted(
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
     assert states.get("late") == "quarantined"  # a receipt either way, never skipped
-    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    late = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"}
     assert late == ({"late"} if early else set())
 
 
@@ -432,7 +440,7 @@ async def test_a_cursor_feed_is_read_again_and_a_backfill_is_found(
     for _ in range(2 * AUDIT_EVERY):
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
-    alarms = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "backfill"}
+    alarms = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "backfill"}
     assert states.get("b20") == "quarantined" and alarms == {"b20"}
     assert states["e10"] == states["e30"] == "applied"
 
@@ -471,7 +479,7 @@ async def test_a_no_backfill_feed_is_read_again_only_back_one_audit_window(
     for _ in range(2 * AUDIT_EVERY):
         await watcher.run_once()
     states = await receipt_states(engine, feed_name)
-    alarms = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "backfill"}
+    alarms = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "backfill"}
     assert states.get("b20") == "quarantined" and alarms == {"b20"}
     assert "b5" not in states
     assert [cursor for cursor, _ in feed.asked].count("") == 1  # the start is not read again
@@ -500,7 +508,7 @@ async def test_a_reconciliation_pass_goes_on_where_it_was_after_a_restart(
     before = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
     for _ in range(AUDIT_EVERY):
         await before.run_once()
-    assert (await feed_store.checkpoint(feed_name, "cursor")).walk_cursor == "R1"
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).walk_cursor == "R1"
 
     after = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)  # a restart
     for _ in range(AUDIT_EVERY):
@@ -509,8 +517,8 @@ async def test_a_reconciliation_pass_goes_on_where_it_was_after_a_restart(
     assert [cursor for cursor, limit in feed.asked if limit == MAX_PAGE] == ["", "R1"]
     assert (await receipt_states(engine, feed_name)).get("b20") == "quarantined"
     # both found behind the applied position without a receipt (e10 on the first page)
-    assert {a.event_id for a in await feed_store.alarms(feed_name)} == {"e10", "b20"}
-    assert (await feed_store.checkpoint(feed_name, "cursor")).walk_cursor == "R2"
+    assert {a.event_id for a in await feed_store.alarms.recent(feed_name)} == {"e10", "b20"}
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).walk_cursor == "R2"
 
 
 async def test_an_idle_feed_reads_a_page_of_its_walk_with_every_request(
@@ -577,5 +585,5 @@ async def test_a_walk_the_source_refuses_never_stops_the_feed_and_starts_anew(
     # caught up, then idle: a walk page with each request from the fifth on, refused
     assert set(results[3:]) == {PageResult.CAUGHT_UP}
     assert [cursor for cursor, _ in feed.asked if _ == MAX_PAGE] == ["OLD"] * WALK_FAILURES
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.walk_cursor) == ("C3", None)

@@ -84,7 +84,7 @@ async def held_behind_the_checkpoint(
     watcher = observer(spec, feed, store, feed_store, engine, clock, grace=GRACE)
     assert (await watcher.run_once()).result.value == "promoted"
     assert await receipt_states(engine, feed_name) == {"x": "held"}
-    assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "D"
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).resume_cursor == "D"
     clock.advance(2)
     return spec, feed, watcher
 
@@ -154,7 +154,7 @@ async def test_an_operator_retry_decides_the_stored_event_again_and_never_delete
     retried = await admin.decide(ADMIN, feed_name, "x", HoldAction("retry"))
     assert getattr(retried, "state", None) == "held"
     assert await receipt_states(engine, feed_name) == {"x": "held"}
-    [kept] = (await feed_store.holds(feed_name))[0]
+    [kept] = (await feed_store.receipts.holds(feed_name))[0]
     assert kept.evidence is not None  # its only record still holds the event
     # the operation arrives: the next retry settles the stored event at once
     await unknown_payout(store, principal_id, clock, new_operation_id=operation_id)

@@ -228,12 +228,12 @@ async def test_cursor_c7_crash_after_106_resumes_with_107_then_promotes_c8(
     page = await crashing.run_once()
     assert page.result is PageResult.UNAVAILABLE
     assert await receipt_states(engine, feed_name) == {"e104": "applied", "e106": "applied"}
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C7", 105)
 
     page = await first.run_once()
     assert page.result is PageResult.PROMOTED and page.processed == 1
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C8", 107)
     assert (
         await store.reads.get(uuid.UUID(ops[107].operation_id))
@@ -269,7 +269,7 @@ async def test_a_quarantine_decided_only_in_memory_keeps_the_prefix_at_210(
     )  # fmt: skip
     assert (await crashing.run_once()).result is PageResult.UNAVAILABLE
     assert await receipt_states(engine, feed_name) == {"e210": "applied"}
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C9", 209)
 
     again = observer(spec, feed, store, feed_store, engine, clock, grace=0.0)
@@ -279,7 +279,7 @@ async def test_a_quarantine_decided_only_in_memory_keeps_the_prefix_at_210(
         "e211": "quarantined",
         "e212": "applied",
     }
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C10", 212)
 
 
@@ -312,16 +312,22 @@ async def test_a_tie_group_across_pages_closes_only_when_whole_and_durable(
     resumed = observer(spec, feed, store, feed_store, engine, clock, page_size=2)
     # A and B fill a page of 2: nothing closes, the next page is larger
     assert (await resumed.run_once()).result is PageResult.GROW
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1000
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 1000
     # the page of 4 holds C and D: C is made durable, then 10:01 closes (the page is full,
     # so 10:02 may be cut and stays open)
     assert (await resumed.run_once()).result is PageResult.PROMOTED
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1001
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 1001
     assert (await receipt_states(engine, feed_name))["C"] == "applied"
     # D is asked for again (strictly after 10:01), already final; the watermark closes 10:02
     assert (await resumed.run_once()).result is PageResult.PROMOTED
     assert feed.asked[-1] == (1001, 2)
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1002
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 1002
     for n in "ABCD":
         assert await feed_settlements(engine, ops[n].operation_id) == 1
 
@@ -347,19 +353,19 @@ async def test_a_bad_signature_holds_the_barrier_until_an_operator_decides(
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     for _ in range(3):  # held: the same page again and again, never past it
         assert (await watcher.run_once()).result is PageResult.BLOCKED
-    assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == ""
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).resume_cursor == ""
     assert (await store.reads.get(uuid.UUID(bad.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
-    [hold], open_holds, _ = await feed_store.holds(feed_name)
+    [hold], open_holds, _ = await feed_store.receipts.holds(feed_name)
     assert open_holds == 1
     assert (hold.event_id, hold.reason) == ("b", "bad-signature")
-    assert {a.kind for a in await feed_store.alarms(feed_name)} == {"bad-signature"}
+    assert {a.kind for a in await feed_store.alarms.recent(feed_name)} == {"bad-signature"}
     # the operator quarantines it: the barrier opens
-    await feed_store.refuse_event(
+    await feed_store.receipts.refuse_event(
         feed_name, "b", 2, uuid.UUID(bad.operation_id), None, "quarantined",
         "operator-quarantine", datetime.now(UTC),
     )  # fmt: skip
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "N"
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).resume_cursor == "N"
 
 
 async def age_receipt(engine: AsyncEngine, name: str, event_id: str, seconds: float) -> None:
@@ -416,9 +422,9 @@ async def test_a_conflicting_identity_or_a_regression_stops_the_page_with_an_ala
         events=[event(b, "b", position=7), event(b, "c", position=6)], next_cursor="P7"
     )
     assert (await watcher.run_once()).result is PageResult.STOPPED
-    assert (await feed_store.checkpoint(feed_name, "cursor")).resume_cursor == "P5"
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).resume_cursor == "P5"
     assert await receipt_states(engine, feed_name) == {"a": "applied"}
-    kinds = {a.kind for a in await feed_store.alarms(feed_name)}
+    kinds = {a.kind for a in await feed_store.alarms.recent(feed_name)}
     assert kinds == {"conflicting-identity", "regression"}
 
 
@@ -441,8 +447,8 @@ async def test_a_stuck_token_backs_off_up_to_the_bound(
         assert page.result is PageResult.STUCK
         waits.append(watcher.wait_after(page))
     assert waits == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]
-    assert {a.kind for a in await feed_store.alarms(feed_name)} == {"stuck-token"}
-    assert [a.count for a in await feed_store.alarms(feed_name)] == [6]
+    assert {a.kind for a in await feed_store.alarms.recent(feed_name)} == {"stuck-token"}
+    assert [a.count for a in await feed_store.alarms.recent(feed_name)] == [6]
 
 
 async def test_a_backfilled_or_late_event_is_processed_and_alarmed_never_skipped(
@@ -461,8 +467,8 @@ async def test_a_backfilled_or_late_event_is_processed_and_alarmed_never_skipped
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert await receipt_states(engine, feed_name) == {"old": "applied"}
-    assert (await feed_store.checkpoint(feed_name, "cursor")).applied_position == 50
-    assert {a.kind for a in await feed_store.alarms(feed_name)} == {"backfill"}
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).applied_position == 50
+    assert {a.kind for a in await feed_store.alarms.recent(feed_name)} == {"backfill"}
 
 
 async def test_two_observers_on_one_feed_apply_each_event_once_and_never_regress(
@@ -499,10 +505,10 @@ async def test_two_observers_on_one_feed_apply_each_event_once_and_never_regress
     versions = []
     for _ in range(8):
         await asyncio.gather(*(w.run_once() for w in watchers))
-        checkpoint = await stores[0].checkpoint(feed_name, "cursor")
+        checkpoint = await stores[0].checkpoints.checkpoint(feed_name, "cursor")
         versions.append((checkpoint.version, checkpoint.applied_position or 0))
     assert versions == sorted(versions)
-    checkpoint = await stores[0].checkpoint(feed_name, "cursor")
+    checkpoint = await stores[0].checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("K4", 12)
     for op in ops:
         assert await feed_settlements(engine, op.operation_id) == 1
@@ -537,7 +543,7 @@ async def test_the_feed_settlement_is_a_feed_observation_of_the_operation(
         )
     assert (row["kind"], row["disposition"], row["verified"]) == ("completed", "applied", True)
     assert row["detail"] == {"feed": feed_name, "event_id": "only"}
-    receipt = await feed_store.receipt(feed_name, "only")
+    receipt = await feed_store.receipts.receipt(feed_name, "only")
     assert receipt is not None and receipt.observation_id == row["id"]
     assert ObservationKind.COMPLETED.value == "completed"
     async with engine.begin() as conn:  # a later page cannot re-apply it, even if asked to

@@ -149,15 +149,15 @@ async def test_a_replayed_outcome_settles_the_operation_once(
     decisions = await feed_decisions(engine, op.operation_id)
     assert [d for d in decisions if d[0] == "applied"] == [("applied", "terminal-applied")]
     assert decisions[1:] == [("strengthened", "same-digest")]
-    again = await feed_store.receipt(feed_name, "again")
+    again = await feed_store.receipts.receipt(feed_name, "again")
     assert again is not None and again.reason == "same-digest"
     assert again.state == "ignored"  # a replay
-    assert (await feed_store.receipt(feed_name, "first")).state == "applied"  # type: ignore[union-attr]
+    assert (await feed_store.receipts.receipt(feed_name, "first")).state == "applied"  # type: ignore[union-attr]
     # served once more (a new id, the same outcome): still nothing written on the row
     feed.cursor_pages["N"] = CursorPage(events=[signed(op, "third", position=3)], next_cursor="M")
     assert (await watcher.run_once()).result is PageResult.PROMOTED
     assert await revision(store, op.operation_id) == (OperationState.COMPLETED, settled_at)
-    assert (await feed_store.checkpoint(feed_name, "cursor")).applied_position == 3
+    assert (await feed_store.checkpoints.checkpoint(feed_name, "cursor")).applied_position == 3
     assert [d[0] for d in await feed_decisions(engine, op.operation_id)] == [
         "applied",
         "strengthened",
@@ -208,7 +208,7 @@ async def test_an_outcome_the_core_ignores_gets_an_ignored_receipt(
     )
     assert (await observer(spec, feed, winning, feeds, engine, clock).run_once()).processed == 2
     assert await receipt_states(engine, feed_name) == {"paid": "applied", "refused": "ignored"}
-    assert (await feeds.receipt(feed_name, "refused")).reason == "failed-after-completed"  # type: ignore[union-attr]
+    assert (await feeds.receipts.receipt(feed_name, "refused")).reason == "failed-after-completed"  # type: ignore[union-attr]
     assert (await revision(winning, op.operation_id))[0] is OperationState.COMPLETED
     assert await feed_decisions(engine, op.operation_id) == [
         ("applied", "terminal-applied"),
@@ -238,7 +238,7 @@ async def test_evidence_of_another_tuple_is_quarantined_by_the_core_and_blocks_n
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     _, before = await revision(store, op.operation_id)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    receipt = await feed_store.receipt(feed_name, "stale")
+    receipt = await feed_store.receipts.receipt(feed_name, "stale")
     assert receipt is not None
     assert (receipt.state, receipt.reason) == ("quarantined", "tuple-mismatch")
     assert await revision(store, op.operation_id) == (OperationState.UNKNOWN, before)
@@ -273,7 +273,7 @@ async def test_an_event_about_a_local_effects_operation_is_quarantined_not_exter
     assert (await observer(spec, feed, store, feed_store, engine, clock).run_once()).result is (
         PageResult.PROMOTED
     )
-    receipt = await feed_store.receipt(feed_name, "local")
+    receipt = await feed_store.receipts.receipt(feed_name, "local")
     assert receipt is not None
     assert (receipt.state, receipt.reason) == ("quarantined", "not-external")
     assert receipt.operation_id == uuid.UUID(local.operation_id)
@@ -309,7 +309,7 @@ async def test_an_event_about_a_purged_operation_is_quarantined_and_recorded(
     feed.cursor_pages[""] = CursorPage(events=[signed(op, "late", position=1)], next_cursor="N")
     watcher = observer(spec, feed, store, feed_store, engine, clock, grace=3600.0)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    receipt = await feed_store.receipt(feed_name, "late")
+    receipt = await feed_store.receipts.receipt(feed_name, "late")
     assert receipt is not None
     assert (receipt.state, receipt.reason) == ("quarantined", "operation-expired")
     assert receipt.operation_id == operation_id and receipt.observation_id is not None
@@ -362,7 +362,7 @@ async def test_an_event_served_again_after_its_receipt_was_purged_is_decided_aga
         feed.watermark = 1000
     watcher = observer(spec, feed, store, feed_store, engine, clock)
     assert (await watcher.run_once()).result is PageResult.PROMOTED
-    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, kind)
     assert (checkpoint.applied_position or checkpoint.closed_through_timestamp) in {1, 1000}
     settled = await revision(store, op.operation_id)
     assert await feed_decisions(engine, op.operation_id) == [("applied", "terminal-applied")]
@@ -380,8 +380,10 @@ async def test_an_event_served_again_after_its_receipt_was_purged_is_decided_aga
         for _ in range(AUDIT_EVERY - 1):
             assert (await watcher.run_once()).result is PageResult.CAUGHT_UP
         alarm = "late-event"
-    assert {(a.kind, a.event_id) for a in await feed_store.alarms(feed_name)} == {(alarm, "e")}
-    receipt = await feed_store.receipt(feed_name, "e")
+    assert {(a.kind, a.event_id) for a in await feed_store.alarms.recent(feed_name)} == {
+        (alarm, "e")
+    }
+    receipt = await feed_store.receipts.receipt(feed_name, "e")
     assert receipt is not None
     decisions = await feed_decisions(engine, op.operation_id)
     if fate == "purged":
@@ -445,7 +447,7 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
     x = foreign("x", operation_id, position=7)
     signed_x = decode_signed(x)
     assert signed_x is not None
-    held, found = await feed_store.settle_event(
+    held, found = await feed_store.receipts.settle_event(
         feed_name, "x", 7, uuid.UUID(operation_id),
         observation_of(signed_x.evidence, Source.FEED), at(clock()), digest=digest_of(x),
     )  # fmt: skip
@@ -455,7 +457,7 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
     y = foreign("y", str(uuid.uuid4()), position=8)
     signed_y = decode_signed(y)
     assert signed_y is not None
-    kept, _ = await feed_store.settle_event(
+    kept, _ = await feed_store.receipts.settle_event(
         feed_name + "y", "y", 8, signed_y.evidence.operation_id,
         observation_of(signed_y.evidence, Source.FEED), at(clock()), digest=digest_of(y),
         served=(bytes(y.evidence), y.signature),
@@ -473,7 +475,7 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
         assert await watcher.redrive_holds() == 0
     assert await receipt_states(engine, feed_name) == {"x": "held", "kept": "applied"}
     assert (await revision(store, operation_id))[0] is OperationState.UNKNOWN
-    [hold], open_holds, _ = await feed_store.holds(feed_name)
+    [hold], open_holds, _ = await feed_store.receipts.holds(feed_name)
     assert (hold.event_id, hold.evidence, open_holds) == ("x", None, 1)
     assert hold.decided_at == held.decided_at  # never decided again
 
@@ -482,7 +484,7 @@ async def test_a_hold_that_kept_no_event_waits_for_its_feed_to_serve_it_again(
     assert (await receipt_states(engine, feed_name))["x"] == "applied"
     assert (await revision(store, operation_id))[0] is OperationState.COMPLETED
     assert await feed_settlements(engine, operation_id) == 1
-    assert (await feed_store.holds(feed_name))[1] == 0
+    assert (await feed_store.receipts.holds(feed_name))[1] == 0
 
 
 async def test_the_holds_are_decided_again_once_per_poll_interval_fifty_at_a_time_oldest_first(
@@ -542,13 +544,17 @@ async def test_holds_still_waiting_go_to_the_back_of_the_re_drive(
     watcher = observer(spec, ScriptedFeed(spec), store, feed_store, engine, clock, grace=3600.0)
     assert await watcher.redrive_holds() == 0  # all still held
     first = at(clock())
-    decided = {h.event_id: h.decided_at for h in await feed_store.due_holds(feed_name, total)}
+    decided = {
+        h.event_id: h.decided_at for h in await feed_store.receipts.due_holds(feed_name, total)
+    }
     assert sorted(e for e, when in decided.items() if when == first) == [
         f"h{n:02d}" for n in range(10, total)
     ]
     clock.advance(1.0)
     assert await watcher.redrive_holds() == 0
-    decided = {h.event_id: h.decided_at for h in await feed_store.due_holds(feed_name, total)}
+    decided = {
+        h.event_id: h.decided_at for h in await feed_store.receipts.due_holds(feed_name, total)
+    }
     assert all(when >= first for when in decided.values())  # every hold decided at least once
     assert {e for e, when in decided.items() if when == at(clock())} >= {
         f"h{n:02d}" for n in range(10)

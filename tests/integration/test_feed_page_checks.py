@@ -79,7 +79,7 @@ async def settled_receipts(engine: AsyncEngine, feed: str, served: list[RawEvent
 
 async def alarms_of(feed_store: FeedStore, feed: str) -> dict[str, tuple[str, int]]:
     """kind -> (detail, count) of the feed's alarms (one event per kind in these tests)."""
-    return {a.kind: (a.detail, a.count) for a in await feed_store.alarms(feed)}
+    return {a.kind: (a.detail, a.count) for a in await feed_store.alarms.recent(feed)}
 
 
 # -- C15: an answer that breaks the contract is no page -------------------------------------------
@@ -230,7 +230,7 @@ async def test_an_answer_that_breaks_the_contract_is_no_page_and_moves_nothing(
     good = event(op, "good", position=1) if kind == "cursor" else event(op, "good", timestamp=1001)
     source.answer = contract_break(kind, answer, good)
     await start(engine, feed_name, kind)
-    before = await feed_store.checkpoint(feed_name, kind)
+    before = await feed_store.checkpoints.checkpoint(feed_name, kind)
     client = FeedClient(spec, timeout=TIMEOUT)
     watcher = observer(spec, cast(ScriptedFeed, client), store, feed_store, engine, clock)
     try:
@@ -241,9 +241,9 @@ async def test_an_answer_that_breaks_the_contract_is_no_page_and_moves_nothing(
         await watcher.close()
     assert page.result is PageResult.UNAVAILABLE
     assert watcher.wait_after(page) == 1.0  # backs off as on any page without progress
-    assert await feed_store.checkpoint(feed_name, kind) == before
+    assert await feed_store.checkpoints.checkpoint(feed_name, kind) == before
     assert await receipt_states(engine, feed_name) == {}
-    assert await feed_store.alarms(feed_name) == []
+    assert await feed_store.alarms.recent(feed_name) == []
     assert (await store.reads.get(uuid.UUID(op.operation_id))).state is OperationState.UNKNOWN  # type: ignore[union-attr]
     expected = {"cursor": ["C7"]} if kind == "cursor" else {"after": ["1000"]}
     assert source.asked == [{**expected, "limit": ["10"]}] * 2  # both reached the source
@@ -296,7 +296,7 @@ async def test_a_page_of_exactly_the_largest_size_is_a_page(
     finally:
         await watcher.close()
     assert await receipt_states(engine, feed_name) == {"good": "applied"}
-    checkpoint = await feed_store.checkpoint(feed_name, kind)
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, kind)
     if kind == "cursor":
         assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C8", 1)
     else:
@@ -331,7 +331,9 @@ async def test_a_tie_group_larger_than_the_largest_page_stalls_and_skips_nothing
     assert [p.processed for p in pages] == [125, 125, 250, 0]
     assert [limit for _, limit in feed.asked] == [125, 250, MAX_PAGE, MAX_PAGE]
     assert watcher.wait_after(pages[-1]) > 0  # a stall is no progress: the observer backs off
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 1000
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 1000
     states = await receipt_states(engine, feed_name)
     assert len(states) == MAX_PAGE and set(states.values()) == {"quarantined"}
     assert f"t{MAX_PAGE:03d}" not in states and "after" not in states
@@ -384,7 +386,9 @@ async def test_an_audit_page_that_breaks_order_or_identity_is_alarmed_and_proces
     assert set(alarms) == {kind}
     assert alarms[kind][0].startswith(detail) and alarms[kind][1] == 2
     assert await receipt_states(engine, feed_name) == {"a": "quarantined"}
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 2000
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 2000
     audits = [asked for asked in feed.asked if asked[1] == MAX_PAGE]
     assert audits == [(1699, MAX_PAGE)] * 2  # the walk started again where it starts
 
@@ -432,7 +436,7 @@ async def test_a_reconciliation_page_that_breaks_order_or_identity_is_alarmed_an
     assert set(alarms) == {kind}
     assert alarms[kind][0].startswith(detail) and alarms[kind][1] == 2
     assert await receipt_states(engine, feed_name) == {"a": "quarantined"}
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C50", 50)
     assert [asked for asked in feed.asked if asked[1] == MAX_PAGE] == [("", MAX_PAGE)] * 2
 
@@ -470,4 +474,6 @@ async def test_more_than_the_largest_page_at_one_timestamp_in_the_audit_window_s
     assert (await receipt_states(engine, feed_name))["late"] == "quarantined"
     alarms = await alarms_of(feed_store, feed_name)
     assert set(alarms) == {"tie-stall", "late-event"}
-    assert (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 2000
+    assert (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 2000

@@ -61,7 +61,7 @@ async def accepted_move(
     fresh = observer(spec, fresh_feed, store, feed_store, engine, clock)
     assert (await fresh.run_once()).result is PageResult.PROMOTED
     assert (await fresh.run_once()).result is PageResult.STOPPED
-    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "e1", now()), Accepted)
     # the stale observer's page: e1 at 2, and e2 (new) at 3, where it waits once e2 is decided
     stale_feed.cursor_pages["A"] = CursorPage(
         events=[event(ops[0], "e1", position=2), event(ops[1], "e2", position=3)],
@@ -94,7 +94,7 @@ async def test_a_stale_observer_never_moves_a_receipt_pinned_again_by_a_newer_pa
     assert (await late).result is PageResult.LOST
 
     assert (await placed(engine, feed_name))["e1"][:2] == (4, True)
-    checkpoint = await feed_store.checkpoint(feed_name, "cursor")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     assert (checkpoint.resume_cursor, checkpoint.applied_position) == ("C", 4)
 
 
@@ -153,15 +153,15 @@ async def test_a_conflict_the_audit_found_is_pinned_again_by_the_audits_next_pag
     feed.events = [other]
     watcher.wait_after(await watcher.run_once())  # idle: each request reads an audit page
     await watcher.run_once()
-    alarms = await feed_store.alarms(feed_name)
+    alarms = await feed_store.alarms.recent(feed_name)
     assert [(a.kind, a.detail.split(":")[0]) for a in alarms] == [("conflicting-identity", "audit")]
-    assert isinstance(await feed_store.accept_conflict(feed_name, "e1", now()), Accepted)
+    assert isinstance(await feed_store.alarms.accept_conflict(feed_name, "e1", now()), Accepted)
 
     await watcher.run_once()
 
     assert await placed(engine, feed_name) == {"e1": (10, True, event_digest(other))}
     feed.events = [original]
     await watcher.run_once()
-    kinds = {a.kind for a in await feed_store.alarms(feed_name)}
+    kinds = {a.kind for a in await feed_store.alarms.recent(feed_name)}
     assert kinds == {"conflicting-identity", "conflict-accepted"}
     assert await placed(engine, feed_name) == {"e1": (10, True, event_digest(other))}

@@ -163,18 +163,20 @@ async def test_a_no_backfill_feeds_receipts_go_once_its_checkpoint_passed_them_a
     await receipt(engine, feed_name, "passed-long-ago", 10, "applied", old, clock)
     await receipt(engine, feed_name, "passed-lately", 40, "applied", old, clock)
     await receipt(engine, feed_name, "ahead", 60, "applied", old, clock)
-    current = await feed_store.checkpoint(feed_name, "cursor")
-    assert await feed_store.promote_cursor(current, "C50", 50, at(clock()))  # the jump
-    assert not await feed_store.promote_cursor(current, "C90", 90, at(clock()))  # lost: no note
+    current = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
+    assert await feed_store.checkpoints.promote_cursor(current, "C50", 50, at(clock()))  # the jump
+    assert not await feed_store.checkpoints.promote_cursor(
+        current, "C90", 90, at(clock())
+    )  # lost: no note
 
     await purger(engine, clock, policy).run_once()
 
     assert await kept(engine, feed_name) == {"passed-lately", "ahead"}
     assert await promotions(engine, feed_name) == [10, 50]
     clock.advance(KEEP - 1)
-    again = await feed_store.checkpoint(feed_name, "cursor")
+    again = await feed_store.checkpoints.checkpoint(feed_name, "cursor")
     # an overlap page promotes to a new cursor at the same position: passed when first noted
-    assert await feed_store.promote_cursor(again, "C50b", 50, at(clock()))
+    assert await feed_store.checkpoints.promote_cursor(again, "C50b", 50, at(clock()))
     await purger(engine, clock, policy).run_once()
     assert await kept(engine, feed_name) == {"passed-lately", "ahead"}
 
@@ -219,7 +221,7 @@ async def test_a_checkpoint_jumping_after_a_long_hold_leaves_the_next_pass_its_r
         await watcher.run_once()
 
     assert ("", MAX_PAGE) in feed.asked  # the pass read the jumped-over receipts again
-    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "backfill"]
+    assert not [a for a in await feed_store.alarms.recent(feed_name) if a.kind == "backfill"]
     assert await receipt_states(engine, feed_name) == {"h5": "applied", "e10": "applied"}
 
     clock.advance(KEEP + 1)
@@ -230,7 +232,7 @@ async def test_a_checkpoint_jumping_after_a_long_hold_leaves_the_next_pass_its_r
 
     assert ("", MAX_PAGE) not in feed.asked[asked:]  # the pass reads after the jump now
     assert await receipt_states(engine, feed_name) == {}
-    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "backfill"]
+    assert not [a for a in await feed_store.alarms.recent(feed_name) if a.kind == "backfill"]
 
 
 async def test_receipts_of_a_feed_this_process_does_not_observe_stay(

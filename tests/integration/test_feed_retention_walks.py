@@ -58,15 +58,15 @@ async def test_a_timestamp_feeds_receipts_stay_until_an_audit_walk_under_way_pas
     await purger(engine, clock, policy).run_once()
     assert await kept(engine, feed_name) == set(stamps)  # the walk reads from the start
 
-    await feed_store.walk_to(feed_name, cursor=None, after=9_000)
+    await feed_store.checkpoints.walk_to(feed_name, cursor=None, after=9_000)
     await purger(engine, clock, policy).run_once()
     assert await kept(engine, feed_name) == {"ahead", "ahead-far", "passed-last", "edge"}
 
-    await feed_store.walk_to(feed_name, cursor=None, after=9_600)
+    await feed_store.checkpoints.walk_to(feed_name, cursor=None, after=9_600)
     await purger(engine, clock, policy).run_once()
     assert await kept(engine, feed_name) == {"passed-last", "edge"}
 
-    await feed_store.walk_to(feed_name, cursor=None, after=None)  # the walk is through
+    await feed_store.checkpoints.walk_to(feed_name, cursor=None, after=None)  # the walk is through
     await purger(engine, clock, policy).run_once()
     assert await kept(engine, feed_name) == {"edge"}  # the next walk reads from the edge
 
@@ -101,7 +101,7 @@ async def test_a_closed_timestamp_jumping_under_an_audit_walk_leaves_the_walk_it
     # audit page after 999 - 300 - 1 = 698: p800 and p900, cut: the walk goes on after 899
     for _ in range(AUDIT_EVERY):
         await watcher.run_once()
-    checkpoint = await feed_store.checkpoint(feed_name, "timestamp")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
     assert (checkpoint.closed_through_timestamp, checkpoint.walk_after) == (999, 899)
     assert walked(feed) == [698]
     assert (await receipt_states(engine, feed_name))["h1000"] == "held"
@@ -110,7 +110,9 @@ async def test_a_closed_timestamp_jumping_under_an_audit_walk_leaves_the_walk_it
     await unknown_payout(store, principal_id, clock, new_operation_id=later)
     results = [(await watcher.run_once()).result for _ in range(3)]  # h1000 settled: the jump
     assert results == [PageResult.PROMOTED] * 3
-    closed = (await feed_store.checkpoint(feed_name, "timestamp")).closed_through_timestamp
+    closed = (
+        await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp
     assert closed == 5001
 
     await purger(engine, clock, policy).run_once()
@@ -121,7 +123,7 @@ async def test_a_closed_timestamp_jumping_under_an_audit_walk_leaves_the_walk_it
         await watcher.run_once()
 
     assert walked(feed) == [698, 899]  # the walk went on after 899, up to 5001
-    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "late-event"]
+    assert not [a for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"]
     assert await walk_place(feed_store, feed_name, "timestamp") == 949
 
     for _ in range(3 * AUDIT_EVERY):  # on after 949 (p950, h1000), 999, 4999: through 5001
@@ -131,4 +133,4 @@ async def test_a_closed_timestamp_jumping_under_an_audit_walk_leaves_the_walk_it
     await purger(engine, clock, policy).run_once()
     # decided longer ago than the retention and passed: gone; the jump's receipts are young
     assert set(await receipt_states(engine, feed_name)) == {"h1000", "p5000", "p5001"}
-    assert not [a for a in await feed_store.alarms(feed_name) if a.kind == "late-event"]
+    assert not [a for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"]

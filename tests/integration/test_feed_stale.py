@@ -106,16 +106,18 @@ async def test_a_stale_observer_at_the_barrier_never_moves_the_checkpoint_back(
     late = asyncio.create_task(stale.run_once())
     await asyncio.wait_for(gate.reached.wait(), QUEUE_WAIT)
     assert (await fresh.run_once()).result is PageResult.PROMOTED  # all settled: 10 closes
-    assert (await feeds.checkpoint(feed_name, "timestamp")).closed_through_timestamp == 10
+    assert (
+        await feeds.checkpoints.checkpoint(feed_name, "timestamp")
+    ).closed_through_timestamp == 10
     feed.events.append(event(ops[3], "e3", timestamp=12))
     assert (await fresh.run_once()).result is PageResult.PROMOTED
-    moved = await feeds.checkpoint(feed_name, "timestamp")
+    moved = await feeds.checkpoints.checkpoint(feed_name, "timestamp")
     assert moved.closed_through_timestamp == 11
 
     gate.release.set()
     assert (await late).result is PageResult.LOST
 
-    after = await feeds.checkpoint(feed_name, "timestamp")
+    after = await feeds.checkpoints.checkpoint(feed_name, "timestamp")
     assert (after.closed_through_timestamp, after.version) == (11, moved.version)
     for op in ops:
         assert await feed_settlements(engine, op.operation_id) == 1
@@ -139,7 +141,7 @@ async def test_a_stale_observer_racing_for_the_same_receipts_writes_each_outcome
     feed, stale, fresh, ops, feeds = await two_observers(
         engine, open_engine, store, clock, pool, principal_id, feed_name, gate
     )
-    before = await feeds.checkpoint(feed_name, "timestamp")
+    before = await feeds.checkpoints.checkpoint(feed_name, "timestamp")
     late = asyncio.create_task(stale.run_once())
     await asyncio.wait_for(gate.reached.wait(), QUEUE_WAIT)
     racing = asyncio.create_task(fresh.run_once())
@@ -150,7 +152,7 @@ async def test_a_stale_observer_racing_for_the_same_receipts_writes_each_outcome
 
     # one of them closes through 10; the other finds it closed (lost) or nothing left
     assert PageResult.PROMOTED in results or PageResult.CAUGHT_UP in results
-    after = await feeds.checkpoint(feed_name, "timestamp")
+    after = await feeds.checkpoints.checkpoint(feed_name, "timestamp")
     assert after.closed_through_timestamp == 10
     assert after.version == before.version + 1
     for op in ops[:3]:

@@ -41,7 +41,7 @@ def walked(feed: ScriptedFeed) -> list[object]:
 
 
 async def walk_place(feed_store: FeedStore, name: str, kind: str) -> object:
-    checkpoint = await feed_store.checkpoint(name, kind)
+    checkpoint = await feed_store.checkpoints.checkpoint(name, kind)
     return checkpoint.walk_cursor if kind == "cursor" else checkpoint.walk_after
 
 
@@ -146,7 +146,7 @@ async def test_an_audit_the_source_refuses_never_stops_the_feed_and_starts_anew(
     refused = [r for r in caplog.records if r.getMessage() == "feed walk page unavailable"]
     assert len(refused) == WALK_FAILURES
     assert await receipt_states(engine, feed_name) == {f"e{n}": "applied" for n in range(3)}
-    checkpoint = await feed_store.checkpoint(feed_name, "timestamp")
+    checkpoint = await feed_store.checkpoints.checkpoint(feed_name, "timestamp")
     assert (checkpoint.closed_through_timestamp, checkpoint.walk_after) == (103, None)
 
     feed.refusing = False
@@ -177,7 +177,7 @@ async def test_an_idle_timestamp_feed_reads_a_page_of_its_audit_with_every_reque
         audits.append(len(walked(feed)))
     assert audits == [0, 1, 2, 3]
     assert walked(feed)[0] == 1000 - 300 - 1  # one audit window behind the closed timestamp
-    late = {a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"}
+    late = {a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"}
     assert late == {f"x{n}" for n in range(5)}  # the audit read them: late, each alarmed
 
 
@@ -223,6 +223,6 @@ async def test_an_audit_goes_on_where_it_was_after_a_restart(
 
     assert walked(feed) == [699, 799]  # on from the kept place, not 699 again
     assert await receipt_states(engine, feed_name) == {n: "quarantined" for n in "xyz"}
-    late = [a.event_id for a in await feed_store.alarms(feed_name) if a.kind == "late-event"]
+    late = [a.event_id for a in await feed_store.alarms.recent(feed_name) if a.kind == "late-event"]
     assert sorted(late) == ["x", "y", "z"]
     assert await walk_place(feed_store, feed_name, "timestamp") == 899
