@@ -10,7 +10,7 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from service.store.tables import metadata
+from service.app.routes import SCHEMA as metadata
 
 config = context.config
 target_metadata = metadata

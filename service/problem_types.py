@@ -333,10 +333,10 @@ _DECLARED = (
         "insufficient-funds",
         402,
         "Insufficient funds",
-        "The source account's balance was below the amount. This is the transfer's terminal "
-        "outcome (failed): stored, and replayed for every retry with this key, even after the "
-        "account is funded.",
-        "Fund the source account, then send the transfer with a new key.",
+        "The account to debit (a transfer's source, a refund's destination) had a balance "
+        "below the amount. This is the operation's terminal outcome (failed): stored, and "
+        "replayed for every retry with this key, even after the account is funded.",
+        "Fund the account, then send the request with a new key.",
         business=True,
     ),
     ProblemType(
@@ -352,17 +352,18 @@ _DECLARED = (
         "currency-mismatch",
         422,
         "Currency mismatch",
-        "An account holds another currency than the transfer's. This is the transfer's "
-        "terminal outcome (failed): stored and replayed for this key.",
-        "Transfer in the accounts' currency, with a new key.",
+        "An account (or the refunded transfer) is in another currency than the request's. "
+        "This is the operation's terminal outcome (failed): stored and replayed for this key.",
+        "Send the request in the accounts' currency, with a new key.",
         business=True,
     ),
     ProblemType(
         "balance-limit",
         422,
         "Balance limit exceeded",
-        "The destination balance would exceed the largest balance (10^15 minor units). This "
-        "is the transfer's terminal outcome (failed): stored and replayed for this key.",
+        "The credited account's balance would exceed the largest balance (10^15 minor "
+        "units). This is the operation's terminal outcome (failed): stored and replayed for "
+        "this key.",
         "Send a smaller amount with a new key.",
         business=True,
     ),
@@ -373,6 +374,34 @@ _DECLARED = (
         "The provider declined the payout. This is its terminal outcome (failed): stored and "
         "replayed for this key; the provider paid nothing.",
         "Resolve the decline with the provider, then pay out with a new key.",
+        business=True,
+    ),
+    ProblemType(
+        "transfer-not-found",
+        404,
+        "Transfer not found",
+        "The transfer to refund does not exist in your tenant. This is the refund's terminal "
+        "outcome (failed): stored and replayed for this key.",
+        "Check the transfer id, then send the refund with a new key.",
+        business=True,
+    ),
+    ProblemType(
+        "transfer-not-refundable",
+        422,
+        "Transfer not refundable",
+        "The transfer was refunded in full already: nothing of it is left to refund. This is "
+        "the refund's terminal outcome (failed): stored and replayed for this key.",
+        "Nothing to do: the transfer's refunds are on their operations (status resource).",
+        business=True,
+    ),
+    ProblemType(
+        "refund-exceeds-transfer",
+        422,
+        "Refund exceeds transfer",
+        "The amount is more than what is left to refund of the transfer (its amount less "
+        "every refund of it so far); the detail says how much is left. This is the refund's "
+        "terminal outcome (failed): stored and replayed for this key.",
+        "Refund at most what is left, with a new key.",
         business=True,
     ),
 )

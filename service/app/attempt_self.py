@@ -18,6 +18,7 @@ from service.core import (
     Source,
     attempt_answer,
 )
+from service.domain.payouts import ProviderClient
 from service.domain.principals import Principal
 from service.store.settlement import AttemptRef, ClaimOutcome, Settled
 from service.telemetry import span
@@ -71,8 +72,11 @@ def answer_after(settled: Settled, attempt: AttemptRef) -> AttemptAnswer:
     )
 
 
-def attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef, ExecutionContext]:
-    """What a freshly claimed attempt knows about itself."""
+def attempt_of(
+    claimed: ClaimOutcome, principal: Principal, provider: ProviderClient | None = None
+) -> tuple[AttemptRef, ExecutionContext]:
+    """What a freshly claimed attempt knows about itself (``provider``: what an external
+    effect calls)."""
     record = claimed.record
     assert record is not None and claimed.attempt_id is not None
     attempt = AttemptRef(
@@ -84,5 +88,6 @@ def attempt_of(claimed: ClaimOutcome, principal: Principal) -> tuple[AttemptRef,
         principal=principal,
         operation_id=uuid.UUID(record.reservation.operation_id),
         binding_generation=record.reservation.binding_generation,
+        provider=provider,
     )
     return attempt, context

@@ -32,6 +32,7 @@ from service.app.effects import IdempotentRoute
 from service.app.external_attempts import ExternalAttempts
 from service.app.local_attempts import LocalAttempts
 from service.app.ports import LatePort, LeasePort, SettlementPort
+from service.domain.payouts import ProviderClient
 from service.domain.principals import Principal
 from service.failpoints import Failpoints
 from service.leases import Lease
@@ -52,8 +53,11 @@ class Attempts:
         provider_timeout: float,
         late_response_window: float,
         metrics: Metrics | None = None,
+        provider: ProviderClient | None = None,
     ) -> None:
+        """``provider``: what external effects call (None: this server has none)."""
         self._metrics = metrics or Metrics()
+        self._provider = provider
         keeper = LeaseKeeper(leases, failpoints)
         self._local = LocalAttempts(
             store=store, keeper=keeper, failpoints=failpoints, metrics=self._metrics
@@ -80,7 +84,7 @@ class Attempts:
     ) -> Answer:
         """Run the claimed attempt under ``lease`` and say what its client is told."""
         started = time.perf_counter()
-        attempt, context = attempt_of(claimed, principal)
+        attempt, context = attempt_of(claimed, principal, self._provider)
         try:
             if spec.external is not None:
                 return await self._external.run(spec, spec.external, context, attempt, body, lease)

@@ -1,4 +1,7 @@
-"""What an idempotent route declares: its scope name, body schema, roles and its effect.
+"""What an idempotent route declares, once (the registry is :mod:`service.app.routes`): its
+scope name and path, operationId, request and answer types, roles, its effect and the
+problem types its effect may refuse with. The HTTP handler, the OpenAPI operation and the
+client's method are derived from it.
 
 A **local** effect is SQL (``statement``: its guard, its writes, and the :class:`Outcome` to
 store when it applies) that rides in its settlement's statement, so it commits only with its
@@ -6,7 +9,9 @@ settlement (``service.store.outcomes.EffectSql``). Its guard is its one rule set
 it refuses, it names the problem (a business failure of ``service.problem_types``) and its
 detail, and that refusal is the operation's terminal ``failed`` outcome, stored and
 replayed. An **external** effect sends the request downstream under the sink key and returns
-verified evidence of a definitive answer, or raises ``ProviderUnavailable`` when there is none.
+verified evidence of a definitive answer, or raises ``ProviderUnavailable`` when there is none;
+it reaches the provider through its :class:`ExecutionContext` (``provider``: None when this
+server has none, and then the route is off, see :meth:`IdempotentRoute.unavailable`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import msgspec
 
 from service.app.answers import ProblemDocument
 from service.core import ReservationTuple
+from service.domain.payouts import ProviderClient
 from service.domain.principals import Principal, Role
 from service.evidence import SignedEvidence
 from service.problem_types import problem_type
@@ -53,6 +59,8 @@ class ExecutionContext:
     principal: Principal
     operation_id: uuid.UUID
     binding_generation: int
+    # the downstream provider an external effect calls (None: this server has none)
+    provider: ProviderClient | None = None
 
 
 ExternalHandler = Callable[[ExecutionContext, ReservationTuple, Any], Awaitable[SignedEvidence]]
@@ -65,7 +73,14 @@ StatementHandler = Callable[
 
 @dataclass(frozen=True, slots=True)
 class IdempotentRoute:
-    """Declares a route idempotent: exactly one of ``statement`` (local) or ``external``."""
+    """Declares a route idempotent: exactly one of ``statement`` (local) or ``external``.
+
+    ``route`` is the scope name ("POST /v1/transfers"), served at its path;
+    ``operation_id`` names it in the OpenAPI document and, in snake case, the client's
+    method (``createTransfer`` -> ``create_transfer``); ``body_type`` is the request body,
+    ``answer_type`` the body of its success; ``refusals`` are the business failures
+    (``service.problem_types``) its effect may end in, beyond those every idempotent route
+    may answer."""
 
     route: str
     body_type: type[msgspec.Struct]
@@ -74,11 +89,25 @@ class IdempotentRoute:
     roles: tuple[Role, ...] = (Role.CLIENT, Role.ADMIN)
     # seconds a terminal result stays replayable; None: SETTLEMENT_RETENTION
     retention: float | None = None
+    operation_id: str = ""
+    summary: str = ""
+    answer_type: type[msgspec.Struct] | None = None
+    refusals: tuple[str, ...] = ()
 
     @property
     def path(self) -> str:
         """The path the route is served at (its handler's)."""
         return served_at(self.route)
+
+    def unavailable(self, provider: ProviderClient | None) -> str | None:
+        """Why the route is off on a server with ``provider`` (None: it is on): an external
+        effect needs the provider."""
+        if self.external is None or provider is not None:
+            return None
+        return (
+            f"{self.route} is off on this server: no provider is configured "
+            "(SETTLEMENT_PROVIDER_URL, SETTLEMENT_PROVIDER_SECRET)"
+        )
 
     def __post_init__(self) -> None:
         if not self.route.startswith("POST /"):
@@ -87,6 +116,9 @@ class IdempotentRoute:
             raise ValueError(f"{self.route}: declare exactly one of statement or external")
         if self.retention is not None and self.retention < 0:
             raise ValueError(f"{self.route}: retention must be >= 0")
+        for slug in self.refusals:
+            if not problem_type(slug).business:
+                raise ValueError(f"{self.route}: {slug} is no business failure")
 
 
 def served_at(route: str) -> str:

@@ -30,7 +30,7 @@ from service.app.late import LateAnswers
 from service.app.observer import FeedObserver
 from service.app.purger import Purger, retention_of
 from service.app.requests import IdempotentRequests
-from service.app.routes import ACCOUNTS, TRANSFERS, payouts
+from service.app.routes import ROUTES
 from service.app.status import StatusQueries
 from service.app.sweeper import Sweeper
 from service.config import ConfigError, FeedSpec, Settings
@@ -49,6 +49,7 @@ from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
 from service.store.pool import HotPool
+from service.store.pool_watch import watch_pool
 from service.store.principals import PrincipalStore
 from service.store.retention import RetentionStore
 from service.store.settlement import SettlementStore
@@ -87,6 +88,7 @@ class Settlement:
         self.redis = redis  # pub/sub waits, health checks
         self.lease_redis = lease_redis  # the lease commands' own pool
         self.metrics = metrics or Metrics()
+        watch_pool(engine, self.metrics.on_pool)  # the pool gauges of /metrics
         self.wakeups = Wakeups(redis)
         self.health = HealthChecks(self.reader, redis, timeout=settings.health_timeout)
         self.provider: ProviderClient | None = None
@@ -97,11 +99,8 @@ class Settlement:
                 settings.provider_secret,
                 timeout=settings.provider_timeout + settings.late_response_window,
             )
-        self.accounts, self.transfers = ACCOUNTS, TRANSFERS
-        self.payouts = payouts(self.provider)
-        self.routes: dict[str, IdempotentRoute] = {
-            spec.route: spec for spec in (self.accounts, self.transfers, self.payouts)
-        }
+        # the idempotent routes (service.app.routes), by scope name
+        self.routes: dict[str, IdempotentRoute] = {spec.route: spec for spec in ROUTES}
         self.retention = retention_of(
             settings,
             {r: s.retention for r, s in self.routes.items() if s.retention is not None},
@@ -139,6 +138,7 @@ class Settlement:
                 failpoints=self.failpoints,
                 provider_timeout=settings.provider_timeout,
                 late_response_window=settings.late_response_window,
+                provider=self.provider,
             ),
             failpoints=self.failpoints,
             clock=clock,
@@ -269,7 +269,8 @@ class Settlement:
                 settlement.feed_figures.run(
                     FeedStore(
                         figures, settlement.store.runner, settle=settlement.store.settle_phase_of
-                    )
+                    ),
+                    figures,  # the open operations' counts too
                 ),
                 name="feed-figures",
             )

@@ -1,64 +1,103 @@
-"""The idempotent routes: where a new one is declared (its scope name, schema and effect)."""
+"""The idempotent routes, each declared once: :data:`ROUTES`.
+
+An entry is an :class:`~service.app.effects.IdempotentRoute`: its scope name and path, its
+operationId, request and answer types, its effect and the business failures it may end in.
+From this list come the Litestar handlers (``service.http.idempotent.idempotent_handlers``),
+``Settlement.routes``, the OpenAPI operations (``service.http.contract``) and, through the
+document, the client's methods and models (``clients/python/scripts/generate_models.py``).
+Adding a route is one entry here, beside its domain module (the effect) and its migration.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import msgspec
 
-from service.app.effects import ExecutionContext, IdempotentRoute, Outcome
+from service.app.effects import ExecutionContext, IdempotentRoute, Outcome, StatementHandler
 from service.core import ReservationTuple
-from service.domain import ledger
+from service.domain import ledger, refunds
 from service.domain.payouts import (
     PAYOUT_ROUTE,
+    Payout,
     PayoutRequest,
-    ProviderClient,
     ProviderUnavailable,
 )
 from service.evidence import SignedEvidence
 from service.store.outcomes import EffectSql
+from service.store.tables import metadata
 
-__all__ = ["ACCOUNTS", "TRANSFERS", "payouts"]
+__all__ = ["ACCOUNTS", "PAYOUTS", "REFUNDS", "ROUTES", "SCHEMA", "TRANSFERS", "local"]
 
-
-def _create_account_statement(
-    ctx: ExecutionContext, body: ledger.AccountRequest
-) -> tuple[EffectSql, Mapping[str, object], Outcome]:
-    effect, params, account = ledger.create_account_statement(
-        ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
-    )
-    return effect, params, Outcome(status=201, body=msgspec.json.encode(account))
+# a domain's local effect: (tenant, operation id, binding generation, request) -> (its SQL,
+# its parameters, what it made: the body of the 201 when the guard lets it through)
+DomainEffect = Callable[[str, uuid.UUID, int, Any], tuple[EffectSql, Mapping[str, object], Any]]
 
 
-def _transfer_statement(
-    ctx: ExecutionContext, body: ledger.TransferRequest
-) -> tuple[EffectSql, Mapping[str, object], Outcome]:
-    effect, params, made = ledger.transfer_statement(
-        ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
-    )
-    return effect, params, Outcome(status=201, body=msgspec.json.encode(made))
+def local(effect: DomainEffect) -> StatementHandler:
+    """A domain's local effect as a route's statement: its answer is 201 with what it made."""
+
+    def statement(
+        ctx: ExecutionContext, body: Any
+    ) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+        sql, params, made = effect(
+            ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+        )
+        return sql, params, Outcome(status=201, body=msgspec.json.encode(made))
+
+    return statement
+
+
+async def _pay(
+    ctx: ExecutionContext, reservation: ReservationTuple, body: PayoutRequest
+) -> SignedEvidence:
+    if ctx.provider is None:
+        raise ProviderUnavailable("no provider is configured (SETTLEMENT_PROVIDER_URL)")
+    return await ctx.provider.pay(reservation, body)
 
 
 ACCOUNTS = IdempotentRoute(
     route="POST /v1/accounts",
+    operation_id="createAccount",
+    summary="Open an account (idempotent)",
     body_type=ledger.AccountRequest,
-    statement=_create_account_statement,
+    answer_type=ledger.Account,
+    statement=local(ledger.create_account_statement),
 )
 TRANSFERS = IdempotentRoute(
     route="POST /v1/transfers",
+    operation_id="createTransfer",
+    summary="Move money between accounts (idempotent)",
     body_type=ledger.TransferRequest,
-    statement=_transfer_statement,
+    answer_type=ledger.Transfer,
+    statement=local(ledger.transfer_statement),
+    refusals=ledger.TRANSFER_REFUSALS,
+)
+PAYOUTS = IdempotentRoute(
+    route=PAYOUT_ROUTE,
+    operation_id="createPayout",
+    summary="Pay out through the provider (idempotent)",
+    body_type=PayoutRequest,
+    answer_type=Payout,
+    external=_pay,
+    refusals=("payout-declined",),
+)
+REFUNDS = IdempotentRoute(
+    route="POST /v1/refunds",
+    operation_id="createRefund",
+    summary="Refund all or part of a transfer to its source (idempotent)",
+    body_type=refunds.RefundRequest,
+    answer_type=refunds.Refund,
+    statement=local(refunds.refund_statement),
+    refusals=refunds.REFUSALS,
 )
 
+# The order of the OpenAPI document's operations and of the client's methods.
+ROUTES: tuple[IdempotentRoute, ...] = (ACCOUNTS, TRANSFERS, PAYOUTS, REFUNDS)
 
-def payouts(provider: ProviderClient | None) -> IdempotentRoute:
-    """``POST /v1/payouts``: an external effect through the downstream provider."""
-
-    async def pay(
-        ctx: ExecutionContext, reservation: ReservationTuple, body: PayoutRequest
-    ) -> SignedEvidence:
-        if provider is None:
-            raise ProviderUnavailable("no provider is configured (SETTLEMENT_PROVIDER_URL)")
-        return await provider.pay(reservation, body)
-
-    return IdempotentRoute(route=PAYOUT_ROUTE, body_type=PayoutRequest, external=pay)
+# Every table: the store's own (service.store.tables) and those an effect declares beside
+# itself (service.domain.refunds), registered on the same metadata by the imports above. The
+# migrations are checked against this.
+SCHEMA = metadata

@@ -36,13 +36,20 @@ from service.store.outcomes import EffectSql, never_refused
 from service.store.tables import accounts, transfers
 
 __all__ = [
+    "MAX_AMOUNT",
+    "MEMO_LIMIT",
+    "NO_NUL",
     "OPEN_ACCOUNT",
     "TRANSFER",
+    "TRANSFER_REFUSALS",
     "Account",
     "AccountRequest",
+    "Amount",
+    "Currency",
     "Transfer",
     "TransferRequest",
     "create_account_statement",
+    "refuse",
     "transfer_statement",
 ]
 
@@ -138,7 +145,7 @@ def _constant(words: str) -> ColumnElement[str]:
     return literal_column("'" + words.replace("'", "''") + "'", Text)
 
 
-def _refuse(slug: str, *detail: Any) -> ColumnElement[Any]:
+def refuse(slug: str, *detail: Any) -> ColumnElement[Any]:
     """A refusal: ``ARRAY[slug, detail]`` (the detail's parts joined as text)."""
     words = [_constant(part) if isinstance(part, str) else _text(part) for part in detail]
     joined = words[0]
@@ -165,15 +172,15 @@ def _transfer_guard() -> CTE:
     refusal = case(
         (
             source.c.id.is_(None),
-            _refuse("account-not-found", "source account ", _SOURCE, " not found"),
+            refuse("account-not-found", "source account ", _SOURCE, " not found"),
         ),
         (
             destination.c.id.is_(None),
-            _refuse("account-not-found", "destination account ", _DESTINATION, " not found"),
+            refuse("account-not-found", "destination account ", _DESTINATION, " not found"),
         ),
         (
             source.c.currency != _CURRENCY,
-            _refuse(
+            refuse(
                 "currency-mismatch",
                 "source account holds ",
                 source.c.currency,
@@ -183,7 +190,7 @@ def _transfer_guard() -> CTE:
         ),
         (
             destination.c.currency != _CURRENCY,
-            _refuse(
+            refuse(
                 "currency-mismatch",
                 "destination account holds ",
                 destination.c.currency,
@@ -193,7 +200,7 @@ def _transfer_guard() -> CTE:
         ),
         (
             source.c.balance < _AMOUNT,
-            _refuse(
+            refuse(
                 "insufficient-funds",
                 "source balance ",
                 source.c.balance,
@@ -203,7 +210,7 @@ def _transfer_guard() -> CTE:
         ),
         (
             destination.c.balance + _AMOUNT > limit,
-            _refuse("balance-limit", "the destination balance would exceed the limit"),
+            refuse("balance-limit", "the destination balance would exceed the limit"),
         ),
     )
     one = select(literal_column("1").label("one")).subquery("one")
@@ -271,6 +278,13 @@ def _transfer_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
 
 
 TRANSFER = EffectSql("transfer", guard=_transfer_guard, apply=_transfer_apply)
+# the problem types the transfer's guard may refuse with (service.problem_types)
+TRANSFER_REFUSALS = (
+    "insufficient-funds",
+    "account-not-found",
+    "currency-mismatch",
+    "balance-limit",
+)
 
 
 def transfer_statement(

@@ -31,6 +31,7 @@ from service.evidence import Evidence, SignedEvidence, fingerprint, verify
 
 __all__ = [
     "PAYOUT_ROUTE",
+    "Payout",
     "PayoutRequest",
     "ProviderClient",
     "ProviderUnavailable",
@@ -61,6 +62,16 @@ class PayoutRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     def __post_init__(self) -> None:
         if self.currency not in ISO_4217:
             raise ValueError(f"unknown currency {self.currency!r} (ISO 4217)")
+
+
+class Payout(msgspec.Struct):
+    """A payout the provider made (the provider's answer, stored and replayed)."""
+
+    id: str
+    provider_reference: str
+    amount: int
+    currency: str
+    beneficiary: str
 
 
 def payout_fingerprint(request: PayoutRequest) -> str:

@@ -19,6 +19,7 @@ from service.app.root import Settlement, require_endpoints
 from service.config import Settings
 from service.http.console import ConsoleHeaders, console_router, template_config
 from service.http.health import health, livez, metrics, readyz
+from service.http.idempotent import idempotent_handlers
 from service.http.limits import BodyDeadline
 from service.http.openapi_plugins import openapi_config
 from service.http.pages import problem_page
@@ -37,10 +38,9 @@ from service.http.routes.feeds import (
     list_feeds,
     list_holds,
 )
-from service.http.routes.ledger import get_account, post_account, post_transfer
+from service.http.routes.ledger import get_account
 from service.http.routes.observations import post_observation
 from service.http.routes.operations import get_operation, get_operation_by_key
-from service.http.routes.payouts import post_payout
 from service.logs import configure_logging
 from service.serving import die_with_server
 from service.telemetry import Metrics, RequestTelemetry, configure_tracing, flush_tracing
@@ -79,9 +79,8 @@ def create_app(settings: Settings) -> Litestar:
             readyz,
             metrics,
             problem_page,
-            post_account,
+            *idempotent_handlers(),
             get_account,
-            post_transfer,
             get_operation,
             get_operation_by_key,
             create_principal,
@@ -89,7 +88,6 @@ def create_app(settings: Settings) -> Litestar:
             revoke_principal,
             supersede_operation,
             list_work,
-            post_payout,
             post_observation,
             list_feeds,
             get_feed,

@@ -25,7 +25,7 @@ from service.app.admin import (
     WorkPage,
 )
 from service.app.answers import ProblemDocument
-from service.app.effects import PROBLEM_CONTENT_TYPE
+from service.app.effects import PROBLEM_CONTENT_TYPE, IdempotentRoute
 from service.app.evidence import Accepted
 from service.app.feeds import (
     ConflictAccepted,
@@ -36,30 +36,20 @@ from service.app.feeds import (
     HoldDecided,
     HoldPage,
 )
+from service.app.routes import ROUTES
 from service.app.status import OperationView
 from service.domain.currencies import ISO_4217
-from service.domain.ledger import Account, AccountRequest, Transfer, TransferRequest
-from service.domain.payouts import PayoutRequest
+from service.domain.ledger import Account
 from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
 from service.http.pages import ProblemPage
 from service.problem_types import PROBLEM_TYPES
 
-__all__ = ["BEARER", "OPERATIONS", "Payout", "RouteDoc", "all_slugs", "complete"]
+__all__ = ["BEARER", "OPERATIONS", "RouteDoc", "all_slugs", "complete"]
 
 BEARER = "bearer"
 _CURRENCIES = sorted(ISO_4217)
 JSON = "application/json"
-
-
-class Payout(msgspec.Struct):
-    """A payout the provider made (the provider's answer, stored and replayed)."""
-
-    id: str
-    provider_reference: str
-    amount: int
-    currency: str
-    beneficiary: str
 
 
 @dataclass(frozen=True)
@@ -97,32 +87,27 @@ _IDEMPOTENT = (
     *_ALWAYS,
 )
 
-_TRANSFER_FAILURES = (
-    "insufficient-funds",
-    "account-not-found",
-    "currency-mismatch",
-    "balance-limit",
-)
 _SUPERSEDE_REFUSALS = ("not-found", "supersede-needs-force", "operation-in-progress")
+# what a local effect may answer beyond its refusals: the database refused its writes; an
+# external one: the route is off (no provider), or no definitive answer in time
+_LOCAL = ("effect-refused",)
+_EXTERNAL = ("not-found", "operation-outcome-unknown")
+
+
+def _idempotent(spec: IdempotentRoute) -> RouteDoc:
+    """The operation of an idempotent route of the registry (service.app.routes)."""
+    effect = _LOCAL if spec.statement is not None else _EXTERNAL
+    return RouteDoc(
+        201,
+        spec.answer_type,
+        (*_IDEMPOTENT, *effect, *spec.refusals),
+        spec.body_type,
+        idempotent=True,
+    )
+
 
 OPERATIONS: dict[str, RouteDoc] = {
-    "createAccount": RouteDoc(
-        201, Account, (*_IDEMPOTENT, "effect-refused"), AccountRequest, idempotent=True
-    ),
-    "createTransfer": RouteDoc(
-        201,
-        Transfer,
-        (*_IDEMPOTENT, "effect-refused", *_TRANSFER_FAILURES),
-        TransferRequest,
-        idempotent=True,
-    ),
-    "createPayout": RouteDoc(
-        201,
-        Payout,
-        (*_IDEMPOTENT, "not-found", "payout-declined", "operation-outcome-unknown"),
-        PayoutRequest,
-        idempotent=True,
-    ),
+    **{spec.operation_id: _idempotent(spec) for spec in ROUTES},
     "getAccount": RouteDoc(200, Account, (*_AUTH, "not-found", *_ALWAYS)),
     "getOperation": RouteDoc(
         200, OperationView, ("unauthenticated", "not-found", "idempotency-key-expired", *_ALWAYS)

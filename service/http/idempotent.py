@@ -1,8 +1,10 @@
 """The idempotent routes' request: caller, key and body checked, then the use case
 (docs/design.md §5 step 1).
 
-Each idempotent route is an ordinary Litestar handler. What it reads is declared in its
-signature, so Litestar decodes it and the OpenAPI document shows it:
+Each idempotent route of the registry (:data:`service.app.routes.ROUTES`) is served by an
+ordinary Litestar handler that :func:`idempotent_handler` makes from its entry; none is written
+per route. What it reads is declared in its signature, so Litestar decodes it and the OpenAPI
+document shows it:
 
 * the caller and their scope's row come first, from the :func:`identify_caller` hook (it runs
   before Litestar reads a byte of the body). It looks up the API key and the scope in one
@@ -23,23 +25,23 @@ already encoded, and the conversion a ``Response`` goes through cost about 15 us
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, cast
 
-import msgspec
-from litestar import Request
+from litestar import Request, post
 from litestar.connection import ASGIConnection
+from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.spec import Example
-from litestar.params import HeaderParameter
+from litestar.params import HeaderParameter, JSONBody
 from litestar.response.base import ASGIResponse
 
 from service.app.effects import IdempotentRoute
 from service.app.requests import Seen
 from service.app.root import Settlement
+from service.app.routes import ROUTES
 from service.domain.principals import Principal
 from service.http.auth import authenticate, bearer_key, require_role, unknown_key
-from service.http.bodies import check_json_content_type
-from service.http.deps import settlement_of
+from service.http.bodies import StrictJson, check_json_content_type
+from service.http.deps import Services, settlement_of
 from service.http.keys import MAX_KEY_LENGTH, IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import IDEMPOTENT, ProblemError
 from service.http.render import prefer_wait, render
@@ -51,11 +53,11 @@ __all__ = [
     "IdempotencyKey",
     "Prefer",
     "answer",
-    "idempotent_opt",
+    "idempotent_handler",
+    "idempotent_handlers",
     "identify_caller",
 ]
 
-T = TypeVar("T", bound=msgspec.Struct)
 
 # The OpenAPI description of every idempotent route: the key and the retention policy.
 IDEMPOTENT_DESCRIPTION = """\
@@ -103,20 +105,6 @@ Prefer = Annotated[
     ),
 ]
 
-# An idempotent route's spec, as its handler's opt names it (the process's Settlement -> the
-# route), and why the route is off on this server (None: it is on).
-SpecOf = Callable[[Settlement], IdempotentRoute]
-OffReason = Callable[[Settlement], str | None]
-
-
-def _always_on(settlement: Settlement) -> None:
-    return None
-
-
-def idempotent_opt(spec_of: SpecOf, off: OffReason = _always_on) -> dict[str, Any]:
-    """The ``opt`` of an idempotent route's handler."""
-    return {IDEMPOTENT: (spec_of, off)}
-
 
 async def identify_caller(connection: Request[Any, Any, Any]) -> None:
     """``before_request`` of every idempotent route: the caller, the key and their scope's
@@ -127,9 +115,8 @@ async def identify_caller(connection: Request[Any, Any, Any]) -> None:
     for every request (66 attribute writes; 861 -> 785 Python calls per replay, measured with
     cProfile in process)."""
     settlement = settlement_of(connection)
-    spec_of, off = connection.route_handler.opt[IDEMPOTENT]
-    spec: IdempotentRoute = spec_of(settlement)
-    reason = off(settlement)
+    spec: IdempotentRoute = connection.route_handler.opt[IDEMPOTENT]
+    reason = spec.unavailable(settlement.provider)
     if reason is not None:  # a route this server does not offer, not an outage
         # the request's own checks first: only a well-formed request of a caller who may
         # call the route learns that it is off
@@ -173,3 +160,46 @@ async def answer(
         spec, principal, seen, body, path_params=path_params, wait=wait
     )
     return to_asgi(render(found))
+
+
+def idempotent_handler(spec: IdempotentRoute) -> HTTPRouteHandler:
+    """The Litestar handler of one registry entry: ``POST <path>``, its body decoded strictly
+    as ``spec.body_type``, the caller identified first (:func:`identify_caller`)."""
+
+    async def handler(
+        request: Request[Any, Any, Any],
+        settlement: Services,
+        data: Any,
+        idempotency_key: IdempotencyKey,
+        prefer: Prefer = "",
+    ) -> ASGIResponse:
+        return await answer(request, settlement, data, prefer)
+
+    # the body's type is the entry's: Litestar reads it from the signature
+    handler.__annotations__ = {
+        "request": Request[Any, Any, Any],
+        "settlement": Services,
+        "data": cast(Any, JSONBody)[spec.body_type],
+        "idempotency_key": IdempotencyKey,
+        "prefer": Prefer,
+        "return": ASGIResponse,
+    }
+    name = "".join("_" + c.lower() if c.isupper() else c for c in spec.operation_id)
+    handler.__name__ = handler.__qualname__ = name
+    return post(
+        spec.path,
+        name=name,
+        status_code=201,
+        operation_id=spec.operation_id,
+        summary=spec.summary,
+        description=IDEMPOTENT_DESCRIPTION,
+        before_request=identify_caller,
+        dto=cast(Any, StrictJson)[spec.body_type],
+        return_dto=None,
+        opt={IDEMPOTENT: spec},
+    )(handler)
+
+
+def idempotent_handlers() -> list[HTTPRouteHandler]:
+    """One handler per idempotent route of the registry."""
+    return [idempotent_handler(spec) for spec in ROUTES]

@@ -1,6 +1,7 @@
 """The schema as SQLAlchemy Core tables: the one source the migrations are checked against.
 
-A test compares this metadata with the migrated database, so the two never drift.
+A test compares the whole schema (these and an effect's own, ``service.app.routes.SCHEMA``)
+with the migrated database, so the two never drift.
 """
 
 from __future__ import annotations

@@ -106,7 +106,7 @@ def execute(database_url: str, sql: str, **params: Any) -> None:
 
 def count_rows(database_url: str) -> dict[str, int]:
     """Row counts of every table: 'nothing written' is asserted as 'no count changed'."""
-    from service.store.tables import metadata
+    from service.app.routes import SCHEMA as metadata
 
     async def query(conn: AsyncConnection) -> dict[str, int]:
         return {

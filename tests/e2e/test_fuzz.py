@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import make_url
 
-from service.store.tables import metadata
+from service.app.routes import SCHEMA as metadata
 from tests.contract import (
     HEADER_CHARS,
     IDEMPOTENCY_KEYS,

@@ -12,6 +12,7 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from service.app.routes import SCHEMA as metadata
 from service.store.db import async_url
 from service.store.migrate import (
     SchemaNotCurrent,
@@ -21,7 +22,6 @@ from service.store.migrate import (
     head_revision,
     upgrade,
 )
-from service.store.tables import metadata
 from tests.conftest import Services, create_database
 
 pytestmark = pytest.mark.integration

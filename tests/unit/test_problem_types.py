@@ -54,6 +54,9 @@ CONTRACT = [
     ("currency-mismatch", 422, "Currency mismatch"),
     ("balance-limit", 422, "Balance limit exceeded"),
     ("payout-declined", 402, "Payout declined"),
+    ("transfer-not-found", 404, "Transfer not found"),
+    ("transfer-not-refundable", 422, "Transfer not refundable"),
+    ("refund-exceeds-transfer", 422, "Refund exceeds transfer"),
 ]
 # what was answered with Retry-After before the registry (contract.py's table)
 RETRY_AFTER = {
@@ -106,6 +109,9 @@ def test_business_failures_are_stored_outcomes_that_a_retry_replays() -> None:
         "currency-mismatch",
         "balance-limit",
         "payout-declined",
+        "transfer-not-found",
+        "transfer-not-refundable",
+        "refund-exceeds-transfer",
     }
     assert not any(p.retry_safe or p.retry_after for p in failures.values())
     outcome = business_outcome("insufficient-funds", "short", uuid.uuid4())

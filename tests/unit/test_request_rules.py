@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from devstack.provider.payments import PaymentRequest, paid_fingerprint
 from service.app.fingerprint import fingerprint
-from service.app.routes import payouts
+from service.app.routes import PAYOUTS as PAYOUT_SPEC
 from service.domain.ledger import AccountRequest, TransferRequest
 from service.domain.payouts import PAYOUT_ROUTE, PayoutRequest, payout_fingerprint
 from service.http.keys import IdempotencyKeyError, parse_idempotency_key
@@ -316,6 +316,6 @@ def test_the_provider_recomputes_a_payouts_fingerprint_as_the_server_computes_it
         type=PaymentRequest,
     )
 
-    assert payouts(None).route == PAYOUT_ROUTE == PAYOUTS.name
+    assert PAYOUT_SPEC.route == PAYOUT_ROUTE == PAYOUTS.name
     assert payout_fingerprint(PAYOUTS.decode(encode_json(body, True))) == server  # type: ignore[arg-type]
     assert paid_fingerprint(payment) == server

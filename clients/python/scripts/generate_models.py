@@ -20,12 +20,10 @@ HERE = Path(__file__).resolve().parent
 TARGET = HERE.parent / "settlement_client" / "models.py"
 DEFAULT_SCHEMA = HERE.parents[2] / "openapi" / "openapi.json"
 
-# The operations the client has a method for (operationId of the document).
+# The operations the client has a method for (operationId of the document), besides every
+# idempotent one (an operation with an Idempotency-Key header: generate_actions.py).
 OPERATIONS = (
-    "createAccount",
     "getAccount",
-    "createTransfer",
-    "createPayout",
     "getOperation",
     "findOperationByKey",
     "getProblemPage",
@@ -37,14 +35,9 @@ OPERATIONS = (
     "listWork",
 )
 SCHEMA_REF = "#/components/schemas/"
-# Request bodies are sent without the fields left at their defaults.
-REQUESTS = {
-    "AccountRequest",
-    "TransferRequest",
-    "PayoutRequest",
-    "PrincipalRequest",
-    "SupersedeBody",
-}
+# Request bodies are sent without the fields left at their defaults (those of the idempotent
+# operations too).
+REQUESTS = {"PrincipalRequest", "SupersedeBody"}
 # Closed sets of strings written as Literal types; longer enums (Currency) stay ``str``.
 MAX_LITERAL = 8
 
@@ -81,13 +74,31 @@ def _refs(node: Any) -> set[str]:
     return found
 
 
+def idempotent(op: dict[str, Any]) -> bool:
+    """An operation that takes an Idempotency-Key header."""
+    return any(
+        p.get("in") == "header" and p.get("name") == "Idempotency-Key"
+        for p in op.get("parameters", [])
+    )
+
+
+def _requests(doc: dict[str, Any]) -> set[str]:
+    """The request bodies sent without their defaults."""
+    found = set(REQUESTS)
+    for item in doc["paths"].values():
+        for op in item.values():
+            if isinstance(op, dict) and idempotent(op):
+                found |= _refs(op.get("requestBody", {}))
+    return found
+
+
 def _wanted(doc: dict[str, Any]) -> list[str]:
     schemas = doc["components"]["schemas"]
     todo: set[str] = set()
     seen_ops = set()
     for item in doc["paths"].values():
         for op in item.values():
-            if isinstance(op, dict) and op.get("operationId") in OPERATIONS:
+            if isinstance(op, dict) and (op.get("operationId") in OPERATIONS or idempotent(op)):
                 seen_ops.add(op["operationId"])
                 todo |= _refs(op.get("requestBody", {}))
                 for code, response in op.get("responses", {}).items():
@@ -130,9 +141,9 @@ def _type(schema: dict[str, Any], schemas: dict[str, Any]) -> str:
     }.get(kind or "", "str" if "enum" in schema else "Any")
 
 
-def _struct(name: str, schema: dict[str, Any], schemas: dict[str, Any]) -> str:
+def _struct(name: str, schema: dict[str, Any], schemas: dict[str, Any], requests: set[str]) -> str:
     options = "kw_only=True, frozen=True"
-    if name in REQUESTS:
+    if name in requests:
         options += ", omit_defaults=True"
     lines = [f"class {name}(msgspec.Struct, {options}):"]
     doc = schema.get("description")
@@ -162,7 +173,7 @@ def render(doc: dict[str, Any]) -> str:
     names = [n for n in _wanted(doc) if schemas[n].get("type") == "object"]
     parts = [HEADER.format(names="\n".join(f'    "{n}",' for n in names))]
     for name in names:
-        parts.append("\n\n" + _struct(name, schemas[name], schemas) + "\n")
+        parts.append("\n\n" + _struct(name, schemas[name], schemas, _requests(doc)) + "\n")
     return "".join(parts)
 
 

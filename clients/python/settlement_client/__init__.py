@@ -8,18 +8,13 @@ problem is raised as its own exception class (``problems``).
 
 from __future__ import annotations
 
+from ._actions import *  # noqa: F403 - the answers of the idempotent routes, in _actions.__all__
+from ._actions import ANSWERS
 from ._call import Answer, Request
 from .aio import AsyncAdminClient, AsyncClient
 from .client import DEFAULT_TIMEOUT, AdminClient, Client
 from .keys import IntendedAction
-from .models import (
-    Account,
-    OperationView,
-    Payout,
-    PrincipalCreated,
-    ProblemDocument,
-    Transfer,
-)
+from .models import OperationView, PrincipalCreated, ProblemDocument
 from .observe import AttemptEvent, Hook
 from .outcome import Outcome, OutcomeTimeout
 from .policy import Decision, Observed, RetryBudget, RetryPolicy, parse_retry_after
@@ -28,7 +23,6 @@ from .problems import __all__ as _problems
 
 __all__ = [
     "DEFAULT_TIMEOUT",
-    "Account",
     "AdminClient",
     "Answer",
     "AsyncAdminClient",
@@ -42,13 +36,12 @@ __all__ = [
     "OperationView",
     "Outcome",
     "OutcomeTimeout",
-    "Payout",
     "PrincipalCreated",
     "ProblemDocument",
     "Request",
     "RetryBudget",
     "RetryPolicy",
-    "Transfer",
     "parse_retry_after",
+    *sorted({answer.__name__ for answer in ANSWERS.values()}),  # Account, Transfer, ...
     *_problems,
 ]

@@ -13,6 +13,7 @@ from typing import Any, Literal, Self
 import httpx
 
 from . import _routes
+from ._actions import ANSWERS, ActionAnswer, AsyncIdempotentCalls, idempotent
 from ._call import Answer, Request
 from .client import DEFAULT_TIMEOUT, _Base
 from .keys import IntendedAction
@@ -20,12 +21,10 @@ from .models import (
     Account,
     Health,
     OperationView,
-    Payout,
     PrincipalCreated,
     PrincipalRevoked,
     ProblemPage,
     Superseded,
-    Transfer,
     WorkPage,
 )
 from .observe import Hook
@@ -35,7 +34,7 @@ from .policy import RetryBudget, RetryPolicy
 __all__ = ["AsyncAdminClient", "AsyncClient"]
 
 
-class AsyncClient(_Base):
+class AsyncClient(AsyncIdempotentCalls, _Base):
     """``async with AsyncClient(url, api_key) as client: await client.create_transfer(...)``.
 
     Every mutating call carries an Idempotency-Key (``key=``, or a fresh UUIDv4) that all
@@ -98,62 +97,14 @@ class AsyncClient(_Base):
                 raise call.failure(decision, response)
             await asyncio.sleep(decision.wait)
 
-    # -- idempotent routes -------------------------------------------------------------------
-
-    async def create_account(
-        self,
-        currency: str,
-        opening_balance: int = 0,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Account]:
-        body = _routes.account(currency, opening_balance)
-        request = _routes.idempotent("account", body, key, prefer_wait)
-        answer: Answer[Account] = await self.send(request, Account, policy=policy)
-        return answer
-
-    async def create_transfer(
-        self,
-        source: str,
-        destination: str,
-        amount: int,
-        currency: str,
-        memo: str | None = None,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Transfer]:
-        body = _routes.transfer(source, destination, amount, currency, memo)
-        request = _routes.idempotent("transfer", body, key, prefer_wait)
-        answer: Answer[Transfer] = await self.send(request, Transfer, policy=policy)
-        return answer
-
-    async def create_payout(
-        self,
-        beneficiary: str,
-        amount: int,
-        currency: str,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Payout]:
-        body = _routes.payout(beneficiary, amount, currency)
-        request = _routes.idempotent("payout", body, key, prefer_wait)
-        answer: Answer[Payout] = await self.send(request, Payout, policy=policy)
-        return answer
+    # -- idempotent routes: create_<kind> (IdempotentCalls), perform -----------------------
 
     async def perform(
         self, action: IntendedAction, *, prefer_wait: int = 0, policy: RetryPolicy | None = None
-    ) -> Answer[Account | Transfer | Payout]:
+    ) -> Answer[ActionAnswer]:
         """Send a persisted intended action with its own key (first time or after a restart)."""
-        request = _routes.idempotent(action.kind, action.body, action.key, prefer_wait)
-        answer: Answer[Account | Transfer | Payout] = await self.send(
-            request, _routes.ANSWERS[action.kind], policy=policy
-        )
+        request = idempotent(action.kind, action.body, action.key, prefer_wait)
+        answer: Answer[ActionAnswer] = await self.send(request, ANSWERS[action.kind], policy=policy)
         return answer
 
     # -- reads -------------------------------------------------------------------------------

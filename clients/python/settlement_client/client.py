@@ -12,18 +12,17 @@ from typing import Any, Literal, Self, TypeVar
 import httpx
 
 from . import _routes
+from ._actions import ANSWERS, ActionAnswer, IdempotentCalls, idempotent
 from ._call import Answer, Call, Request
 from .keys import IntendedAction
 from .models import (
     Account,
     Health,
     OperationView,
-    Payout,
     PrincipalCreated,
     PrincipalRevoked,
     ProblemPage,
     Superseded,
-    Transfer,
     WorkPage,
 )
 from .observe import Hook
@@ -73,7 +72,7 @@ class _Base:
         )
 
 
-class Client(_Base):
+class Client(IdempotentCalls, _Base):
     """``with Client(url, api_key) as client: client.create_transfer(...)``.
 
     Every mutating call carries an Idempotency-Key (``key=``, or a fresh UUIDv4) that all
@@ -136,62 +135,14 @@ class Client(_Base):
                 raise call.failure(decision, response)
             time.sleep(decision.wait)
 
-    # -- idempotent routes -------------------------------------------------------------------
-
-    def create_account(
-        self,
-        currency: str,
-        opening_balance: int = 0,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Account]:
-        body = _routes.account(currency, opening_balance)
-        request = _routes.idempotent("account", body, key, prefer_wait)
-        answer: Answer[Account] = self.send(request, Account, policy=policy)
-        return answer
-
-    def create_transfer(
-        self,
-        source: str,
-        destination: str,
-        amount: int,
-        currency: str,
-        memo: str | None = None,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Transfer]:
-        body = _routes.transfer(source, destination, amount, currency, memo)
-        request = _routes.idempotent("transfer", body, key, prefer_wait)
-        answer: Answer[Transfer] = self.send(request, Transfer, policy=policy)
-        return answer
-
-    def create_payout(
-        self,
-        beneficiary: str,
-        amount: int,
-        currency: str,
-        *,
-        key: str | None = None,
-        prefer_wait: int = 0,
-        policy: RetryPolicy | None = None,
-    ) -> Answer[Payout]:
-        body = _routes.payout(beneficiary, amount, currency)
-        request = _routes.idempotent("payout", body, key, prefer_wait)
-        answer: Answer[Payout] = self.send(request, Payout, policy=policy)
-        return answer
+    # -- idempotent routes: create_<kind> (IdempotentCalls), perform -----------------------
 
     def perform(
         self, action: IntendedAction, *, prefer_wait: int = 0, policy: RetryPolicy | None = None
-    ) -> Answer[Account | Transfer | Payout]:
+    ) -> Answer[ActionAnswer]:
         """Send a persisted intended action with its own key (first time or after a restart)."""
-        request = _routes.idempotent(action.kind, action.body, action.key, prefer_wait)
-        answer: Answer[Account | Transfer | Payout] = self.send(
-            request, _routes.ANSWERS[action.kind], policy=policy
-        )
+        request = idempotent(action.kind, action.body, action.key, prefer_wait)
+        answer: Answer[ActionAnswer] = self.send(request, ANSWERS[action.kind], policy=policy)
         return answer
 
     # -- reads -------------------------------------------------------------------------------

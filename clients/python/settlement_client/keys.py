@@ -7,49 +7,29 @@ replays what the first run did, or finishes it, and never runs it twice.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Self
 
 import msgspec
 
-from . import _routes
+from ._actions import IntendedActions, Kind
+from ._routes import new_key
 
 __all__ = ["IntendedAction"]
 
 
-class IntendedAction(msgspec.Struct, frozen=True, kw_only=True):
-    """What to do (``kind`` and ``body``) and the Idempotency-Key that names it."""
+class IntendedAction(IntendedActions, msgspec.Struct, frozen=True, kw_only=True):
+    """What to do (``kind`` and ``body``) and the Idempotency-Key that names it. Made by
+    ``IntendedAction.<kind>(...)``, one constructor per idempotent route (``transfer``,
+    ``account``, ``payout``, ``refund``, ...), with the arguments of ``create_<kind>``."""
 
-    kind: Literal["account", "transfer", "payout"]
+    kind: Kind
     key: str
     body: dict[str, Any]
 
     @classmethod
-    def transfer(
-        cls,
-        source: str,
-        destination: str,
-        amount: int,
-        currency: str,
-        memo: str | None = None,
-        *,
-        key: str | None = None,
-    ) -> IntendedAction:
-        body = _routes.transfer(source, destination, amount, currency, memo)
-        return cls(kind="transfer", key=key or _routes.new_key(), body=msgspec.to_builtins(body))
-
-    @classmethod
-    def account(
-        cls, currency: str, opening_balance: int = 0, *, key: str | None = None
-    ) -> IntendedAction:
-        body = _routes.account(currency, opening_balance)
-        return cls(kind="account", key=key or _routes.new_key(), body=msgspec.to_builtins(body))
-
-    @classmethod
-    def payout(
-        cls, beneficiary: str, amount: int, currency: str, *, key: str | None = None
-    ) -> IntendedAction:
-        body = _routes.payout(beneficiary, amount, currency)
-        return cls(kind="payout", key=key or _routes.new_key(), body=msgspec.to_builtins(body))
+    def of(cls, kind: Kind, body: Any, key: str | None) -> Self:
+        """An action of ``kind`` with ``body`` (a request model) and ``key`` (None: a new one)."""
+        return cls(kind=kind, key=key or new_key(), body=msgspec.to_builtins(body))
 
     def dumps(self) -> bytes:
         return msgspec.json.encode(self)

@@ -27,6 +27,8 @@ __all__ = [
     "PrincipalRevoked",
     "ProblemDocument",
     "ProblemPage",
+    "Refund",
+    "RefundRequest",
     "ResultView",
     "SupersedeBody",
     "Superseded",
@@ -179,6 +181,24 @@ class ProblemPage(msgspec.Struct, kw_only=True, frozen=True):
     what_happened: str
     retry_with_same_key_safe: bool
     what_to_do: str
+
+
+class Refund(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    transfer: str
+    amount: int
+    currency: str
+    memo: str | None
+    created_at: str
+
+
+class RefundRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """Refund ``amount`` of transfer ``transfer`` (in its currency) to its source account."""
+
+    transfer: str
+    amount: int
+    currency: str
+    memo: str | None = None
 
 
 class ResultView(msgspec.Struct, kw_only=True, frozen=True):

@@ -57,12 +57,15 @@ __all__ = [
     "PrincipalExists",
     "PrincipalLimit",
     "Problem",
+    "RefundExceedsTransfer",
     "RequestTimeout",
     "ServiceUnavailable",
     "SettlementError",
     "SupersedeNeedsForce",
     "SupersedeRequired",
     "TooManyRequests",
+    "TransferNotFound",
+    "TransferNotRefundable",
     "TransportFailed",
     "Unauthenticated",
     "UnknownProblem",
@@ -285,8 +288,8 @@ class InternalError(Problem):
 
 
 class InsufficientFunds(Problem):
-    """402 ``insufficient-funds``: Insufficient funds. Fund the source account, then send the
-    transfer with a new key."""
+    """402 ``insufficient-funds``: Insufficient funds. Fund the account, then send the request
+    with a new key."""
 
     slug = "insufficient-funds"
 
@@ -299,8 +302,8 @@ class AccountNotFound(Problem):
 
 
 class CurrencyMismatch(Problem):
-    """422 ``currency-mismatch``: Currency mismatch. Transfer in the accounts' currency, with a
-    new key."""
+    """422 ``currency-mismatch``: Currency mismatch. Send the request in the accounts' currency,
+    with a new key."""
 
     slug = "currency-mismatch"
 
@@ -316,6 +319,27 @@ class PayoutDeclined(Problem):
     out with a new key."""
 
     slug = "payout-declined"
+
+
+class TransferNotFound(Problem):
+    """404 ``transfer-not-found``: Transfer not found. Check the transfer id, then send the
+    refund with a new key."""
+
+    slug = "transfer-not-found"
+
+
+class TransferNotRefundable(Problem):
+    """422 ``transfer-not-refundable``: Transfer not refundable. Nothing to do: the transfer's
+    refunds are on their operations (status resource)."""
+
+    slug = "transfer-not-refundable"
+
+
+class RefundExceedsTransfer(Problem):
+    """422 ``refund-exceeds-transfer``: Refund exceeds transfer. Refund at most what is left,
+    with a new key."""
+
+    slug = "refund-exceeds-transfer"
 
 
 # slug -> exception class, for every slug of the server (and business failures)
@@ -353,6 +377,9 @@ PROBLEMS: dict[str, type[Problem]] = {
     "currency-mismatch": CurrencyMismatch,
     "balance-limit": BalanceLimit,
     "payout-declined": PayoutDeclined,
+    "transfer-not-found": TransferNotFound,
+    "transfer-not-refundable": TransferNotRefundable,
+    "refund-exceeds-transfer": RefundExceedsTransfer,
 }
 RETRY_SAFE: frozenset[str] = frozenset(slug for slug, cls in PROBLEMS.items() if cls.retry_safe)
 

@@ -7,16 +7,14 @@ import json
 from pathlib import Path
 
 import msgspec
-from settlement_client import Transfer
+from settlement_client import AsyncClient, Client, IntendedAction, Transfer
 from settlement_client.models import TransferRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _generator():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(
-        "generate_models", ROOT / "scripts" / "generate_models.py"
-    )
+def _generator(name: str = "generate_models"):  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -30,6 +28,22 @@ def test_the_models_match_the_openapi_document() -> None:
     assert generator.TARGET.read_text() == expected, (
         "openapi/openapi.json changed: run python clients/python/scripts/generate_models.py"
     )
+
+
+def test_the_actions_match_the_openapi_document() -> None:
+    """Every idempotent operation of the document is a ``create_<kind>`` method of both
+    clients and an ``IntendedAction.<kind>`` constructor."""
+    generator = _generator("generate_actions")
+    document = json.loads(generator.DEFAULT_SCHEMA.read_text())
+    assert generator.TARGET.read_text() == generator.render(document), (
+        "openapi/openapi.json changed: run python clients/python/scripts/generate_actions.py"
+    )
+    kinds = [action["kind"] for action in generator.actions(document)]
+    assert kinds == ["account", "transfer", "payout", "refund"]
+    for kind in kinds:
+        assert callable(getattr(Client, f"create_{kind}"))
+        assert callable(getattr(AsyncClient, f"create_{kind}"))
+        assert callable(getattr(IntendedAction, kind))
 
 
 def test_a_request_leaves_out_its_defaults_and_an_answer_ignores_new_fields() -> None:
