@@ -1,5 +1,5 @@
-"""The feeds' figures of ``/metrics``: kept where every worker of a server reads them, and
-rendered as Prometheus text.
+"""The feeds' figures of ``/metrics``, and the operations' read with them: kept where every
+worker of a server reads them, and rendered as Prometheus text.
 
 A scrape never asks the database: one worker at a time reads the figures on its own
 connection every ``SETTLEMENT_FEED_FIGURES_INTERVAL`` (:class:`service.app.feed_figures.
@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["FIGURES_FILE", "FigureShelf", "feed_exposition"]
+__all__ = ["FIGURES_FILE", "FigureShelf", "feed_exposition", "work_exposition"]
 
 # The shelf's file in a metrics directory, and the lock file whose holder writes it.
 FIGURES_FILE = "feed-figures.json"
@@ -134,4 +134,37 @@ def feed_exposition(
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Feeds())
+    return generate_latest(registry).decode()
+
+
+def work_exposition(
+    open_operations: Sequence[tuple[str, int]], purge_backlog: float | None, cap: int
+) -> str:
+    """The operations' figures read with the feeds' (same age): open operations by state,
+    each counted up to ``cap``, and the purge's backlog in seconds (None: not read yet)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    by_state = GaugeMetricFamily(
+        "settlement_operations_open",
+        f"Operations not settled for good, by state (in_progress, unknown, conflict), each "
+        f"counted up to {cap}: {cap} means at least that many.",
+        labels=["state"],
+    )
+    for state, n in open_operations:
+        by_state.add_metric([state], n)
+    backlog = GaugeMetricFamily(
+        "settlement_purge_backlog_seconds",
+        "Seconds since the oldest terminal operation still stored expired: how far the "
+        "retention purge is behind (0: nothing expired is left).",
+        value=purge_backlog,
+    )
+
+    class Work(Collector):
+        def collect(self) -> Iterable[Any]:
+            return [by_state, backlog]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Work())
     return generate_latest(registry).decode()
