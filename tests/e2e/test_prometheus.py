@@ -2,9 +2,10 @@
 rules and runs their unit tests (deploy/prometheus/rules_test.yml); then Prometheus, with the
 example configuration (deploy/prometheus/prometheus.yml) pointed at a real server of two
 workers, scrapes it under a short load (transfers, a refused one and its replay, a replay, a
-fingerprint mismatch), and every expression returns data: each dashboard panel's, each
-recording rule's (its recorded series), and each alert's measured side (the expression left
-of its threshold: a healthy server fires none of them, which is checked too).
+fingerprint mismatch, a payout the provider declined and its replay), and every expression
+returns data: each dashboard panel's, each recording rule's (its recorded series), and each
+alert's measured side (the expression left of its threshold: a healthy server fires none of
+them, which is checked too). Both stored refusals count twice by their slug.
 
 Prometheus and promtool are Debian's ``prometheus`` package (``.ci/run`` installs it)."""
 
@@ -28,11 +29,13 @@ from tests.conftest import Services
 from tests.e2e.client import (
     ADMIN_KEY,
     PATIENCE,
+    auth,
     execute,
     new_account,
     new_principal,
     transfer,
 )
+from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.server import ServerProcess, free_port
 
 pytestmark = pytest.mark.e2e
@@ -141,9 +144,12 @@ def prometheus_binary() -> str:
 
 
 @pytest.fixture
-def loaded_server(services: Services, app_database: str) -> Iterator[ServerProcess]:
-    """A server of two workers under a short load, with a feed's checkpoint and receipts
-    (what the feed panels show), its background figures read often."""
+def loaded_server(
+    services: Services, app_database: str, provider: ProviderProcess
+) -> Iterator[ServerProcess]:
+    """A server of two workers under a short load (a declined payout among it), with a
+    feed's checkpoint and receipts (what the feed panels show), its background figures read
+    often."""
     execute(
         app_database,
         "INSERT INTO feed_checkpoints (name, kind, caught_up_at) VALUES ('payments', 'cursor', "
@@ -156,7 +162,12 @@ def loaded_server(services: Services, app_database: str) -> Iterator[ServerProce
         "'bad-signature', now(), now())",
         event=f"held-{uuid.uuid4().hex[:8]}",
     )
-    env = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_FEED_FIGURES_INTERVAL": "0.2"}
+    env = {
+        "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+        "SETTLEMENT_FEED_FIGURES_INTERVAL": "0.2",
+        "SETTLEMENT_PROVIDER_URL": provider.base_url,
+        "SETTLEMENT_PROVIDER_SECRET": SECRET,
+    }
     with ServerProcess(app_database, services.redis_url, env=env, workers=2) as server:
         base = server.base_url
         key = new_principal(base)["api_key"]
@@ -170,6 +181,16 @@ def loaded_server(services: Services, app_database: str) -> Iterator[ServerProce
         refused = uuid.uuid4().hex
         for _ in range(2):  # a business refusal, stored, and its replay
             answer = transfer(base, key, refused, source, destination, 1_000)
+            assert answer.status_code == 402, answer.text
+        provider.arm("decline")
+        declined = uuid.uuid4().hex
+        for _ in range(2):  # a payout the provider declined, stored, and its replay
+            answer = httpx.post(
+                f"{base}/v1/payouts",
+                json={"beneficiary": "ACME Supplies", "amount": 500, "currency": "EUR"},
+                headers={**auth(key), "Idempotency-Key": declined},
+                timeout=30,
+            )
             assert answer.status_code == 402, answer.text
         yield server
 
@@ -214,10 +235,11 @@ def test_every_panel_and_rule_expression_has_data_from_a_real_server(
             if not poll(prometheus, expr, deadline=deadline)
         ]
         assert not empty, "no data:\n" + "\n".join(empty)
-        problems = prometheus.query(
-            'settlement_http_problems_total{slug="insufficient-funds",status="402"}'
-        )
-        assert [float(p["value"][1]) for p in problems] == [2.0]  # the refusal and its replay
+        for slug in ("insufficient-funds", "payout-declined"):  # each refusal and its replay
+            problems = prometheus.query(f'settlement_http_problems_total{{slug="{slug}"}}')
+            assert [(p["metric"]["status"], float(p["value"][1])) for p in problems] == [
+                ("402", 2.0)
+            ], slug
         workers = prometheus.query('count(process_cpu_seconds_total{job="settlement"})')
         assert float(workers[0]["value"][1]) == 2.0  # each worker, by pid
         firing = {rule["alert"]: prometheus.query(rule["expr"]) for rule in alerts}
