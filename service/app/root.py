@@ -49,6 +49,7 @@ from service.store.db import make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
 from service.store.pool import HotPool
+from service.store.pool_watch import watch_pool
 from service.store.principals import PrincipalStore
 from service.store.retention import RetentionStore
 from service.store.settlement import SettlementStore
@@ -87,6 +88,7 @@ class Settlement:
         self.redis = redis  # pub/sub waits, health checks
         self.lease_redis = lease_redis  # the lease commands' own pool
         self.metrics = metrics or Metrics()
+        watch_pool(engine, self.metrics.on_pool)  # the pool gauges of /metrics
         self.wakeups = Wakeups(redis)
         self.health = HealthChecks(self.reader, redis, timeout=settings.health_timeout)
         self.provider: ProviderClient | None = None
@@ -267,7 +269,8 @@ class Settlement:
                 settlement.feed_figures.run(
                     FeedStore(
                         figures, settlement.store.runner, settle=settlement.store.settle_phase_of
-                    )
+                    ),
+                    figures,  # the open operations' counts too
                 ),
                 name="feed-figures",
             )
