@@ -93,11 +93,13 @@ class LocalAttempts:
         scope: Scope,
         request: ClaimRequest,
         body: Any,
-        lease: Lease,
+        *,
+        lease_token: str | None,
     ) -> Answer | None:
         """A scope with no row, a local route with a statement form: claim, run and settle in
-        one statement while holding ``lease`` (nothing is ever left ``in_progress``: a crash or
-        a lost connection leaves either the whole settled operation or nothing). None when
+        one statement (nothing is ever left ``in_progress``: a crash or a lost connection
+        leaves either the whole settled operation or nothing; ``lease_token``: the lease it
+        holds, None when it holds none). None when
         nothing was written and the caller should claim, then settle under the row's lock (a
         row appeared, a lock was not granted). ``KeyExpired`` when the key's tombstone
         stands (written by a purge that committed while this statement ran)."""
@@ -116,14 +118,14 @@ class LocalAttempts:
             span("settlement.effect", operation_id=op, operation_route=spec.route),
             span("settlement.settle", operation_id=op, attempt_number=1) as traced,
         ):
-            # No heartbeat: the statement is bounded by the lock and statement timeouts, and
-            # the lease is not what keeps it single. Were the lease to run out meanwhile, a
-            # second request's insert of this scope would wait for this statement's, then
-            # find its row: PostgreSQL's unique scope decides.
+            # No lease and no heartbeat: the statement is bounded by the lock and statement
+            # timeouts, and a lease is not what keeps it single. A second request's insert of
+            # this scope waits for this statement's, then finds its row: PostgreSQL's unique
+            # scope decides.
             try:
                 await self._failpoints.hit("effect.before_statement")  # nothing written yet
                 done = await self._store.claim_and_settle_local(
-                    scope, request, build, lease_token=lease.token, route=spec.route
+                    scope, request, build, lease_token=lease_token, route=spec.route
                 )
             except RowLocked:
                 # a lock not granted: nothing was written; the locked path claims first and

@@ -9,8 +9,8 @@ Given an authenticated principal, a parsed key and a validated body:
 5-6. run the attempt under a heartbeat and settle it (:mod:`service.app.attempts`);
 7. release the lease (with the settlement's wake-up, one round trip).
 
-A new operation of a local route with a statement form does 4-6 in one statement: the row
-is written once, already settled, or not at all.
+A new operation of a local route with a statement form does 4-6 in one statement, with no
+lease (3 and 7): the row is written once, already settled, or not at all.
 
 Everything returned is an :data:`~service.app.answers.Answer` for HTTP to render.
 """
@@ -210,16 +210,19 @@ class IdempotentRequests:
         wait: float,
         record: Record | None,
     ) -> Answer:
+        if record is None and spec.statement is not None and not self._holds_attempts:
+            # a new local operation: claimed, run and settled in one statement, with no lease
+            answered = await self._in_one_statement(spec, principal, scope, claim, body)
+            if answered is not None:
+                return answered
+            # nothing was written: a duplicate's statement committed the scope's row first
+            # (this one waited for it on the scope's unique index), or a lock was not
+            # granted. A settled row answers with no lease; anything else takes the lease
+            record = await self._store.reads.get_by_scope(scope)
         if record is not None:
-            match decide_claim(record, claim, self._clock()):
-                case Claim():
-                    pass  # take the lease, then decide again under the row lock
-                case InProgress():
-                    # the claim-time lease has not run out: its attempt holds the lease (or
-                    # died holding it), so the answer needs no round trip to Redis
-                    return await self._in_progress(scope, claim, record, wait)
-                case answered:
-                    return answer_of(answered)
+            decided = await self._decided(scope, claim, record, wait)
+            if decided is not None:
+                return decided
         try:
             with span("settlement.lease", operation_route=spec.route) as traced:
                 lease = await self._leases.acquire(scope.lease_name())
@@ -273,17 +276,6 @@ class IdempotentRequests:
     ) -> Answer:
         """Claim, run the attempt, release the lease (``release``): the settlement's wake-up
         for ``Prefer: wait`` requests goes with the release, in one round trip to Redis."""
-        if record is None and spec.statement is not None and not self._holds_attempts:
-            # a new local operation: claimed, run and settled in one statement
-            with self._wakeups.deferred(claim.new_operation_id) as announced:
-                answered = await self._attempts.run_new_local(
-                    spec, principal, scope, claim, body, lease
-                )
-                if answered is not None:
-                    await release(announced())
-                    return answered
-            # nothing was written (a row appeared, a lock was not granted): claim, then
-            # settle under the row's lock
         with span("settlement.claim", operation_route=spec.route) as traced:
             claimed = await self._store.claim(
                 scope,
@@ -308,6 +300,43 @@ class IdempotentRequests:
             answer = await self._attempts.run(spec, principal, body, claimed, lease)
             await release(announced())
         return answer
+
+    async def _decided(
+        self, scope: Scope, claim: ClaimRequest, record: Record, wait: float
+    ) -> Answer | None:
+        """The answer the scope's row gives without a lease: a replay, a refusal, or another
+        attempt in progress; None when this request may claim it (under the lease)."""
+        match decide_claim(record, claim, self._clock()):
+            case Claim():
+                return None  # take the lease, then decide again under the row lock
+            case InProgress():
+                # the claim-time lease has not run out: its attempt holds the lease (or died
+                # holding it), so the answer needs no round trip to Redis
+                return await self._in_progress(scope, claim, record, wait)
+            case answered:
+                return answer_of(answered)
+
+    async def _in_one_statement(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        scope: Scope,
+        claim: ClaimRequest,
+        body: Any,
+    ) -> Answer | None:
+        """A new local operation, claimed, run and settled in one statement, with no lease
+        (docs/design.md §3 rule 2): nothing ``in_progress`` is ever committed, so no other
+        attempt can find it unsettled, and a duplicate's statement waits on the scope's
+        unique index for this one's commit, then writes nothing and replays the settled row.
+        None when nothing was written. Its settlement is announced to nobody: no request
+        can wait on a row it never saw unsettled."""
+        async with self._slots.hold(principal.id):
+            with self._wakeups.deferred(claim.new_operation_id) as announced:
+                answered = await self._attempts.run_new_local(
+                    spec, principal, scope, claim, body, lease_token=None
+                )
+                announced()  # taken, so not published
+        return answered
 
     async def _in_progress(
         self, scope: Scope, claim: ClaimRequest, record: Record | None, wait: float

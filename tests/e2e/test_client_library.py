@@ -255,11 +255,15 @@ def test_the_retry_budget_stops_a_storm_against_a_failing_server(app_database: s
     data_dir = Path(tempfile.mkdtemp(prefix="settlement-client-redis-"))
     redis = EmbeddedRedis(data_dir)
     try:
-        env = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_REDIS_TIMEOUT": "0.5"}
+        env = {
+            "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "SETTLEMENT_REDIS_TIMEOUT": "0.5",
+            # payouts on (never called: with Redis away the lease is refused first)
+            "SETTLEMENT_PROVIDER_URL": "http://127.0.0.1:9",
+            "SETTLEMENT_PROVIDER_SECRET": "s" * 32,
+        }
         with ServerProcess(app_database, redis.start(), env=env) as failing:
             key = new_principal(failing.base_url)["api_key"]
-            source = new_account(failing.base_url, key, 100)
-            destination = new_account(failing.base_url, key, 0)
             redis.stop()
             events = Events()
             budget = RetryBudget(capacity=3, refill_per_second=0)
@@ -268,7 +272,7 @@ def test_the_retry_budget_stops_a_storm_against_a_failing_server(app_database: s
             with Client(failing.base_url, key, policy=policy, budget=budget, hooks=[events]) as c:
                 for _ in range(calls):
                     with pytest.raises(LeaseUnavailable) as refused:
-                        c.create_transfer(source, destination, 1, "EUR")
+                        c.create_payout("ann", 1, "EUR")  # an attempt that needs the lease
                     assert refused.value.gave_up == "budget"
     finally:
         redis.stop()

@@ -34,7 +34,15 @@ def test_a_master_failing_over_under_load_runs_each_transfer_once(app_database: 
     cluster = EmbeddedRedisCluster(data_dir)
     try:
         url = cluster.start()
-        env = {"SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY, "SETTLEMENT_REDIS_TIMEOUT": "0.5"}
+        env = {
+            "SETTLEMENT_BOOTSTRAP_ADMIN_KEY": ADMIN_KEY,
+            "SETTLEMENT_REDIS_TIMEOUT": "0.5",
+            # the transfers take the leased path, as a payout or the retry of an unsettled row
+            # does (a new local operation's one statement takes no lease): claimed under the
+            # scope's lease, then settled under the row's lock
+            "SETTLEMENT_ENABLE_FAILPOINTS": "1",
+            "SETTLEMENT_FAILPOINTS": "claim.after=sleep:0",
+        }
         with ServerProcess(app_database, url, env=env) as server:
             base = server.base_url
             key = new_principal(base)["api_key"]

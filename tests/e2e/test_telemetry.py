@@ -108,9 +108,10 @@ def test_metrics_count_every_workers_answers_whichever_worker_is_scraped(
         assert sum(v for k, v in durations.items() if TRANSFERS in k) == len(answers)
         claims = _series(text, "settlement_claims_total")
         assert claims['settlement_claims_total{kind="new"}'] == 7 + 2  # and the two accounts
-        # a late one of the concurrent requests may take the lease, then replay
+        # each new operation was claimed, run and settled in one statement, with no lease;
+        # the concurrent duplicates waited for its commit and replayed it
         leases = _series(text, "settlement_leases_acquired_total")
-        assert leases["settlement_leases_acquired_total"] >= 7 + 2
+        assert leases.get("settlement_leases_acquired_total", 0) == 0
 
 
 def _worker_pids(shared: Path) -> set[int]:
@@ -267,9 +268,15 @@ def test_log_lines_are_json_with_the_request_fields(server_with_logs: ServerProc
 def test_the_request_span_joins_the_callers_trace_with_its_tracestate(
     services: Services, migrated_url: str
 ) -> None:
-    server = ServerProcess(
-        migrated_url, services.redis_url, env=_env(SETTLEMENT_OTEL_EXPORTER="console")
+    # an armed claim failpoint puts the new transfer on the locked path (claimed under the
+    # scope's lease, then settled under the row's lock), so every stage has its span; a new
+    # local operation's one statement takes no lease
+    env = _env(
+        SETTLEMENT_OTEL_EXPORTER="console",
+        SETTLEMENT_ENABLE_FAILPOINTS="1",
+        SETTLEMENT_FAILPOINTS="claim.after=sleep:0",
     )
+    server = ServerProcess(migrated_url, services.redis_url, env=env)
     with server:
         traced = httpx.get(
             f"{server.base_url}/livez",
@@ -290,9 +297,15 @@ def test_the_request_span_joins_the_callers_trace_with_its_tracestate(
 def test_console_exporter_prints_the_stages_of_a_retried_transfer(
     services: Services, migrated_url: str
 ) -> None:
-    server = ServerProcess(
-        migrated_url, services.redis_url, env=_env(SETTLEMENT_OTEL_EXPORTER="console")
+    # an armed claim failpoint puts the new transfer on the locked path (claimed under the
+    # scope's lease, then settled under the row's lock), so every stage has its span; a new
+    # local operation's one statement takes no lease
+    env = _env(
+        SETTLEMENT_OTEL_EXPORTER="console",
+        SETTLEMENT_ENABLE_FAILPOINTS="1",
+        SETTLEMENT_FAILPOINTS="claim.after=sleep:0",
     )
+    server = ServerProcess(migrated_url, services.redis_url, env=env)
     with server:
         base = server.base_url
         key = new_principal(base)["api_key"]

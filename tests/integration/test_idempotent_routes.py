@@ -148,17 +148,31 @@ async def test_every_answer_of_an_idempotent_route(app: Asgi, client: tuple[Any,
 
 @pytest.mark.parametrize("prefer", [None, "wait=2"])
 async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_lookup(
-    app: Asgi,
     services: Services,
+    migrated_url: str,
     connect_leases: Callable[..., LeaseManager],
     client: tuple[Any, str],
     prefer: str | None,
 ) -> None:
-    """The lease is held (as while a new local operation's one statement runs) and the scope
-    has no row: 409 at once, pointing at the key's lookup; with Prefer: wait too, since the
-    scope is read once more and still has no row. Nothing is written."""
+    """The lease is held (as while a payout's attempt claims its row; a new local operation's
+    one statement takes none) and the scope has no row: 409 at once, pointing at the key's
+    lookup; with Prefer: wait too, since the scope is read once more and still has no row.
+    Nothing is written."""
+    from service.http.app import create_app
+
+    settings = Settings.from_env(
+        {},
+        database_url=migrated_url,
+        redis_url=services.redis_url,
+        sweep_interval=3600.0,
+        # payouts on; the provider is never called (the lease is held)
+        provider_url="http://127.0.0.1:9",
+        provider_secret="s" * 32,
+    )
+    app = Asgi(create_app(settings))
+    await app.start()
     principal, api_key = client
-    route, key = "POST /v1/transfers", f"held-{uuid.uuid4().hex[:8]}"
+    route, key = "POST /v1/payouts", f"held-{uuid.uuid4().hex[:8]}"
     scope = Scope(
         tenant=principal.tenant, principal_id=principal.id, route=route, idempotency_key=key
     )
@@ -173,11 +187,8 @@ async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_l
         }
         if prefer is not None:
             headers["Prefer"] = prefer
-        body = json.dumps(
-            {"source": str(uuid.uuid4()), "destination": str(uuid.uuid4()), "amount": 1}
-            | {"currency": "EUR"}
-        ).encode()
-        status, answered, content = await app.request("POST", "/v1/transfers", headers, body)
+        body = json.dumps({"beneficiary": "ann", "amount": 1, "currency": "EUR"}).encode()
+        status, answered, content = await app.request("POST", "/v1/payouts", headers, body)
         found = dict(answered)
         assert status == 409, content
         assert json.loads(content)["type"] == "/problems/operation-in-progress"
@@ -188,4 +199,5 @@ async def test_a_held_lease_over_a_scope_with_no_row_answers_409_with_the_keys_l
         assert found[b"retry-after"] == b"1"
         assert b"preference-applied" not in found
     finally:
+        await app.stop()
         assert await leases.release(held)

@@ -39,9 +39,10 @@ async def test_a_new_operation_runs_once_in_one_statement_and_is_not_a_replay(
     assert answer.operation_id == op and row.state is OperationState.COMPLETED
     assert row.fencing_token == 1 and len(world.store.claims) == 1
     assert world.store.committed == [(op, 5)]
-    # the lease is released with the settlement's wake-up, in one call
-    [(_, announced)] = world.leases.released
-    assert announced == op and world.leases.held == {}
+    # one statement: no lease taken, and no wake-up (nobody could wait on a row that was
+    # never seen unsettled)
+    assert world.leases.acquired == [] and world.leases.released == []
+    assert world.wakeups.announced == []
 
     again = await world.send(LOCAL)
     assert again == msgspec.structs.replace(answer, replayed=True)

@@ -18,6 +18,7 @@ from service.store.retention import Tombstone
 from service.store.rows import at
 from service.store.settlement import RowLocked, SettlementContention
 from tests.usecases.world import (
+    EXTERNAL,
     KEY,
     LOCAL,
     Gate,
@@ -170,11 +171,26 @@ async def test_a_revision_that_kept_moving_is_503_to_retry(world: World) -> None
 
 
 async def test_no_lease_store_means_no_execution_503(world: World) -> None:
+    """An attempt that outlives one statement (here an external one) needs the lease."""
     world.leases.unavailable = True
-    answer = problem(await world.send(LOCAL))
+    answer = problem(await world.send(EXTERNAL))
     assert (answer.slug, status_of(answer), answer.retry_after) == ("lease-unavailable", 503, True)
     assert answer.operation_id is None
     assert world.store.rows == {}
+
+
+async def test_a_new_local_operation_needs_no_lease_store(world: World) -> None:
+    """Claimed, run and settled in one statement, it takes no lease: it runs with the lease
+    store away, once."""
+    world.leases.unavailable = True
+    answer = await world.send(LOCAL)
+    assert isinstance(answer, Stored) and status_of(answer) == 201 and not answer.replayed
+    [(op, row)] = world.store.rows.items()
+    assert row.state is OperationState.COMPLETED and world.store.committed == [(op, 5)]
+    assert world.leases.acquired == []
+    again = await world.send(LOCAL)
+    assert isinstance(again, Stored) and again.replayed
+    assert world.store.committed == [(op, 5)]
 
 
 async def test_no_lease_store_names_the_operation_of_an_existing_row(world: World) -> None:
@@ -191,15 +207,15 @@ async def test_no_lease_store_names_the_operation_of_an_existing_row(world: Worl
 async def test_a_lease_held_elsewhere_for_a_new_key_is_409_without_reading_the_row(
     world: World,
 ) -> None:
-    world.leases.hold(world.scope(LOCAL).lease_name())
+    world.leases.hold(world.scope(EXTERNAL).lease_name())
     world.store.fail["get_by_scope"] = AssertionError("no re-read without a wait")
-    answer = problem(await world.send(LOCAL))
+    answer = problem(await world.send(EXTERNAL))
     assert (answer.slug, status_of(answer), answer.operation_id) == (
         "operation-in-progress",
         409,
         None,
     )
-    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": LOCAL.route})
+    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": EXTERNAL.route})
 
 
 async def test_a_lease_held_over_an_unknown_row_is_409_naming_its_operation(world: World) -> None:
@@ -286,21 +302,21 @@ async def test_prefer_wait_on_a_settled_row_found_by_its_re_read_replays_it(
 ) -> None:
     """The lease is still held, but the row settled before the subscription: the re-read
     inside the subscription finds it, no wake-up needed."""
-    world.existing(LOCAL, "completed")
-    world.leases.hold(world.scope(LOCAL).lease_name())
+    world.existing(EXTERNAL, "completed")
+    world.leases.hold(world.scope(EXTERNAL).lease_name())
     # the first read saw no row (the winner had not inserted it yet)
     answer = await world.requests.handle(
-        LOCAL, world.principal, Seen(key=KEY, record=None), Transfer(amount=5), wait=30
+        EXTERNAL, world.principal, Seen(key=KEY, record=None), Transfer(amount=5), wait=30
     )
     assert isinstance(answer, Stored) and answer.preference_applied == "wait=30"
     assert not world.wakeups.waiting.is_set()
 
 
 async def test_prefer_wait_on_a_new_key_whose_winner_has_no_row_yet_is_409(world: World) -> None:
-    world.leases.hold(world.scope(LOCAL).lease_name())
-    answer = problem(await world.send(LOCAL, wait=30))
+    world.leases.hold(world.scope(EXTERNAL).lease_name())
+    answer = problem(await world.send(EXTERNAL, wait=30))
     assert (answer.slug, answer.operation_id) == ("operation-in-progress", None)
-    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": LOCAL.route})
+    assert answer.location == "/v1/operations?" + urlencode({"key": KEY, "route": EXTERNAL.route})
 
 
 async def test_prefer_wait_with_another_body_is_still_a_fingerprint_mismatch(
@@ -341,6 +357,11 @@ async def test_a_principal_past_its_slots_for_too_long_gets_429() -> None:
     await crowded.close()
 
 
+# An armed claim failpoint puts new local operations on the locked path: claimed first under
+# the scope's lease, then settled under the row's lock (the path whose lease these tests watch).
+LOCKED_PATH = {"claim.after": "sleep:0"}
+
+
 async def _queued_behind_another(
     crowded: World, then: Callable[[World, str], None]
 ) -> tuple[Answer, list[int]]:
@@ -355,7 +376,6 @@ async def _queued_behind_another(
         if len(ran) == 1:
             await gate()
 
-    crowded.store.one_statement = False  # the effect runs (and holds) under the row's lock
     crowded.store.during_effect = recorded
     route = LOCAL
     first = asyncio.create_task(crowded.send(route, key="first"))
@@ -370,7 +390,7 @@ async def _queued_behind_another(
 
 
 async def test_a_request_that_queued_past_half_its_lease_renews_it_before_its_claim() -> None:
-    crowded = World(per_principal=1, ttl=10)
+    crowded = World(per_principal=1, ttl=10, failpoints=LOCKED_PATH)
     answer, ran = await _queued_behind_another(crowded, lambda w, _: w.clock.advance(6))
     assert isinstance(answer, Stored) and not answer.replayed and len(ran) == 2
     [renewed] = crowded.leases.extended
@@ -379,7 +399,7 @@ async def test_a_request_that_queued_past_half_its_lease_renews_it_before_its_cl
 
 
 async def test_a_request_whose_lease_expired_while_it_queued_takes_it_anew() -> None:
-    crowded = World(per_principal=1, ttl=10)
+    crowded = World(per_principal=1, ttl=10, failpoints=LOCKED_PATH)
     answer, ran = await _queued_behind_another(crowded, lambda w, _: w.clock.advance(11))
     assert isinstance(answer, Stored) and not answer.replayed and len(ran) == 2
     assert crowded.leases.extended == [] and len(crowded.leases.acquired) == 3
@@ -387,7 +407,7 @@ async def test_a_request_whose_lease_expired_while_it_queued_takes_it_anew() -> 
 
 
 async def test_a_request_whose_expired_lease_a_duplicate_took_while_it_queued_is_409() -> None:
-    crowded = World(per_principal=1, ttl=10)
+    crowded = World(per_principal=1, ttl=10, failpoints=LOCKED_PATH)
 
     def duplicate_takes_it(world: World, name: str) -> None:
         world.clock.advance(11)
@@ -406,7 +426,7 @@ async def test_a_request_whose_expired_lease_a_duplicate_took_while_it_queued_is
 
 
 async def test_a_request_that_queued_while_redis_went_away_is_503() -> None:
-    crowded = World(per_principal=1, ttl=10)
+    crowded = World(per_principal=1, ttl=10, failpoints=LOCKED_PATH)
 
     def redis_goes(world: World, name: str) -> None:
         world.clock.advance(6)

@@ -115,6 +115,15 @@ def local_route(
 LOCAL = local_route()
 
 
+async def _pays(context: ExecutionContext, reservation: ReservationTuple, body: Transfer) -> Any:
+    return evidence_for(reservation, 201, {"paid": body.amount})
+
+
+# An external route: its attempts always run under the scope's lease (a new local operation's
+# one statement takes none).
+EXTERNAL = IdempotentRoute(route="POST /test/leased", body_type=Transfer, external=_pays)
+
+
 def evidence_for(
     reservation: ReservationTuple, status: int = 201, body: dict[str, Any] | None = None
 ) -> SignedEvidence:
