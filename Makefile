@@ -13,7 +13,7 @@ LOCK_EXTRAS := dev,devstack,bench,otlp
 TEST_PROCESSES ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help run test lint typecheck unit integration migrate openapi clean bench bench-scale soak chaos lock
+.PHONY: help run test lint typecheck unit integration migrate openapi clean bench bench-faults bench-scale soak chaos lock
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -83,6 +83,9 @@ clean: ## remove the virtualenv and caches (keeps .data/)
 
 bench: $(BENCH_STAMP) ## load test with two peers and baselines (wrk, pgbench); table + bench/results/<date>.json
 	$(BIN)/python -m bench.run
+
+bench-faults: $(BENCH_STAMP) ## the server and both peers under Redis FLUSHALL, SIGKILL and cut answers, then retries; money moved twice and answers lost, counted in SQL; bench/results/<date>-faults.json
+	$(BIN)/python -m bench.faults
 
 bench-scale: $(BENCH_STAMP) ## new/replay/status on BENCH_ROWS (5000000) filled operations vs empty, purge rate, sizes; bench/results/<date>-scale.json
 	$(BIN)/python -m bench.scale
