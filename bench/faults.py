@@ -16,9 +16,13 @@ answer (``bench.faults_count``): what is lost for good is told from what was onl
 The faults:
 
 * ``flushall``: Redis ``FLUSHALL``; the pass then goes on;
-* ``sigkill``: ``SIGKILL`` to the server's whole process group (the supervisor and its
-  workers), then the same server started again on the same port, database and Redis; no new
-  request is sent until it is up;
+* ``sigkill``: a database stall, then a crash: the bench locks every account of the run
+  (``SELECT ... FOR UPDATE`` in a transaction of its own) for ``STALL_SECONDS`` while the load
+  goes on, so that each connection's request reaches the server and waits there for its
+  transfer; then no new request is sent, the lock is released, and ``KILL_AFTER_RELEASE``
+  later the server's whole process group (the supervisor and its workers) gets ``SIGKILL``,
+  with the released requests in every stage from waiting to committed and answered; then the
+  same server is started again on the same port, database and Redis;
 * ``cut-answers``: the pass goes through a TCP relay (``bench.faults_relay``) that forwards
   every request and, for ``BENCH_FAULT_CUT`` of them (0.1: every tenth), closes the client's
   connection when the answer arrives instead of forwarding it; the retries go to the server.
@@ -42,7 +46,7 @@ import signal
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -67,6 +71,13 @@ FAULTS = ("flushall", "sigkill", "cut-answers")
 STRIKE_SHARE = 0.5
 # How long a killed process group may take to be gone before the bench gives up.
 KILL_TIMEOUT = 10.0
+# sigkill's stall: long enough for each connection's next request to reach the server and
+# wait on the accounts' locks, shorter than the server's lock timeout (SETTLEMENT_DB_LOCK_TIMEOUT,
+# 1 s), after which its waiting requests would answer 503 instead of waiting.
+STALL_SECONDS = 0.4
+# From the stall's end to the kill: the released requests are then committing, answering and
+# (the peers) storing their answers in Redis, each as far as it got.
+KILL_AFTER_RELEASE = 0.005
 # The late retry waits this much longer than the server's default lease TTL: by then a lease
 # that a killed worker held has run out.
 LATE_MARGIN = 2.0
@@ -200,8 +211,47 @@ def _restart(server: ServerProcess, began: float) -> None:
     server.start()
 
 
+async def _stall_then_kill(
+    database_url: str, server: ServerProcess, hold: Callable[[], None]
+) -> dict[str, Any]:
+    """``sigkill``: the accounts locked for ``STALL_SECONDS``, the load held, the lock
+    released, the process group killed ``KILL_AFTER_RELEASE`` later, the server restarted."""
+    processes = 1 + len(server.worker_processes())
+    conn = await asyncpg.connect(database_url)
+    try:
+        stall = conn.transaction()
+        await stall.start()
+        locked = await conn.fetch(
+            "SELECT id FROM accounts WHERE tenant = $1 ORDER BY id FOR UPDATE", fixtures.TENANT
+        )
+        await asyncio.sleep(STALL_SECONDS)
+        hold()
+        await stall.rollback()
+        await asyncio.sleep(KILL_AFTER_RELEASE)
+        os.killpg(server.pid, signal.SIGKILL)
+    finally:
+        await conn.close()
+    began = time.monotonic()
+    # in this thread, which blocks the loop meanwhile (no request is sent then): a server
+    # started from a worker thread would get SIGTERM when that thread ends
+    # (``devstack.die_with_parent``)
+    _restart(server, began)
+    return {
+        "accounts_locked": len(locked),
+        "stall_seconds": STALL_SECONDS,
+        "kill_after_release_seconds": KILL_AFTER_RELEASE,
+        "processes_killed": processes,
+        "restart_seconds": round(time.monotonic() - began, 2),
+    }
+
+
 async def _drive(
-    stack: Stack, server: ServerProcess, fault: str, requests: list[tuple[str, bytes]], cfg: Config
+    stack: Stack,
+    server: ServerProcess,
+    fault: str,
+    requests: list[tuple[str, bytes]],
+    cfg: Config,
+    database_url: str,
 ) -> tuple[Pass, Pass, Pass, dict[str, Any]]:
     """The run's passes: the first with its fault, the retries, the late retries."""
     detail: dict[str, Any] = {}
@@ -210,23 +260,13 @@ async def _drive(
             first = await send_pass(relay.port, requests, connections=cfg.connections)
         detail = {"relayed": relay.relayed, "answers_cut": relay.cut}
     else:
-        processes = 1 + len(server.worker_processes())
 
-        async def strike() -> None:
-            # the fault itself runs at once, in this turn of the loop; only then the waits
-            if fault == "flushall":
+        async def strike(hold: Callable[[], None]) -> None:
+            if fault == "flushall":  # at once, in this turn of the loop
+                hold()
                 detail.update(_flushall(stack.redis_url))
-                return
-            os.killpg(server.pid, signal.SIGKILL)
-            began = time.monotonic()
-            # in this thread, which blocks the loop meanwhile (no request is sent then): a
-            # server started from a worker thread would get SIGTERM when that thread ends
-            # (``devstack.die_with_parent``)
-            _restart(server, began)
-            detail.update(
-                processes_killed=processes,
-                restart_seconds=round(time.monotonic() - began, 2),
-            )
+            else:
+                detail.update(await _stall_then_kill(database_url, server, hold))
 
         first = await send_pass(
             server.port,
@@ -260,7 +300,7 @@ def run_one(stack: Stack, system: str, fault: str, cfg: Config) -> Run:
         for key in [f"faults-{system}-{fault}-{fixture.run_token}-{i}"]
     ]
     with server:
-        first, retry, late, detail = asyncio.run(_drive(stack, server, fault, requests, cfg))
+        first, retry, late, detail = asyncio.run(_drive(stack, server, fault, requests, cfg, url))
     operations_route = fixtures.ROUTE if system == SERVER else route(system)
     made = asyncio.run(transfers_by_key(url, operations_route))
     money = asyncio.run(ledger(url))

@@ -4,10 +4,11 @@ few keep-alive connections, with a fault struck midway, then each key sent again
 ``send_pass`` sends every request once and returns each key's answer status (``0``: no
 answer: the connection was reset or closed, or the request timed out after
 ``bench.client.REQUEST_TIMEOUT``; the connection is then opened anew for the next key).
-``strike_at`` answers into the pass it awaits ``strike()``, the fault, at once (its first
+``strike_at`` answers into the pass it awaits ``strike(hold)``, the fault, at once (its first
 step runs in the next turn of the event loop, with the other connections' requests in
-flight); no connection sends a new request until it returns (each then opens a new
-connection: a killed server left the old ones dead). A retry is a plain resend: the same
+flight) while the load goes on; once the fault calls ``hold()``, no connection sends a new
+request until ``strike`` returns (each then opens a new connection: a killed server left the
+old ones dead). A retry is a plain resend: the same
 bytes (key, body and headers), once, whatever the first answer was.
 """
 
@@ -35,8 +36,8 @@ class Pass:
 
     statuses: dict[str, int] = field(default_factory=dict)
     answered: int = 0
-    in_flight_at_strike: int = -1  # -1: no fault struck during this pass
-    answered_at_strike: int = -1
+    answered_at_strike: int = -1  # -1: no fault struck during this pass
+    in_flight_at_strike: int = -1  # requests sent and not answered when the load was held
     seconds: float = 0.0
 
 
@@ -46,11 +47,11 @@ async def send_pass(
     *,
     connections: int,
     strike_at: int | None = None,
-    strike: Callable[[], Awaitable[None]] | None = None,
+    strike: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
 ) -> Pass:
     """Send each ``(key, raw request)`` once over ``connections`` connections to ``port``;
-    with ``strike_at``, await ``strike()`` after that many answers, holding new requests
-    until it returns."""
+    with ``strike_at``, await ``strike(hold)`` after that many answers; from ``hold()`` until
+    it returns, no new request is sent."""
     result = Pass()
     gate = asyncio.Event()
     gate.set()
@@ -60,12 +61,18 @@ async def send_pass(
     loop = asyncio.get_running_loop()
     began = loop.time()
 
+    def hold() -> None:
+        if gate.is_set():
+            gate.clear()
+            result.in_flight_at_strike = in_flight
+
     async def fault_window() -> None:
         assert strike is not None
         nonlocal epoch
         try:
-            await strike()
+            await strike(hold)
         finally:
+            hold()
             epoch += 1
             gate.set()
 
@@ -101,8 +108,6 @@ async def send_pass(
                 result.statuses[key] = status
                 result.answered += 1
                 if strike is not None and result.answered == strike_at:
-                    gate.clear()  # no new request until the fault is over
-                    result.in_flight_at_strike = in_flight
                     result.answered_at_strike = result.answered
                     tasks.append(asyncio.create_task(fault_window()))
         finally:
