@@ -1,10 +1,11 @@
 """The dated tables of ``docs/benchmarks.md``, made from ``bench/results``.
 
 One row per run of ``make bench`` (``<date>.json``) and per run of ``make bench-scale``
-(``<date>-scale.json``); soak runs (``<date>-soak.json``) are left out. Every figure is read
+(``<date>-scale.json``), and one per fault and system of each run of ``make bench-faults``
+(``<date>-faults.json``); soak runs (``<date>-soak.json``) are left out. Every figure is read
 from the run's file, none is typed by hand.
 
-Run: ``python -m bench.results_table`` prints both tables; ``--write`` puts them into
+Run: ``python -m bench.results_table`` prints the tables; ``--write`` puts them into
 ``docs/benchmarks.md`` between its markers.
 """
 
@@ -16,7 +17,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BEGIN", "DOC", "END", "RESULTS", "bench_rows", "main", "scale_rows", "tables"]
+__all__ = [
+    "BEGIN",
+    "DOC",
+    "END",
+    "RESULTS",
+    "bench_rows",
+    "faults_rows",
+    "main",
+    "scale_rows",
+    "tables",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -33,6 +44,11 @@ SCALE_HEADER = (
     "| run | rows | replay at size / empty | new at size / empty | status at size / empty "
     "| new CPU ms/req empty → at size |\n"
     "|---|---|---|---|---|---|"
+)
+FAULTS_HEADER = (
+    "| run | fault | system | keys sent | transfers made | keys moved twice "
+    "| answers lost at the retry | answers lost (transfer made / not) | 5xx (first / retries) |\n"
+    "|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -60,7 +76,7 @@ def bench_rows(directory: Path = RESULTS) -> list[str]:
     """A row per ``make bench`` run."""
     rows = []
     for stem, data in _runs(directory):
-        if stem.endswith(("-soak", "-scale")) or "new" not in data.get("scenarios", {}):
+        if stem.endswith(("-soak", "-scale", "-faults")) or "new" not in data.get("scenarios", {}):
             continue
         cpu = _get(data, "scenarios", "new", "cpu_ms_per_request")
         total = _get(data, "scenarios", "new", "cpu_ms_per_request", "workers+postgres+redis")
@@ -103,13 +119,42 @@ def scale_rows(directory: Path = RESULTS) -> list[str]:
     return rows
 
 
+def faults_rows(directory: Path = RESULTS) -> list[str]:
+    """A row per fault and system of each ``make bench-faults`` run, in its run order."""
+    rows = []
+    for stem, data in _runs(directory):
+        if not stem.endswith("-faults"):
+            continue
+        for run in data.get("runs", []):
+            lost = (
+                f"{_figure(run.get('answers_lost'), 0)} "
+                f"({_figure(run.get('lost_with_transfer'), 0)} / "
+                f"{_figure(run.get('lost_without_transfer'), 0)})"
+            )
+            cells = [
+                f"`{stem}`",
+                str(run.get("fault", "-")),
+                str(run.get("system", "-")),
+                _figure(run.get("keys_sent"), 0),
+                _figure(run.get("transfers_made"), 0),
+                _figure(run.get("keys_moved_twice"), 0),
+                _figure(run.get("lost_at_retry"), 0),
+                lost,
+                f"{_figure(run.get('first_5xx'), 0)} / {_figure(run.get('retry_5xx'), 0)}",
+            ]
+            rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
 def tables(directory: Path = RESULTS) -> str:
-    """Both tables, as they stand between the markers of ``docs/benchmarks.md``."""
+    """The tables, as they stand between the markers of ``docs/benchmarks.md``."""
     return (
         "`make bench`, one row per run:\n\n"
         + "\n".join([BENCH_HEADER, *bench_rows(directory)])
         + "\n\n`make bench-scale`, one row per run:\n\n"
         + "\n".join([SCALE_HEADER, *scale_rows(directory)])
+        + "\n\n`make bench-faults`, one row per fault and system of each run:\n\n"
+        + "\n".join([FAULTS_HEADER, *faults_rows(directory)])
         + "\n"
     )
 
