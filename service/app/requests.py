@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -49,7 +49,7 @@ from service.store.retention import Tombstone
 from service.store.settlement import RowLocked, SettlementContention
 from service.telemetry import annotate, span
 
-__all__ = ["IdempotentRequests", "NoSlot", "Seen", "Slots"]
+__all__ = ["IdempotentRequests", "NoSlot", "Prepared", "Seen", "Slots"]
 
 
 class NoSlot(Exception):
@@ -102,6 +102,18 @@ class Seen(msgspec.Struct, frozen=True):
     stands"""
 
 
+class Prepared(NamedTuple):
+    """A request read and checked, as :meth:`IdempotentRequests.prepare` makes it."""
+
+    spec: IdempotentRoute
+    principal: Principal
+    seen: Seen
+    body: Any
+    scope: Scope
+    claim: ClaimRequest
+    wait: float
+
+
 class IdempotentRequests:
     def __init__(
         self,
@@ -147,7 +159,7 @@ class IdempotentRequests:
         principal, record, tombstone = found
         return principal, Seen(key=key, record=record, tombstone=tombstone)
 
-    async def handle(
+    def prepare(
         self,
         spec: IdempotentRoute,
         principal: Principal,
@@ -156,15 +168,11 @@ class IdempotentRequests:
         *,
         path_params: dict[str, Any] | None = None,
         wait: float = 0.0,
-    ) -> Answer:
-        """Execute the request once, or answer what its earlier execution settled.
-
-        ``seen``: what :meth:`identify` read for this principal and key. ``wait``: seconds to
-        wait for an attempt in progress to settle (``Prefer: wait``).
-        """
-        tombstone = seen.tombstone  # read only while it stands
-        if seen.record is None and tombstone is not None:
-            return expired(tombstone)  # whatever the body: nothing runs under this key yet
+    ) -> Prepared:
+        """The request as the use case reads it: its scope and its claim (the fingerprint of
+        the route, path parameters and body). ``seen``: what :meth:`identify` read for this
+        principal and key; ``wait``: seconds to wait for an attempt in progress to settle
+        (``Prefer: wait``)."""
         scope = Scope(
             tenant=principal.tenant,
             principal_id=principal.id,
@@ -177,8 +185,49 @@ class IdempotentRequests:
             new_operation_id=str(uuid.uuid4()),
             lease_expires_at=self._clock() + self._leases.ttl,
         )
+        return Prepared(spec, principal, seen, body, scope, claim, wait)
+
+    async def first_answer(self, request: Prepared) -> Answer | None:
+        """What the scope's first read answers with no effect and no lease: the key's
+        tombstone (410), a replay, a fingerprint or binding mismatch, a conflict, an attempt
+        in progress (``Prefer: wait`` included). None: :meth:`execute` may run the effect."""
+        record, tombstone = request.seen.record, request.seen.tombstone
+        if record is None and tombstone is not None:
+            return expired(tombstone)  # whatever the body: nothing runs under this key yet
+        if record is None:
+            return None
+        return await self._decided(request.scope, request.claim, record, request.wait)
+
+    async def handle(
+        self,
+        spec: IdempotentRoute,
+        principal: Principal,
+        seen: Seen,
+        body: msgspec.Struct,
+        *,
+        path_params: dict[str, Any] | None = None,
+        wait: float = 0.0,
+    ) -> Answer:
+        """Execute the request once, or answer what its earlier execution settled: the first
+        answer, else the execution."""
+        request = self.prepare(spec, principal, seen, body, path_params=path_params, wait=wait)
+        first = await self.first_answer(request)
+        return first if first is not None else await self.execute(request)
+
+    async def execute(self, request: Prepared) -> Answer:
+        """Execute a request :meth:`first_answer` left to run (it decides again on what it
+        reads, under the lease where it takes one)."""
+        spec, scope = request.spec, request.scope
         try:
-            return await self._run(spec, principal, scope, claim, body, wait, seen.record)
+            return await self._run(
+                spec,
+                request.principal,
+                scope,
+                request.claim,
+                request.body,
+                request.wait,
+                request.seen.record,
+            )
         except KeyExpired as exc:  # purged between this request's first read and its claim
             tombstone = await self._tombstones.by_operation(exc.operation_id)
             if tombstone is not None:

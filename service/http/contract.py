@@ -42,6 +42,7 @@ from service.domain.currencies import ISO_4217
 from service.domain.ledger import Account
 from service.evidence import SignedEvidence
 from service.http.health import Health, Liveness, Readiness
+from service.http.idempotent_doc import read_by_the_middleware
 from service.http.pages import ProblemPage
 from service.problem_types import PROBLEM_TYPES
 
@@ -392,6 +393,9 @@ def _complete_operation(operation_id: str, operation: dict[str, Any], doc: Route
         }
     responses.update(_problem_responses(doc))
     operation["responses"] = responses
+    if doc.idempotent:  # the Idempotency-Key middleware reads these, not Litestar
+        assert doc.request is not None
+        read_by_the_middleware(operation, doc.request)
     body = operation.get("requestBody")
     documented = body and body["content"][JSON]["schema"].get("$ref", "").rpartition("/")[2]
     if documented != (doc.request.__name__ if doc.request else None):

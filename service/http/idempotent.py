@@ -1,48 +1,52 @@
-"""The idempotent routes' request: caller, key and body checked, then the use case
-(docs/design.md §5 step 1).
+"""The Idempotency-Key middleware and the idempotent routes' handlers (docs/design.md §5).
 
 Each idempotent route of the registry (:data:`service.app.routes.ROUTES`) is served by an
-ordinary Litestar handler that :func:`idempotent_handler` makes from its entry; none is written
-per route. What it reads is declared in its signature, so Litestar decodes it and the OpenAPI
-document shows it:
+ordinary Litestar handler that :func:`idempotent_handler` makes from its entry; none is
+written per route. The handler carries :class:`IdempotencyKeyMiddleware` (Litestar's public
+middleware API, on that route only), which runs before the handler and decides everything
+that needs no effect:
 
-* the caller and their scope's row come first, from the :func:`identify_caller` hook (it runs
-  before Litestar reads a byte of the body). It looks up the API key and the scope in one
-  statement, so errors come in the order a client fixes them: credentials (401, 403), then the
-  Idempotency-Key header (400), then the body;
-* ``data``: the body, through :class:`StrictJson` (a ``MsgspecDTO`` decoding strictly against
-  the route's Struct: no coercion, every failure a problem); the hook has refused a body
-  that does not say it is JSON (415) before a byte of it is read;
-* ``idempotency_key`` and ``prefer``: typed header parameters (the hook has checked the key
-  by the rules of :mod:`service.http.keys` already).
+1. the caller, the key and the scope's row, in one indexed statement, so errors come in the
+   order a client fixes them: credentials (401, 403), then the Idempotency-Key header (400);
+2. a body that does not say it is JSON is refused (415) before a byte of it is read; then
+   the body, read once (at most ``SETTLEMENT_BODY_LIMIT``: 413), decoded strictly against
+   the route's Struct (:func:`service.http.bodies.decode_strict`: no coercion, every failure
+   a 400) and fingerprinted;
+3. what that row answers with no effect and no lease (``IdempotentRequests.first_answer``):
+   a replay, 422 key reused, 409 binding mismatch, conflict or in progress (``Prefer: wait``
+   included), 410 expired. The middleware sends it itself.
 
-Anything refused raises; the app's exception table answers it, with the idempotency headers
-(``_stamped`` in :mod:`service.http.problems`). Nothing is stored before the use case runs.
+Only when an effect may run does the request reach the handler, with what the middleware
+read and parsed in the ASGI scope's ``state`` (``Prepared``), so nothing is read or parsed
+twice; the handler calls the use case that runs effects (``IdempotentRequests.execute``),
+the one place where effects run. Anything refused raises; the app's exception table answers
+it, with the idempotency headers (``_stamped`` in :mod:`service.http.problems`). Nothing is
+stored before the use case runs.
 
-The handler returns Litestar's ``ASGIResponse`` rather than a ``Response``: the answer is
-already encoded, and the conversion a ``Response`` goes through cost about 15 us a request.
+The answers are Litestar's ``ASGIResponse`` rather than a ``Response``: the body is already
+encoded, and the conversion a ``Response`` goes through cost about 15 us a request.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, cast
+from typing import Any
 
 from litestar import Request, post
-from litestar.connection import ASGIConnection
+from litestar.enums import ScopeType
 from litestar.handlers import HTTPRouteHandler
-from litestar.openapi.spec import Example
-from litestar.params import HeaderParameter, JSONBody
+from litestar.middleware import ASGIMiddleware
 from litestar.response.base import ASGIResponse
+from litestar.types import ASGIApp, Receive, Scope, Send
 
 from service.app.effects import IdempotentRoute
-from service.app.requests import Seen
+from service.app.requests import Prepared, Seen
 from service.app.root import Settlement
 from service.app.routes import ROUTES
 from service.domain.principals import Principal
 from service.http.auth import authenticate, bearer_key, require_role, unknown_key
-from service.http.bodies import StrictJson, check_json_content_type
-from service.http.deps import Services, settlement_of
-from service.http.keys import MAX_KEY_LENGTH, IdempotencyKeyError, parse_idempotency_key
+from service.http.bodies import check_json_content_type, decode_strict
+from service.http.deps import settlement_of
+from service.http.keys import IdempotencyKeyError, parse_idempotency_key
 from service.http.problems import IDEMPOTENT, ProblemError
 from service.http.render import prefer_wait, render
 from service.http.reply import to_asgi
@@ -50,14 +54,10 @@ from service.http.reply import to_asgi
 __all__ = [
     "IDEMPOTENT",
     "IDEMPOTENT_DESCRIPTION",
-    "IdempotencyKey",
-    "Prefer",
-    "answer",
+    "IdempotencyKeyMiddleware",
     "idempotent_handler",
     "idempotent_handlers",
-    "identify_caller",
 ]
-
 
 # The OpenAPI description of every idempotent route: the key and the retention policy.
 IDEMPOTENT_DESCRIPTION = """\
@@ -71,74 +71,55 @@ the key answers 410 `idempotency-key-expired` whatever the body, with nothing ex
 `SETTLEMENT_TOMBSTONE_RETENTION` (default 30 days). After that the key is new again.
 Operations that are in progress, unknown or in conflict never expire.
 """
-
-# printable ASCII, no surrounding space; an sf-string ("...") form is accepted as well
-# (described, not in the pattern: a value starting with a quote is read as an sf-string)
-KEY_PATTERN = r"^[\x21\x23-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
-# The route's idempotency key. identify_caller checks it (service.http.keys) before the
-# handler runs, so its constraints are documented (schema_extra), not checked twice.
-IdempotencyKey = Annotated[
-    str,
-    HeaderParameter(
-        name="Idempotency-Key",
-        description=(
-            "The client's key for this intended action, scoped to (tenant, principal, route):"
-            f" 1-{MAX_KEY_LENGTH} printable ASCII characters, bare or as an RFC 8941"
-            ' sf-string ("pay-42"). A retry with the same key and request replays the answer.'
-        ),
-        examples=[Example(value="pay-42")],
-        schema_extra={"minLength": 1, "maxLength": MAX_KEY_LENGTH, "pattern": KEY_PATTERN},
-    ),
-]
-# Prefer (RFC 7240); preferences it does not know are ignored.
-Prefer = Annotated[
-    str,
-    HeaderParameter(
-        name="Prefer",
-        required=False,
-        description=(
-            "`wait=N`: if another attempt is in progress, wait up to N seconds (capped by"
-            " SETTLEMENT_MAX_WAIT) for it to settle and replay its answer;"
-            " `Preference-Applied` says so."
-        ),
-        examples=[Example(value="wait=5")],
-    ),
-]
+# Where the middleware leaves the request it read (``Prepared``) for the handler: the ASGI
+# scope's ``state``, which every Litestar connection of the request shares.
+PREPARED = "idempotent_request"
+# What a request without a body is told (rather than msgspec's "input data was truncated").
+NO_BODY = "the request has no body: send a JSON document"
 
 
-async def identify_caller(connection: Request[Any, Any, Any]) -> None:
-    """``before_request`` of every idempotent route: the caller, the key and their scope's
-    row, kept in the request's state for the handler.
+class IdempotencyKeyMiddleware(ASGIMiddleware):
+    """Answers an idempotent request that needs no effect; passes on the others, read."""
 
-    A ``before_request`` hook rather than a guard: it runs at the same point (before Litestar
-    reads the body), and Litestar calls a guard with a shallow copy of the route handler, made
-    for every request (66 attribute writes; 861 -> 785 Python calls per replay, measured with
-    cProfile in process)."""
-    settlement = settlement_of(connection)
-    spec: IdempotentRoute = connection.route_handler.opt[IDEMPOTENT]
-    reason = spec.unavailable(settlement.provider)
-    if reason is not None:  # a route this server does not offer, not an outage
-        # the request's own checks first: only a well-formed request of a caller who may
-        # call the route learns that it is off
-        require_role(await authenticate(connection, settlement.principals), *spec.roles)
-        parse_idempotency_key(connection.headers.getall("idempotency-key", []))
-        raise ProblemError("not-found", reason)
-    principal, seen = await _identify(connection, settlement, spec)
-    # a body that does not say it is JSON is refused before a byte of it is read
-    check_json_content_type(connection.headers.get("content-type"))
-    connection.state.identified = (spec, principal, seen)
+    scopes = (ScopeType.HTTP,)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
+        request: Request[Any, Any, Any] = Request(scope, receive, send)
+        settlement = settlement_of(request)
+        spec: IdempotentRoute = request.route_handler.opt[IDEMPOTENT]
+        principal, seen = await _identify(request, settlement, spec)
+        # a body that does not say it is JSON is refused before a byte of it is read
+        check_json_content_type(request.headers.get("content-type"))
+        raw = await request.body()  # at most the app's request_max_body_size (413)
+        if not raw:
+            raise ProblemError("validation-error", NO_BODY)
+        body = decode_strict(raw, spec.body_type)
+        wait = prefer_wait(request.headers.get("prefer"), settlement.settings.max_wait)
+        prepared = settlement.requests.prepare(spec, principal, seen, body, wait=wait)
+        first = await settlement.requests.first_answer(prepared)
+        if first is not None:
+            await to_asgi(render(first))(scope, receive, send)
+            return
+        request.state[PREPARED] = prepared
+        await next_app(scope, receive, send)
 
 
 async def _identify(
-    connection: ASGIConnection[Any, Any, Any, Any], settlement: Settlement, spec: IdempotentRoute
+    request: Request[Any, Any, Any], settlement: Settlement, spec: IdempotentRoute
 ) -> tuple[Principal, Seen]:
-    """The caller and the row of their scope, in one statement."""
-    api_key = bearer_key(connection)
+    """The caller and the row of their scope, in one statement. A route this server does
+    not offer (no provider for an external effect) is 404, but only to a well-formed request
+    of a caller who may call it."""
+    api_key = bearer_key(request)
+    reason = spec.unavailable(settlement.provider)
     try:
-        key = parse_idempotency_key(connection.headers.getall("idempotency-key", []))
+        key = parse_idempotency_key(request.headers.getall("idempotency-key", []))
     except IdempotencyKeyError:
-        require_role(await authenticate(connection, settlement.principals), *spec.roles)
+        require_role(await authenticate(request, settlement.principals), *spec.roles)
         raise
+    if reason is not None:  # off on this server, not an outage
+        require_role(await authenticate(request, settlement.principals), *spec.roles)
+        raise ProblemError("not-found", reason)
     found = await settlement.requests.identify(api_key, spec, key)
     if found is None:
         raise unknown_key()
@@ -146,44 +127,24 @@ async def _identify(
     return found
 
 
-async def answer(
-    request: Request[Any, Any, Any],
-    settlement: Settlement,
-    body: Any,
-    prefer: str,
-    path_params: dict[str, Any] | None = None,
-) -> ASGIResponse:
-    """The use case's answer to a request identify_caller identified."""
-    spec, principal, seen = request.state.identified
-    wait = prefer_wait(prefer, settlement.settings.max_wait)
-    found = await settlement.requests.handle(
-        spec, principal, seen, body, path_params=path_params, wait=wait
-    )
+_MIDDLEWARE = IdempotencyKeyMiddleware()
+
+
+async def _execute(request: Request[Any, Any, Any]) -> ASGIResponse:
+    """The handler of every idempotent route: the effect of the request the middleware read."""
+    prepared: Prepared = request.state[PREPARED]
+    found = await settlement_of(request).requests.execute(prepared)
     return to_asgi(render(found))
 
 
 def idempotent_handler(spec: IdempotentRoute) -> HTTPRouteHandler:
-    """The Litestar handler of one registry entry: ``POST <path>``, its body decoded strictly
-    as ``spec.body_type``, the caller identified first (:func:`identify_caller`)."""
+    """The Litestar handler of one registry entry: ``POST <path>`` behind the
+    Idempotency-Key middleware. Its header parameters and body are documented by
+    :mod:`service.http.contract` (the middleware reads them, not Litestar)."""
 
-    async def handler(
-        request: Request[Any, Any, Any],
-        settlement: Services,
-        data: Any,
-        idempotency_key: IdempotencyKey,
-        prefer: Prefer = "",
-    ) -> ASGIResponse:
-        return await answer(request, settlement, data, prefer)
+    async def handler(request: Request[Any, Any, Any]) -> ASGIResponse:
+        return await _execute(request)
 
-    # the body's type is the entry's: Litestar reads it from the signature
-    handler.__annotations__ = {
-        "request": Request[Any, Any, Any],
-        "settlement": Services,
-        "data": cast(Any, JSONBody)[spec.body_type],
-        "idempotency_key": IdempotencyKey,
-        "prefer": Prefer,
-        "return": ASGIResponse,
-    }
     name = "".join("_" + c.lower() if c.isupper() else c for c in spec.operation_id)
     handler.__name__ = handler.__qualname__ = name
     return post(
@@ -193,9 +154,7 @@ def idempotent_handler(spec: IdempotentRoute) -> HTTPRouteHandler:
         operation_id=spec.operation_id,
         summary=spec.summary,
         description=IDEMPOTENT_DESCRIPTION,
-        before_request=identify_caller,
-        dto=cast(Any, StrictJson)[spec.body_type],
-        return_dto=None,
+        middleware=[_MIDDLEWARE],
         opt={IDEMPOTENT: spec},
     )(handler)
 
