@@ -274,6 +274,15 @@ def test_the_retry_budget_stops_a_storm_against_a_failing_server(app_database: s
                     with pytest.raises(LeaseUnavailable) as refused:
                         c.create_payout("ann", 1, "EUR")  # an attempt that needs the lease
                     assert refused.value.gave_up == "budget"
+            # a degraded server's health is its answer (503, naming Redis), not a failure
+            with Client(failing.base_url, key, policy=policy) as plain:
+                health = plain.health()
+            assert (health.status, health.attempts) == (503, 1)
+            assert (health.value.status, health.value.redis, health.value.database) == (
+                "degraded",
+                "unavailable",
+                "ok",
+            )
     finally:
         redis.stop()
         shutil.rmtree(data_dir, ignore_errors=True)

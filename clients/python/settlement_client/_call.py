@@ -55,6 +55,9 @@ class Request(msgspec.Struct, frozen=True):
     params: dict[str, str] | None = None
     key: str | None = None
     prefer_wait: int = 0
+    # statuses besides 2xx whose body (not a problem document) is the answer: GET /health's
+    # 503 names the dependency that is down
+    answers: tuple[int, ...] = ()
 
 
 def _slug(response: httpx.Response) -> str:
@@ -126,14 +129,17 @@ class Call:
 
     def _decide(self, seen: Observed, response: httpx.Response | None) -> Decision:
         elapsed = self.clock() - self.started
-        decision = self.policy.decide(
-            seen,
-            attempt=self.attempts,
-            elapsed=elapsed,
-            idempotent=self.request.key is not None or self.request.method == "GET",
-            rng=self.rng,
-            budget=self.budget,
-        )
+        if seen.status in self.request.answers and not seen.slug:
+            decision = Decision("return")  # the route's own answer, not a failure
+        else:
+            decision = self.policy.decide(
+                seen,
+                attempt=self.attempts,
+                elapsed=elapsed,
+                idempotent=self.request.key is not None or self.request.method == "GET",
+                rng=self.rng,
+                budget=self.budget,
+            )
         self.prefer_wait = decision.prefer_wait if decision.action == "retry" else 0
         headers = response.headers if response is not None else httpx.Headers()
         event = AttemptEvent(

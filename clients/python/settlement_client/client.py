@@ -173,12 +173,20 @@ class Client(IdempotentCalls, _Base):
         return answer
 
     def health(self) -> Answer[Health]:
-        answer: Answer[Health] = self.send(_routes.get("/health"), Health)
+        """``GET /health``: 200 when PostgreSQL and Redis answer; 503 with the same body,
+        naming the dependency that is down, when one does not (returned, not retried)."""
+        request = Request("GET", "/health", answers=(503,))
+        answer: Answer[Health] = self.send(request, Health)
         return answer
 
     def wait_for_outcome(self, operation_id: str, timeout: float) -> Outcome:
         """Follow ``GET /v1/operations/{id}`` until the operation is terminal (completed,
-        failed, conflict), or raise :class:`OutcomeTimeout` after ``timeout`` seconds."""
+        failed, conflict), or raise :class:`OutcomeTimeout` after ``timeout`` seconds.
+
+        Waiting does not settle an ``unknown`` operation by itself: a payout whose provider
+        answer was lost settles when that answer arrives late, when the provider's feed
+        reports it, or when the request is sent again with the same key (which asks the
+        provider again under the same sink key); otherwise an operator decides it."""
         deadline = time.monotonic() + timeout
         interval, polls = FIRST_POLL_INTERVAL, 0
         view: OperationView | None = None
