@@ -193,6 +193,9 @@ class Observation(msgspec.Struct, frozen=True):
     while it is the current attempt); None for reports that stand on their own (a provider's
     answer, signed evidence, a feed event, the sweeper).
     ``verified`` is False for evidence whose signature did not verify: always quarantined.
+    ``resolution`` is True for an operator's resolution (source ``admin``, a terminal kind):
+    it settles only an ``unknown`` row (or one whose lease is gone) or a ``conflict`` row,
+    and never overwrites a ``completed`` or ``failed`` one (rules in ``settle.py``).
     """
 
     reservation: ReservationTuple
@@ -202,8 +205,11 @@ class Observation(msgspec.Struct, frozen=True):
     lease_expires_at: float | None = None
     fencing_token: int | None = None
     verified: bool = True
+    resolution: bool = False
 
     def __post_init__(self) -> None:
+        if self.resolution and (self.source is not Source.ADMIN or not self.kind.terminal):
+            raise InvalidObservation("a resolution is an admin's completed or failed")
         if self.kind.terminal and self.result is None:
             raise InvalidObservation(f"a {self.kind} observation needs a result")
         if not self.kind.terminal and self.result is not None:

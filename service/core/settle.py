@@ -27,6 +27,16 @@ Stage C, terminal resolver (record or observation terminal)
     completed vs failed                                     -> Apply conflict (policy CONFLICT)
         under policy COMPLETED_WINS: completed replaces failed; failed after completed ignored
     row in conflict: a digest already seen -> Strengthen; a new digest -> Apply conflict (+digest)
+    row resolved from a conflict (it keeps the conflict's digests): another digest of that
+        conflict -> Ignore (the operator already chose)
+
+Resolution (an operator's ``completed`` or ``failed``, ``Observation.resolution``), after stage A
+    row in_progress with a valid lease         -> Ignore (the live attempt settles it)
+    row unknown, or in_progress past its lease -> Apply it (as stage C would)
+    row completed or failed: same kind and digest -> Strengthen; otherwise -> Ignore (a
+        terminal outcome is never overwritten by an operator)
+    row in conflict: a kind that is among the conflicting ones -> Apply it, keeping the
+        conflict's digests (the row is resolved); another kind -> Ignore
 
 Every Apply bumps the revision by one; the shell writes it with a CAS on tuple + old revision.
 """
@@ -77,6 +87,11 @@ class Reason(enum.StrEnum):
     COMPLETED_VS_FAILED = "completed-vs-failed"
     COMPLETED_WINS = "completed-wins"
     FAILED_AFTER_COMPLETED = "failed-after-completed"
+    ALREADY_RESOLVED = "conflict-already-resolved"
+    ATTEMPT_LIVE = "attempt-live"
+    TERMINAL_KEPT = "terminal-not-overwritten"
+    CONFLICT_RESOLVED = "conflict-resolved"
+    NOT_A_CONFLICTING_KIND = "not-a-conflicting-outcome"
 
 
 class Apply(msgspec.Struct, frozen=True, tag="apply"):
@@ -126,6 +141,8 @@ def settle(
     gate = _tuple_gate(record, observation)
     if gate is not None:
         return gate
+    if observation.resolution:
+        return _resolve(record, observation, now)
     if record.state.terminal or observation.kind.terminal:
         return _terminal_resolver(record, observation, policy)
     return _rank_merge(record, observation, now)
@@ -203,9 +220,11 @@ def _terminal_resolver(
 
     stored = record.result
     assert stored is not None  # a completed or failed row always has its result
+    if record.state is observed and stored.digest == result.digest:
+        return Strengthen(stage=Stage.TERMINAL, reason=Reason.SAME_DIGEST)
+    if record.conflict is not None and result.digest in record.conflict.digests:
+        return Ignore(stage=Stage.TERMINAL, reason=Reason.ALREADY_RESOLVED)
     if record.state is observed:
-        if stored.digest == result.digest:
-            return Strengthen(stage=Stage.TERMINAL, reason=Reason.SAME_DIGEST)
         return _conflict(record, observation.kind, result, Reason.DIFFERENT_DIGEST)
 
     if policy is TerminalPolicy.COMPLETED_WINS:
@@ -215,6 +234,34 @@ def _terminal_resolver(
             )
         return Ignore(stage=Stage.TERMINAL, reason=Reason.FAILED_AFTER_COMPLETED)
     return _conflict(record, observation.kind, result, Reason.COMPLETED_VS_FAILED)
+
+
+def _resolve(record: Record, observation: Observation, now: float) -> Decision:
+    result = observation.result
+    assert result is not None  # guaranteed by Observation.__post_init__
+    if record.lease_valid(now):
+        return Ignore(stage=Stage.RANK_MERGE, reason=Reason.ATTEMPT_LIVE)
+    observed = OperationState(observation.kind.value)
+    if not record.state.terminal:
+        return _apply(
+            record,
+            Stage.TERMINAL,
+            Reason.TERMINAL_APPLIED,
+            state=observed,
+            result=result,
+            lease_expires_at=None,
+        )
+    if record.state is not OperationState.CONFLICT:
+        stored = record.result
+        assert stored is not None  # a completed or failed row always has its result
+        if record.state is observed and stored.digest == result.digest:
+            return Strengthen(stage=Stage.TERMINAL, reason=Reason.SAME_DIGEST)
+        return Ignore(stage=Stage.TERMINAL, reason=Reason.TERMINAL_KEPT)
+    info = record.conflict
+    assert info is not None  # a conflict row always records what conflicted
+    if observation.kind not in info.kinds:
+        return Ignore(stage=Stage.TERMINAL, reason=Reason.NOT_A_CONFLICTING_KIND)
+    return _apply(record, Stage.TERMINAL, Reason.CONFLICT_RESOLVED, state=observed, result=result)
 
 
 def _conflict(record: Record, kind: ObservationKind, result: Result, reason: Reason) -> Apply:
