@@ -1,9 +1,12 @@
 """refunds: a refund's row, and how much of each transfer was refunded
 
 ``refunds`` holds one row per refund (per operation and reservation epoch, like
-``transfers``); ``transfer_refunds`` holds, per refunded transfer, the transfer's amount and
-the sum refunded so far, held to it by a CHECK (service.domain.refunds). Both are new tables:
-a server still on the previous revision never reads them. Their keys start with the tenant.
+``transfers``; its keys start with the tenant). ``transfers.refunded`` is the sum refunded of
+each transfer, held to its amount by a CHECK (service.domain.refunds). A server still on the
+previous revision keeps working: it never reads the new table, and its inserts into
+``transfers`` leave ``refunded`` at its default, 0. The column's default is a constant, so
+adding it rewrites nothing; its CHECK is added NOT VALID (no scan under the table's lock),
+then validated, which scans without blocking writes.
 
 Revision ID: 0016
 Revises: 0015
@@ -50,20 +53,21 @@ def upgrade() -> None:
             name=op.f("uq_refunds_tenant_operation_id_binding_generation"),
         ),
     )
-    op.create_table(
-        "transfer_refunds",
-        sa.Column("tenant", sa.String(length=128), nullable=False),
-        sa.Column("transfer_id", sa.UUID(), nullable=False),
-        sa.Column("amount", sa.BigInteger(), nullable=False),
-        sa.Column("refunded", sa.BigInteger(), nullable=False),
-        sa.CheckConstraint(
-            "refunded > 0 AND refunded <= amount",
-            name=op.f("ck_transfer_refunds_refunded_within_amount"),
-        ),
-        sa.PrimaryKeyConstraint("tenant", "transfer_id", name=op.f("pk_transfer_refunds")),
+    op.add_column(
+        "transfers",
+        sa.Column("refunded", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
     )
+    check = op.f("ck_transfers_refunded_within_amount")
+    op.execute(
+        f"ALTER TABLE transfers ADD CONSTRAINT {check} "
+        "CHECK (refunded >= 0 AND refunded <= amount) NOT VALID"
+    )
+    # validated in a transaction of its own: the scan takes no lock that blocks writes
+    with op.get_context().autocommit_block():
+        op.execute(f"ALTER TABLE transfers VALIDATE CONSTRAINT {check}")
 
 
 def downgrade() -> None:
-    op.drop_table("transfer_refunds")
+    op.drop_constraint(op.f("ck_transfers_refunded_within_amount"), "transfers", type_="check")
+    op.drop_column("transfers", "refunded")
     op.drop_table("refunds")

@@ -2,21 +2,16 @@
 
 A local effect like a transfer (:mod:`service.domain.ledger`): SQL that rides in its
 settlement's statement, with a guard (its one rule set, a ``CASE`` naming the problem that
-refuses it) and its writes. Its two tables are declared here, with the effect:
-
-* ``refunds``: one row per refund (per operation and reservation epoch, like a transfer).
-* ``transfer_refunds``: per refunded transfer, the transfer's amount and how much of it was
-  refunded, with ``CHECK (refunded <= amount)``. Every refund adds to it in the same
-  statement (``INSERT ... ON CONFLICT DO UPDATE``, which adds to the row's latest version).
+refuses it) and its writes. Its table, ``refunds`` (one row per refund, per operation and
+reservation epoch, like a transfer), is declared here, with the effect; what was refunded of
+a transfer is the transfer row's ``refunded``, held to its amount by a CHECK.
 
 Never more than the transfer, across any number of refunds and concurrent retries: the guard
-locks the transfer's ``transfer_refunds`` row (when it exists) and both accounts, in that
-order, and judges the latest versions of those rows (PostgreSQL re-reads a row it waited
-for). A row that did not exist when the statement began is not seen by it: when two first
-refunds of one transfer race, the second's guard sees nothing refunded yet, and the CHECK is
-what refuses it if together they exceed the transfer. That refusal is the database's
-(``effect-refused``, 409, nothing written, safe to retry with the same key); the retry's
-guard sees the first refund and answers with the refund's own problem.
+locks the transfer's row, then both accounts (in ascending id order, as a transfer does), and
+judges the latest committed versions of those rows (PostgreSQL re-reads a row it waited for);
+the writes set the values the guard computed (``refunded``, both balances), so the rows
+checked and written are the ones it judged. Two refunds of one transfer thus run one after
+the other, each seeing what the other refunded.
 """
 
 from __future__ import annotations
@@ -39,7 +34,6 @@ from sqlalchemy import (
     bindparam,
     case,
     exists,
-    func,
     insert,
     literal_column,
     select,
@@ -47,7 +41,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import UUID
-from sqlalchemy.dialects.postgresql import insert as upsert
 from sqlalchemy.sql.selectable import CTE
 
 from service.domain.currencies import ISO_4217
@@ -62,7 +55,6 @@ __all__ = [
     "RefundRequest",
     "refund_statement",
     "refunds",
-    "transfer_refunds",
 ]
 
 refunds = Table(
@@ -85,21 +77,10 @@ refunds = Table(
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
 )
 
-transfer_refunds = Table(
-    "transfer_refunds",
-    metadata,
-    Column("tenant", String(128), nullable=False),
-    Column("transfer_id", UUID(as_uuid=True), nullable=False),
-    # the transfer's amount, so that the CHECK below can hold the sum to it
-    Column("amount", BigInteger, nullable=False),
-    Column("refunded", BigInteger, nullable=False),
-    PrimaryKeyConstraint("tenant", "transfer_id"),
-    CheckConstraint("refunded > 0 AND refunded <= amount", name="refunded_within_amount"),
-)
-
 # the problem types the refund's guard may refuse with (service.problem_types)
 REFUSALS = (
     "transfer-not-found",
+    "account-not-found",
     "currency-mismatch",
     "transfer-not-refundable",
     "refund-exceeds-transfer",
@@ -137,41 +118,41 @@ _TENANT = bindparam("e_tenant", type_=transfers.c.tenant.type)
 
 
 def _guard() -> CTE:
-    """The transfer, what was refunded of it and both accounts, locked; then the verdict."""
+    """The transfer's row, then both accounts, locked; then the verdict on them."""
     moved = (
         select(
             transfers.c.id,
             transfers.c.source_id,
             transfers.c.destination_id,
             transfers.c.amount,
+            transfers.c.refunded,
             transfers.c.currency,
         )
         .where(transfers.c.id == _TRANSFER, transfers.c.tenant == _TENANT)
-        .cte("refunded_transfer")
-    )
-    done = (
-        select(transfer_refunds.c.refunded)
-        .where(transfer_refunds.c.transfer_id == _TRANSFER, transfer_refunds.c.tenant == _TENANT)
         .with_for_update()
-        .cte("refunded_before")
+        .cte("refunded_transfer")
     )
     ends = select(moved.c.source_id).union_all(select(moved.c.destination_id))
     locked = (
-        select(accounts.c.id, accounts.c.balance)
+        select(accounts.c.id, accounts.c.currency, accounts.c.balance)
         .where(accounts.c.id.in_(ends), accounts.c.tenant == _TENANT)
         .order_by(accounts.c.id)
         .with_for_update()
         .cte("refund_accounts")
     )
     source, destination = locked.alias("s"), locked.alias("d")
-    zero = literal_column("0", BigInteger)
-    before = func.coalesce(select(done.c.refunded).scalar_subquery(), zero)
-    left = moved.c.amount - before
+    left = moved.c.amount - moved.c.refunded
     limit = bindparam("e_limit", type_=accounts.c.balance.type)
     refusal = case(
         (moved.c.id.is_(None), refuse("transfer-not-found", "transfer ", _TRANSFER, " not found")),
         (
-            moved.c.currency != _CURRENCY,
+            source.c.id.is_(None) | destination.c.id.is_(None),
+            refuse("account-not-found", "an account of transfer ", _TRANSFER, " is gone"),
+        ),
+        (
+            (moved.c.currency != _CURRENCY)
+            | (source.c.currency != _CURRENCY)
+            | (destination.c.currency != _CURRENCY),
             refuse(
                 "currency-mismatch",
                 "the transfer is in ",
@@ -181,7 +162,7 @@ def _guard() -> CTE:
             ),
         ),
         (
-            left <= zero,
+            left <= literal_column("0", BigInteger),
             refuse("transfer-not-refundable", "transfer ", _TRANSFER, " is refunded in full"),
         ),
         (
@@ -211,7 +192,7 @@ def _guard() -> CTE:
             refusal.label("refusal"),
             moved.c.source_id,
             moved.c.destination_id,
-            moved.c.amount.label("transfer_amount"),
+            (moved.c.refunded + _AMOUNT).label("refunded_after"),
             (source.c.balance + _AMOUNT).label("source_after"),
             (destination.c.balance - _AMOUNT).label("destination_after"),
         )
@@ -225,8 +206,8 @@ def _guard() -> CTE:
 
 
 def _apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
-    """Debit the destination, credit the source (to the balances the guard computed), add to
-    what was refunded of the transfer, and the refund's row."""
+    """Debit the destination, credit the source, count the refund on the transfer (each to
+    the value the guard computed), and the refund's row."""
     settled = exists(select(written.c.id))
     debit = (
         update(accounts)
@@ -248,14 +229,12 @@ def _apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
         .values(balance=select(effect_ok.c.source_after).scalar_subquery())
         .cte("refund_credit")
     )
-    adding = upsert(transfer_refunds).from_select(
-        ["tenant", "transfer_id", "amount", "refunded"],
-        select(_TENANT, _TRANSFER, effect_ok.c.transfer_amount, _AMOUNT).where(settled),
+    counted = (
+        update(transfers)
+        .where(transfers.c.id == _TRANSFER, transfers.c.tenant == _TENANT, settled)
+        .values(refunded=select(effect_ok.c.refunded_after).scalar_subquery())
+        .cte("refund_counted")
     )
-    counted = adding.on_conflict_do_update(
-        index_elements=[transfer_refunds.c.tenant, transfer_refunds.c.transfer_id],
-        set_={"refunded": transfer_refunds.c.refunded + adding.excluded.refunded},
-    ).cte("refund_counted")
     made = (
         insert(refunds)
         .from_select(

@@ -49,9 +49,8 @@ __all__ = [
 
 
 def inline(value: str) -> BindParameter[str]:
-    """``value`` written into the statement's text, not sent as a parameter: every
-    connection plans its prepared statements once, generically (``plan_cache_mode``,
-    :func:`service.store.db.server_settings`), and a generic plan cannot prove a partial
+    """``value`` written into the statement's text, not sent as a parameter: a generic plan
+    (``plan_cache_mode``, :func:`service.store.db.server_settings`) cannot prove a partial
     index's predicate (``state = 'in_progress'``) from ``state = $1``: a sweep would read
     the whole table. Each state filtered on where a partial index names it is inline."""
     return literal(value, literal_execute=True)
@@ -316,8 +315,7 @@ transfers = Table(
     metadata,
     Column("id", UUID(as_uuid=True), primary_key=True),
     Column("tenant", String(128), nullable=False),
-    # the operation that moved the money: a reference kept after retention purges the
-    # operation (its tombstone keeps the id), so no foreign key
+    # kept after retention purges the operation (its tombstone keeps the id): no foreign key
     Column("operation_id", UUID(as_uuid=True), nullable=False),
     # one transfer per operation and reservation epoch: a forced supersede may run it again
     Column("binding_generation", Integer, nullable=False, server_default=text("1")),
@@ -327,8 +325,10 @@ transfers = Table(
     Column("currency", String(3), nullable=False),
     Column("memo", String(512)),
     _now(),
+    Column("refunded", BigInteger, nullable=False, server_default=text("0")),  # refunds' sum
     UniqueConstraint("operation_id", "binding_generation"),
     CheckConstraint("amount > 0", name="amount_positive"),
+    CheckConstraint("refunded >= 0 AND refunded <= amount", name="refunded_within_amount"),
     CheckConstraint("source_id <> destination_id", name="distinct_accounts"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
 )

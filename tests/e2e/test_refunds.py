@@ -4,6 +4,8 @@ requests, its refusals are stored and replayed, and the status resource shows it
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -19,8 +21,11 @@ from settlement_client import (
     TransferNotFound,
     TransferNotRefundable,
 )
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
-from tests.e2e.client import auth, new_principal, scalar
+from service.store.db import async_url
+from tests.e2e.client import auth, new_principal, scalar, until
 from tests.e2e.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -146,3 +151,75 @@ def test_concurrent_refunds_never_refund_more_than_the_transfer(
         )
         == 30
     )
+
+
+class _AccountsHeld:
+    """Another transaction holding both accounts' row locks until :meth:`release`."""
+
+    def __init__(self, database_url: str, accounts: list[str]) -> None:
+        self._url, self._ids = database_url, [uuid.UUID(a) for a in accounts]
+        self._held, self._release = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._hold()), daemon=True)
+
+    async def _hold(self) -> None:
+        engine = create_async_engine(async_url(self._url))
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(
+                    text("SELECT id FROM accounts WHERE id = ANY(:ids) ORDER BY id FOR UPDATE"),
+                    {"ids": self._ids},
+                )
+                self._held.set()
+                await asyncio.get_running_loop().run_in_executor(None, self._release.wait)
+        finally:
+            await engine.dispose()
+
+    def __enter__(self) -> _AccountsHeld:
+        self._thread.start()
+        assert self._held.wait(30)
+        return self
+
+    def release(self) -> None:
+        self._release.set()
+        self._thread.join(30)
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_two_first_refunds_that_race_are_judged_one_after_the_other(
+    server: ServerProcess, app_database: str
+) -> None:
+    """Two first refunds of one transfer wait together behind a lock: the second is judged on
+    what the first refunded (422 refund-exceeds-transfer), never on a balance the first
+    already took (402 insufficient-funds, which would be stored and replayed for its key)."""
+    with _client(server) as client:
+        source = client.create_account("EUR", 100).value.id
+        destination = client.create_account("EUR").value.id
+        moved = client.create_transfer(source, destination, 100, "EUR").value.id
+        answers: dict[int, int | str] = {}
+
+        def refund(amount: int) -> None:
+            try:
+                answers[amount] = client.create_refund(
+                    moved, amount, "EUR", key=f"r{amount}"
+                ).status
+            except Problem as refused:
+                answers[amount] = refused.slug
+
+        with _AccountsHeld(app_database, [source, destination]) as held:
+            threads = [threading.Thread(target=refund, args=(n,)) for n in (60, 50)]
+            for thread in threads:
+                thread.start()
+            # both wait: one on the accounts' locks, the other on the transfer's row
+            until(
+                lambda: (
+                    scalar(app_database, "SELECT count(*) FROM pg_locks WHERE NOT granted") >= 2
+                ),
+                "both refunds waiting on a lock",
+            )
+            held.release()
+            for thread in threads:
+                thread.join(30)
+        assert sorted(map(str, answers.values())) == ["201", "refund-exceeds-transfer"], answers
+        assert (_balance(client, source), _balance(client, destination)) in ((60, 40), (50, 50))
