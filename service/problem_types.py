@@ -404,6 +404,18 @@ _DECLARED = (
         "Refund at most what is left, with a new key.",
         business=True,
     ),
+    ProblemType(
+        "resolution-refused",
+        409,
+        "Resolution refused",
+        "The settlement core did not apply the operator's resolution: the operation is "
+        "already terminal with another outcome, an attempt holds a live lease, the outcome "
+        "is none of those in conflict, or the operation moved to another epoch. The detail "
+        "names the core's reason; the operation is unchanged.",
+        "Read the operation's status resource (or its console page): a live attempt settles "
+        "it by itself; a terminal outcome stands (a supersede with force runs the effect "
+        "again, it does not close a record).",
+    ),
 )
 
 # slug -> problem type, in declaration order

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from service.app.answers import Problem
 from service.app.effects import IdempotentRoute
 from service.app.fingerprint import fingerprint
+from service.app.resolve import ResolveBody, Resolved, resolve
 from service.core import Refuse, RefuseReason, Scope
 from service.domain.principals import Principal, Role
 from service.leases import LeaseManager
@@ -35,6 +36,8 @@ __all__ = [
     "PrincipalCreated",
     "PrincipalExists",
     "PrincipalRequest",
+    "ResolveBody",
+    "Resolved",
     "SupersedeBody",
     "Superseded",
     "WorkPage",
@@ -216,6 +219,20 @@ class Admin:
             operation=after,
             effect_may_run_again=decision.effect_may_run_again,
             fenced_live_attempt=decision.fenced_live_attempt,
+        )
+
+    async def resolve(
+        self, admin: Principal, operation_id: uuid.UUID, body: ResolveBody
+    ) -> Resolved | Problem:
+        """Settle an ``unknown`` or ``conflict`` operation as the operator says
+        (:mod:`service.app.resolve`)."""
+        return await resolve(
+            store=self._store,
+            views=self._views,
+            leases=self._leases,
+            admin=admin,
+            operation_id=operation_id,
+            body=body,
         )
 
     async def _lease_remaining(self, scopes: list[Scope]) -> list[float | None]:

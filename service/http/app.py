@@ -27,6 +27,7 @@ from service.http.problems import exception_handlers
 from service.http.routes.admin import (
     create_principal,
     list_work,
+    resolve_operation,
     revoke_principal,
     rotate_principal,
     supersede_operation,
@@ -87,6 +88,7 @@ def create_app(settings: Settings) -> Litestar:
             rotate_principal,
             revoke_principal,
             supersede_operation,
+            resolve_operation,
             list_work,
             post_observation,
             list_feeds,

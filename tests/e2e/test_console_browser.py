@@ -10,6 +10,7 @@ Without Chromium and chromedriver these tests fail, naming the packages to insta
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import threading
@@ -236,6 +237,60 @@ def test_an_operator_reconciles_an_unknown_payout(page: Page, case: Case) -> Non
     assert page.find("#op-epoch").text == "2"
     assert "Epoch 1 superseded: epoch 2 began" in page.find("#timeline").text
     page.shot("05-operation-after-supersede")
+
+
+def test_an_operator_resolves_an_unknown_payout_from_the_providers_record(
+    page: Page, server: ServerProcess, provider: ProviderProcess
+) -> None:
+    """A payout whose answer was dropped (paid, unknown): the operator resolves it as
+    completed with the provider's reference; a body that is not JSON is refused first and the
+    form keeps what was typed; the timeline shows who resolved it and why; the client's next
+    retry replays the resolution and nothing is paid again."""
+    base = server.base_url
+    client = new_principal(base, tenant="acme")["api_key"]
+    idem = "po-resolve-" + uuid.uuid4().hex[:8]
+    payout = {"beneficiary": "ACME Supplies", "amount": 900, "currency": "EUR"}
+    provider.arm("drop_response")
+    lost = httpx.post(
+        f"{base}/v1/payouts", json=payout, headers={**auth(client), "Idempotency-Key": idem}
+    )
+    assert lost.status_code == 504, lost.text
+    operation_id = lost.headers["operation-id"]
+    paid = provider.counts(f"{operation_id}:1")["count"]
+    assert paid == 1
+
+    page.sign_in(ADMIN_KEY, then=f"/console/operations/{operation_id}")
+    page.heading("Operation")
+    assert page.find("#op-state").text == "unknown"
+    page.find("#resolve-form")
+    page.type("#resolve-reference", "pay_dashboard_42")
+    page.type("#resolve-status", "201")
+    page.type("#resolve-body", "{not json")
+    page.type("#resolve-reason", "provider dashboard shows pay_dashboard_42 settled")
+    page.click("#resolve")
+    assert "Not resolved" in page.find("#resolve-error").text
+    assert page.find("#resolve-reference").get_attribute("value") == "pay_dashboard_42"
+    page.shot("13-resolve-refused-keeps-the-form")
+
+    body = {"id": operation_id, "provider_reference": "pay_dashboard_42", **payout}
+    page.type("#resolve-body", json.dumps(body))
+    page.shot("14-resolve-form-filled")
+    page.click("#resolve")
+    assert "Resolved as completed (applied)" in page.find("#resolve-notice").text
+    assert page.find("#op-state").text == "completed"
+    timeline = page.find("#timeline").text
+    assert "Operator resolution: completed, applied" in timeline
+    assert "provider dashboard shows pay_dashboard_42 settled" in timeline
+    assert "pay_dashboard_42" in timeline
+    assert not page.driver.find_elements("css selector", "#resolve-form")
+    page.shot("15-operation-resolved")
+
+    retry = httpx.post(
+        f"{base}/v1/payouts", json=payout, headers={**auth(client), "Idempotency-Key": idem}
+    )
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
+    assert retry.json() == body
+    assert provider.counts(f"{operation_id}:1")["count"] == paid
 
 
 def test_an_operator_quarantines_a_feed_hold(page: Page, case: Case) -> None:

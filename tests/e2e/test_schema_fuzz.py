@@ -82,6 +82,9 @@ def as_the_api_means_it(case: Any) -> None:
     if isinstance(body, dict) and "source" in body and body["source"] == body.get("destination"):
         # the one rule of a transfer JSON Schema cannot state (its schema says it in words)
         body["destination"] = str(uuid.uuid4())
+    if isinstance(body, dict) and isinstance(body.get("result"), dict) and "outcome" in body:
+        # a resolution's status follows its outcome (its schema says it in words)
+        body["result"]["status"] = 201 if body["outcome"] == "completed" else 409
 
 
 def role_for(path: str) -> str:

@@ -57,6 +57,7 @@ CONTRACT = [
     ("transfer-not-found", 404, "Transfer not found"),
     ("transfer-not-refundable", 422, "Transfer not refundable"),
     ("refund-exceeds-transfer", 422, "Refund exceeds transfer"),
+    ("resolution-refused", 409, "Resolution refused"),
 ]
 # what was answered with Retry-After before the registry (contract.py's table)
 RETRY_AFTER = {

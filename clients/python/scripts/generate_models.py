@@ -32,12 +32,13 @@ OPERATIONS = (
     "rotatePrincipal",
     "revokePrincipal",
     "supersedeOperation",
+    "resolveOperation",
     "listWork",
 )
 SCHEMA_REF = "#/components/schemas/"
 # Request bodies are sent without the fields left at their defaults (those of the idempotent
 # operations too).
-REQUESTS = {"PrincipalRequest", "SupersedeBody"}
+REQUESTS = {"PrincipalRequest", "ResolveBody", "SupersedeBody"}
 # Closed sets of strings written as Literal types; longer enums (Currency) stay ``str``.
 MAX_LITERAL = 8
 

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import msgspec
 
 from ._call import Request
-from .models import PrincipalRequest, SupersedeBody
+from .models import PrincipalRequest, ResolutionResult, ResolveBody, SupersedeBody
 
 __all__ = ["new_key"]
 
@@ -41,6 +41,27 @@ def supersede(operation_id: str, reason: str, request: Any, rebind: bool, force:
         "POST",
         f"/admin/v1/operations/{segment(operation_id)}/supersede",
         body=_encode.encode(body),
+    )
+
+
+def resolve(
+    operation_id: str,
+    outcome: Literal["completed", "failed"],
+    provider_reference: str,
+    reason: str,
+    status: int,
+    body: dict[str, Any],
+) -> Request:
+    resolution = ResolveBody(
+        outcome=outcome,
+        provider_reference=provider_reference,
+        reason=reason,
+        result=ResolutionResult(status=status, body=body),
+    )
+    return Request(
+        "POST",
+        f"/admin/v1/operations/{segment(operation_id)}/resolve",
+        body=_encode.encode(resolution),
     )
 
 

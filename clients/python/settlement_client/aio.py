@@ -24,6 +24,7 @@ from .models import (
     PrincipalCreated,
     PrincipalRevoked,
     ProblemPage,
+    Resolved,
     Superseded,
     WorkPage,
 )
@@ -199,6 +200,24 @@ class AsyncAdminClient(AsyncClient):
         answer: Answer[Superseded] = await self.send(
             _routes.supersede(operation_id, reason, request, rebind, force), Superseded
         )
+        return answer
+
+    async def resolve(
+        self,
+        operation_id: str,
+        outcome: Literal["completed", "failed"],
+        *,
+        provider_reference: str,
+        reason: str,
+        status: int,
+        body: dict[str, Any],
+    ) -> Answer[Resolved]:
+        """Settle an ``unknown`` or ``conflict`` operation as ``outcome`` (an operator's
+        resolution): ``status`` and ``body`` are what the operation stores and replays to
+        its client's next retry (a 2xx for ``completed``, a 4xx for ``failed``). Raises
+        ``ResolutionRefused`` when the server's settlement core does not apply it."""
+        call = _routes.resolve(operation_id, outcome, provider_reference, reason, status, body)
+        answer: Answer[Resolved] = await self.send(call, Resolved)
         return answer
 
     async def list_work(

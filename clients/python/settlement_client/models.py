@@ -29,6 +29,9 @@ __all__ = [
     "ProblemPage",
     "Refund",
     "RefundRequest",
+    "ResolutionResult",
+    "ResolveBody",
+    "Resolved",
     "ResultView",
     "SupersedeBody",
     "Superseded",
@@ -199,6 +202,28 @@ class RefundRequest(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=Tru
     amount: int
     currency: str
     memo: str | None = None
+
+
+class ResolutionResult(msgspec.Struct, kw_only=True, frozen=True):
+    """The answer to store: a 2xx and its body for ``completed``, a 4xx (a problem's fields, or
+    any JSON object) for ``failed``.
+    """
+
+    status: int
+    body: dict[str, Any]
+
+
+class ResolveBody(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    outcome: Literal["completed", "failed"]
+    provider_reference: str
+    reason: str
+    result: ResolutionResult
+
+
+class Resolved(msgspec.Struct, kw_only=True, frozen=True):
+    operation: OperationView
+    disposition: str
+    reason: str
 
 
 class ResultView(msgspec.Struct, kw_only=True, frozen=True):

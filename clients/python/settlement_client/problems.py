@@ -59,6 +59,7 @@ __all__ = [
     "Problem",
     "RefundExceedsTransfer",
     "RequestTimeout",
+    "ResolutionRefused",
     "ServiceUnavailable",
     "SettlementError",
     "SupersedeNeedsForce",
@@ -342,6 +343,14 @@ class RefundExceedsTransfer(Problem):
     slug = "refund-exceeds-transfer"
 
 
+class ResolutionRefused(Problem):
+    """409 ``resolution-refused``: Resolution refused. Read the operation's status resource (or
+    its console page): a live attempt settles it by itself; a terminal outcome stands (a
+    supersede with force runs the effect again, it does not close a record)."""
+
+    slug = "resolution-refused"
+
+
 # slug -> exception class, for every slug of the server (and business failures)
 PROBLEMS: dict[str, type[Problem]] = {
     "unauthenticated": Unauthenticated,
@@ -380,6 +389,7 @@ PROBLEMS: dict[str, type[Problem]] = {
     "transfer-not-found": TransferNotFound,
     "transfer-not-refundable": TransferNotRefundable,
     "refund-exceeds-transfer": RefundExceedsTransfer,
+    "resolution-refused": ResolutionRefused,
 }
 RETRY_SAFE: frozenset[str] = frozenset(slug for slug, cls in PROBLEMS.items() if cls.retry_safe)
 

@@ -1,6 +1,6 @@
 """The operator console: server-rendered pages under ``/console`` for reconciliation
-(work list, operation timelines, supersede), feed holds and principals, on the same use cases
-as the admin API. HTML pages only, so they are left out of the OpenAPI document."""
+(work list, operation timelines, supersede, resolve), feed holds and principals, on the same
+use cases as the admin API. HTML pages only, so they are left out of the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from service.http.console.actions import (
     create_principal,
     decide_hold,
     principal_action,
+    resolve,
     sign_in,
     sign_out,
     supersede,
@@ -45,6 +46,7 @@ def console_router() -> Router:
             work_page,
             operation_page,
             supersede,
+            resolve,
             feeds_page,
             decide_hold,
             principals_page,

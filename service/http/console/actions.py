@@ -13,7 +13,7 @@ from litestar import Request, post
 from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
-from service.app.admin import PrincipalExists, PrincipalRequest, SupersedeBody
+from service.app.admin import PrincipalExists, PrincipalRequest, ResolveBody, SupersedeBody
 from service.app.answers import Problem
 from service.app.console import ConsoleSession
 from service.app.feeds import HoldAction
@@ -39,6 +39,7 @@ __all__ = [
     "create_principal",
     "decide_hold",
     "principal_action",
+    "resolve",
     "sign_in",
     "sign_out",
     "supersede",
@@ -159,6 +160,62 @@ async def supersede(
         return problem_page(session, view)
     context = await operation_context(settlement, session, view)
     return page("operation.html", session, status=409, error=error, **context)
+
+
+# the fields of the resolve form, kept and shown again when it is refused
+_RESOLVE_FIELDS = ("outcome", "status", "body", "provider_reference", "reason")
+
+
+@post("/operations/{operation_id:uuid}/resolve", include_in_schema=False, status_code=200)
+async def resolve(
+    request: Request[Any, Any, Any], settlement: Services, operation_id: FromPath[uuid.UUID]
+) -> Template:
+    """Settle an unknown or conflict operation as the operator says (the API's use case: the
+    settlement core decides); a refused form is shown again with what was typed."""
+    checked = await _checked(request, settlement)
+    if isinstance(checked, Template):
+        return checked
+    session, form = checked
+    typed = {name: form.get(name, "").strip() for name in _RESOLVE_FIELDS}
+    error = None
+    try:
+        body = msgspec.convert(
+            {
+                "outcome": typed["outcome"],
+                "provider_reference": typed["provider_reference"],
+                "reason": typed["reason"],
+                "result": {
+                    "status": int(typed["status"]),
+                    "body": msgspec.json.decode(typed["body"].encode() or b"null"),
+                },
+            },
+            ResolveBody,
+        )
+    except (ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        error = f"Not resolved: {exc or 'invalid form'}"
+    status, notice = 400, None
+    if error is None:
+        done = await settlement.admin.resolve(session.principal, operation_id, body)
+        if isinstance(done, Problem) and done.slug == "not-found":
+            return problem_page(session, done)
+        if isinstance(done, Problem):
+            status, error = 409, done.detail
+        else:
+            status, typed = 200, {}
+            notice = f"Resolved as {done.operation.state} ({done.disposition})."
+    view = await settlement.status.by_id(session.principal, operation_id)
+    if isinstance(view, Problem):
+        return problem_page(session, view)
+    context = await operation_context(settlement, session, view)
+    return page(
+        "operation.html",
+        session,
+        status=status,
+        resolve_error=error,
+        resolve_notice=notice,
+        typed=typed,
+        **context,
+    )
 
 
 @post("/feeds/{name:str}/holds", include_in_schema=False, status_code=303)

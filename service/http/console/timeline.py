@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import msgspec
 
@@ -113,11 +114,16 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
             facts.append(("reason", seen.reason))
         if seen.revision_before is not None or seen.revision_after is not None:
             facts.append(("revision", f"{seen.revision_before} -> {seen.revision_after}"))
+        title = f"Observation from {seen.source}: {seen.kind}, {seen.disposition}"
+        resolution = (seen.detail or {}).get("resolution")
+        if resolution is not None:
+            facts.extend(_resolution_facts(seen.detail or {}))
+            title = f"Operator resolution: {resolution}, {seen.disposition}"
         entries.append(
             Entry(
                 seen.created_at,
                 "observation",
-                f"Observation from {seen.source}: {seen.kind}, {seen.disposition}",
+                title,
                 facts,
                 # an applied observation is as good or bad as what it reported
                 _tone(seen.kind if seen.disposition == "applied" else seen.disposition),
@@ -161,6 +167,16 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
         )
     entries.sort(key=lambda entry: entry.at)
     return entries
+
+
+def _resolution_facts(detail: dict[str, Any]) -> list[tuple[str, str]]:
+    """Who resolved, why, and on what evidence (the observation's detail)."""
+    return [
+        ("by admin", f"{detail.get('admin_name')} ({detail.get('admin_id')})"),
+        ("why", str(detail.get("reason"))),
+        ("provider reference", str(detail.get("provider_reference"))),
+        ("state before", str(detail.get("state_before"))),
+    ]
 
 
 def pretty_body(body: object) -> str:

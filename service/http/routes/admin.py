@@ -1,4 +1,4 @@
-"""Admin routes: principals, supersede and the reconciliation work list."""
+"""Admin routes: principals, supersede, resolve and the reconciliation work list."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from service.app.admin import PrincipalRequest, SupersedeBody
+from service.app.admin import PrincipalRequest, ResolveBody, SupersedeBody
 from service.domain.principals import Principal, Role
 from service.http.auth import authenticate_admin
 from service.http.bodies import StrictJson
@@ -20,6 +20,7 @@ from service.http.render import render_json_or_problem
 __all__ = [
     "create_principal",
     "list_work",
+    "resolve_operation",
     "revoke_principal",
     "rotate_principal",
     "supersede_operation",
@@ -95,6 +96,25 @@ async def supersede_operation(
 ) -> Response[bytes]:
     superseded = await settlement.admin.supersede(caller_of(request), operation_id, data)
     return render_json_or_problem(superseded)
+
+
+@post(
+    "/admin/v1/operations/{operation_id:uuid}/resolve",
+    status_code=200,
+    operation_id="resolveOperation",
+    summary="Settle an unknown or conflict operation as an operator says (admin)",
+    guards=[caller(Role.ADMIN, body=True)],
+    dto=StrictJson[ResolveBody],
+    return_dto=None,
+)
+async def resolve_operation(
+    request: Request[Any, Any, Any],
+    settlement: Services,
+    operation_id: FromPath[uuid.UUID],
+    data: JSONBody[ResolveBody],
+) -> Response[bytes]:
+    resolved = await settlement.admin.resolve(caller_of(request), operation_id, data)
+    return render_json_or_problem(resolved)
 
 
 @get(
