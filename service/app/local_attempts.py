@@ -1,5 +1,6 @@
-"""A local attempt: the effect runs inside its settlement transaction while a heartbeat
-keeps the scope's lease (docs/design.md §5 steps 5-6).
+"""A local attempt: the effect runs inside its settlement transaction (docs/design.md §5
+steps 5-6). A new operation's one statement holds no lease (:meth:`LocalAttempts.run_new_local`);
+on the locked path a heartbeat keeps the scope's lease meanwhile.
 
 A lost lease cancels it, possibly mid-commit, so the answer then comes from the row: only a
 commit under this attempt's own fencing token is this attempt's outcome. A scope with no
@@ -313,7 +314,9 @@ def _effect_statement(
 
 def _refused(operation_id: str, exc: EffectRefused, *, state: str | None) -> Problem:
     """A local effect's writes refused by a constraint of their tables: nothing was written
-    (its transaction rolled back); a retry with the same key runs the effect again."""
+    (its transaction rolled back); a retry with the same key runs the effect again. For a
+    new operation's one statement (``state`` None) the id is the one it would have had: no
+    row holds it."""
     log.error(
         "effect refused by the database",
         exc_info=(type(exc), exc, exc.__traceback__),

@@ -147,15 +147,15 @@ def _settlement_error(exc: Exception, slug: str) -> Response[bytes]:
 def _stamped(
     answer: Callable[[Request[Any, Any, Any], Any], Response[bytes]],
 ) -> Callable[[Request[Any, Any, Any], Any], Response[bytes]]:
-    """``answer``, and on an idempotent route a refusal (4xx) says it is no replay: the request
-    was refused before any operation was looked at, so a client can tell it from a stored
-    answer."""
+    """``answer``, and on an idempotent route every problem raised (a refusal, 4xx, or a
+    failure, 5xx) says it is no replay: no stored answer was sent, so a client can tell it
+    from one."""
 
     def handle(request: Request[Any, Any, Any], exc: Any) -> Response[bytes]:
         response = answer(request, exc)
         route = request.scope.get("route_handler")
         status = response.status_code or 0
-        if route is not None and IDEMPOTENT in route.opt and 400 <= status < 500:
+        if route is not None and IDEMPOTENT in route.opt and status >= 400:
             response.headers["Idempotent-Replayed"] = "false"
         return response
 

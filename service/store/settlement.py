@@ -269,7 +269,7 @@ class SettlementStore:
         lease_token: str | None,
         route: str,
     ) -> tuple[ClaimOutcome, Settled] | None:
-        """For a scope with no row (the caller just read none and holds the scope's lease):
+        """For a scope with no row (the caller just read none; it holds no lease):
         claim, run the local effect ``build`` gives for the claim, and settle its outcome, in
         one statement (:meth:`HotPath.claim_and_settle`). None when nothing was written: then
         :meth:`claim` and :meth:`settle_local` do it under the row's lock. ``EffectRefused``
