@@ -268,10 +268,11 @@ class IdempotentRequests:
             # (this one waited for it on the scope's unique index), or a lock was not
             # granted. A settled row answers with no lease; anything else takes the lease
             record = await self._store.reads.get_by_scope(scope)
-        if record is not None:
-            decided = await self._decided(scope, claim, record, wait)
-            if decided is not None:
-                return decided
+            if record is not None:
+                decided = await self._decided(scope, claim, record, wait)
+                if decided is not None:
+                    return decided
+        # (a row of the first read was decided by first_answer: it may be claimed)
         try:
             with span("settlement.lease", operation_route=spec.route) as traced:
                 lease = await self._leases.acquire(scope.lease_name())
