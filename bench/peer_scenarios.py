@@ -9,6 +9,8 @@ is checked again each run and said in its rows' notes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 from importlib.metadata import version
 
@@ -19,11 +21,11 @@ from bench.client import send_all
 from bench.fixtures import Fixture
 from bench.loadgen import write_requests
 from bench.peer_app import ASGI_IDEM_KEYS, LAYERS, PEER_PLAIN_PATH, route, validation_probe
-from bench.runner import Row, Runner
+from bench.runner import PEER_SERVERS, Row, Runner, System
 from bench.session import say, send_seed
 from bench.stack import ServerProcess, Stack
 
-__all__ = ["peers"]
+__all__ = ["PEER_SERVER", "peer_systems"]
 
 # Each layer: its package (whose version the notes name) and how it answers a replay and a
 # new key.
@@ -47,75 +49,125 @@ COMMON = (
 )
 
 
-def peers(runner: Runner, stack: Stack, fixture: Fixture) -> None:
-    """Each layer in turn in its own server: its replay and new rows; then, on the Powertools
-    peer, ``peer-plain-transfer``."""
-    for layer in LAYERS:
-        with stack.peer_server(runner.config.workers, fixture.principal_id, layer) as server:
-            say(f"peer server up: {server.base_url} ({layer}, {PACKAGES[layer]})")
-            _replay_and_new(runner, stack, server, fixture, layer)
-            if layer == "powertools":
-                _plain(runner, stack, server, fixture)
-            runner.session.server_errors(server, f"peer server ({layer})")
+# Each peer's server in make bench: the faster of the two for it in a run that measured both
+# (BENCH_PEER_TRIAL=1, bench/README.md); BENCH_PEER_SERVER sets both peers' at once.
+PEER_SERVER = {"powertools": "uvicorn", "asgi-idem": "granian"}
 
 
-def _replay_and_new(
-    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture, layer: str
-) -> None:
+def peer_systems(
+    runner: Runner, stack: Stack, fixture: Fixture, servers: contextlib.ExitStack
+) -> list[System]:
+    """Each layer in its own server (started and seeded now, stopped when ``servers``
+    closes): its replay and new rows, and on the Powertools peer ``peer-plain-transfer``.
+    With ``BENCH_PEER_TRIAL=1``, each layer also under the other server, rows
+    ``<layer>-replay@<server>`` and ``<layer>-new@<server>``."""
     cfg = runner.config
-    path = LAYERS[layer]
-    requests = fixture.seed_transfers(server.port, path, f"{layer}-replay", cfg.seed)
-    first = send_seed(server, requests)[0]
-    package = f"{PACKAGES[layer]} {version(PACKAGES[layer])}"
-    notes = [f"peer: {package}; {COMMON}", *_checks(stack, server, fixture, layer, first)]
+    systems = []
+    for layer in LAYERS:
+        chosen = cfg.peer_server or PEER_SERVER[layer]
+        trials = [kind for kind in PEER_SERVERS if kind != chosen] if cfg.peer_trial else []
+        for kind in [chosen, *trials]:
+            suffix = "" if kind == chosen else f"@{kind}"
+            server = servers.enter_context(
+                stack.peer_server(cfg.workers, fixture.principal_id, layer, kind)
+            )
+            say(f"peer server up: {server.base_url} ({layer}, {PACKAGES[layer]}, {kind})")
+            peer = _Peer(runner, stack, fixture, server, layer, kind, suffix)
+            units = [peer.replay, peer.new]
+            if layer == "powertools" and not suffix:
+                units.append(functools.partial(_plain, runner, stack, server, fixture))
+            what = f"peer server ({layer}, {kind})"
+            servers.callback(runner.session.server_errors, server, what)
+            systems.append(System(f"{layer}{suffix}", units))
+    return systems
 
-    say(f"{layer}-replay: retries of completed transfers on the peer")
-    replays = write_requests(runner.session.log_dir / f"{layer}-replay.requests", requests)
-    result, usage = runner.wrk(stack, server, "cycle.lua", [str(replays)])
-    runner.add(
-        Row(
-            f"{layer}-replay",
-            f"POST {path}, {cfg.seed} completed keys",
-            result,
-            usage,
-            [
-                f"wrk cycles through the {cfg.seed} keys seeded through the peer; "
-                + REPLAY_HOW[layer],
-                *notes,
-            ],
-            {"package": package},
-        )
-    )
 
-    say(f"{layer}-new: fresh transfers with unique keys on the peer")
-    tag = f"{layer}-{fixture.run_token}"
-    result, usage = runner.wrk(stack, server, "fresh.lua", fixture.fresh_args(path, layer))
-    check = asyncio.run(_executions(stack.database_url, route(layer), tag))
-    created = sum(r.statuses.get("201", 0) for r in runner.last_runs)
-    once = check["most_per_key"] <= 1 and check["transfers"] >= created
-    new_notes = [
-        f"{NEW_HOW[layer]}; unique keys from Lua",
-        f"{check['transfers']} transfers for {check['keys']} keys, at most "
-        f"{check['most_per_key']} per key; wrk counted {created} x 201 over its "
-        f"{len(runner.last_runs)} runs (warm-up included), {check['transfers'] - created} more "
-        "transfers were made for requests in flight when wrk stopped: "
-        + ("one execution per key" if once else "NOT one execution per key"),
-    ]
-    if layer == "asgi-idem":
-        new_notes.append(_key_set(stack.redis_url))
-    runner.add(
-        Row(
-            f"{layer}-new",
-            f"POST {path}, unique keys",
-            result,
-            usage,
-            [*new_notes, *notes],
-            {
-                "package": package,
-                "executions": {**check, "answers_201": created, "one_per_key": once},
-            },
+class _Peer:
+    """One layer under one server: its seeded keys, and its rows ``<layer>-replay<suffix>``
+    and ``<layer>-new<suffix>`` (``suffix``: ``""``, or ``@<server>`` for a trial)."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        stack: Stack,
+        fixture: Fixture,
+        server: ServerProcess,
+        layer: str,
+        kind: str,
+        suffix: str,
+    ) -> None:
+        self.runner, self.stack, self.fixture, self.server = runner, stack, fixture, server
+        self.layer, self.suffix = layer, suffix
+        self.path = LAYERS[layer]
+        # keys "<layer><suffix>-replay-<i>": each server's peer seeds keys of its own
+        self.requests = fixture.seed_transfers(
+            server.port, self.path, f"{layer}{suffix}-replay", runner.config.seed
         )
-    )
+        first = send_seed(server, self.requests)[0]
+        self.package = f"{PACKAGES[layer]} {version(PACKAGES[layer])}"
+        self.notes = [
+            f"peer: {self.package}; {COMMON}; served by {kind}",
+            *_checks(stack, server, fixture, layer, first, f"{layer}{suffix}-replay-1"),
+        ]
+        self.replays = write_requests(
+            runner.session.log_dir / f"{layer}-replay{suffix}.requests", self.requests
+        )
+
+    def replay(self) -> None:
+        runner, cfg, name = self.runner, self.runner.config, f"{self.layer}-replay{self.suffix}"
+        say(f"{name}: retries of completed transfers on the peer")
+        result, usage = runner.wrk(self.stack, self.server, "cycle.lua", [str(self.replays)])
+        runner.add(
+            Row(
+                name,
+                f"POST {self.path}, {cfg.seed} completed keys",
+                result,
+                usage,
+                [
+                    f"wrk cycles through the {cfg.seed} keys seeded through the peer; "
+                    + REPLAY_HOW[self.layer],
+                    *self.notes,
+                ],
+                {"package": self.package},
+            )
+        )
+
+    def new(self) -> None:
+        runner, stack, layer = self.runner, self.stack, self.layer
+        name = f"{layer}-new{self.suffix}"
+        say(f"{name}: fresh transfers with unique keys on the peer")
+        # one tag per round, so that each round's transfers are counted apart
+        turn = f"{layer}{self.suffix}-r{runner.round or 0}"
+        tag = f"{turn}-{self.fixture.run_token}"
+        args = self.fixture.fresh_args(self.path, turn)
+        result, usage = runner.wrk(stack, self.server, "fresh.lua", args)
+        check = asyncio.run(_executions(stack.database_url, route(layer), tag))
+        created = sum(r.statuses.get("201", 0) for r in runner.last_runs)
+        once = check["most_per_key"] <= 1 and check["transfers"] >= created
+        new_notes = [
+            f"{NEW_HOW[layer]}; unique keys from Lua",
+            f"{check['transfers']} transfers for {check['keys']} keys, at most "
+            f"{check['most_per_key']} per key; wrk counted {created} x 201 over its "
+            f"{len(runner.last_runs)} runs (warm-up included), "
+            f"{check['transfers'] - created} more transfers were made for requests in flight "
+            "when wrk stopped: "
+            + ("one execution per key" if once else "NOT one execution per key"),
+        ]
+        if layer == "asgi-idem":
+            new_notes.append(_key_set(stack.redis_url))
+        runner.add(
+            Row(
+                name,
+                f"POST {self.path}, unique keys",
+                result,
+                usage,
+                [*new_notes, *self.notes],
+                {
+                    "package": self.package,
+                    "executions": {**check, "answers_201": created, "one_per_key": once},
+                },
+            )
+        )
 
 
 def _plain(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
@@ -142,12 +194,12 @@ def _checks(
     fixture: Fixture,
     layer: str,
     first: tuple[int, dict[str, str], bytes],
+    key: str,
 ) -> list[str]:
     """What the layer makes of an identical retry and of a changed body (amount 2) under the
     first seeded key, asked of the peer this run; for Powertools, also why it runs without
     payload validation (its answer to an identical retry with validation on, in this
     process, on the bench's Redis)."""
-    key = f"{layer}-replay-1"
     same = fixture.transfer_request(server.port, key, 1, LAYERS[layer])
     changed = fixture.transfer_request(server.port, key, 1, LAYERS[layer], 2)
     [again, other] = asyncio.run(send_all(server.port, [same, changed], concurrency=1))

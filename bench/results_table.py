@@ -1,6 +1,8 @@
 """The dated tables of ``docs/benchmarks.md``, made from ``bench/results``.
 
-One row per run of ``make bench`` (``<date>.json``) and per run of ``make bench-scale``
+One row per run of ``make bench`` (``<date>.json``; a run in rounds shows each figure's median
+and, in brackets, its lowest and highest round, and has a row of its ratios too) and per run of
+``make bench-scale``
 (``<date>-scale.json``), and one per fault and system of each run of ``make bench-faults``
 (``<date>-faults.json``); soak runs (``<date>-soak.json``) are left out. Every figure is read
 from the run's file, none is typed by hand.
@@ -25,6 +27,7 @@ __all__ = [
     "bench_rows",
     "faults_rows",
     "main",
+    "ratio_rows",
     "scale_rows",
     "tables",
 ]
@@ -35,11 +38,31 @@ DOC = ROOT / "docs" / "benchmarks.md"
 BEGIN = "<!-- results tables: python -m bench.results_table -->\n"
 END = "<!-- end of results tables -->\n"
 
+# The CPU per request of what serves a request: app workers, PostgreSQL and Redis.
+SERVED = "workers+postgres+redis"
 BENCH_HEADER = (
     "| run | workers | replay req/s | new req/s | status req/s | new p99 ms "
     "| new app CPU ms/req | new app+PG+Redis CPU ms/req |\n"
     "|---|---|---|---|---|---|---|---|"
 )
+# The ratios of a run in rounds: (JSON group, name) per column.
+RATIOS = (
+    ("ratio_spreads", "new / powertools-new"),
+    ("ratio_spreads", "replay / powertools-replay"),
+    ("ratio_spreads", "new / asgi-idem-new"),
+    ("ratio_spreads", "replay / asgi-idem-replay"),
+    ("ratio_spreads", "new / pgbench-min"),
+    ("ratio_spreads", "replay / bare"),
+    ("app_cpu_per_request_ratio_spreads", "replay / bare"),
+)
+RATIOS_HEADER = (
+    "| run | rounds | new / powertools-new | replay / powertools-replay | new / asgi-idem-new "
+    "| replay / asgi-idem-replay | new / pgbench-min | replay / bare "
+    "| replay / bare, app CPU ms/req |\n"
+    "|---|---|---|---|---|---|---|---|---|"
+)
+# After a ratio whose rounds disagree by more than 15 % (bench.rounds.DISAGREE).
+FLAG = " ⚑"
 SCALE_HEADER = (
     "| run | rows | replay at size / empty | new at size / empty | status at size / empty "
     "| new CPU ms/req empty → at size |\n"
@@ -56,6 +79,16 @@ def _figure(value: object, digits: int = 1) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return f"{value:,.{digits}f}"
     return "-"
+
+
+def _spread_figure(data: Mapping[str, Any], scenario: str, *path: str, digits: int = 1) -> str:
+    """A figure of ``scenario``: its median and ``(min-max)`` over the rounds where the run
+    recorded them, else its one value."""
+    value = _figure(_get(data, "scenarios", scenario, *path), digits)
+    spread = _get(data, "scenarios", scenario, "spread", *path)
+    if not isinstance(spread, Mapping) or len(spread.get("rounds", [])) < 2:
+        return value
+    return f"{value} ({_figure(spread.get('min'), digits)}-{_figure(spread.get('max'), digits)})"
 
 
 def _get(data: Mapping[str, Any], *path: str) -> object:
@@ -79,7 +112,7 @@ def bench_rows(directory: Path = RESULTS) -> list[str]:
         if stem.endswith(("-soak", "-scale", "-faults")) or "new" not in data.get("scenarios", {}):
             continue
         cpu = _get(data, "scenarios", "new", "cpu_ms_per_request")
-        total = _get(data, "scenarios", "new", "cpu_ms_per_request", "workers+postgres+redis")
+        total = _get(data, "scenarios", "new", "cpu_ms_per_request", SERVED)
         if total is None and isinstance(cpu, Mapping):
             parts = [cpu.get(one) for one in ("workers", "postgres", "redis")]
             numbers = [float(one) for one in parts if isinstance(one, int | float)]
@@ -88,13 +121,38 @@ def bench_rows(directory: Path = RESULTS) -> list[str]:
         cells = [
             f"`{stem}`",
             str(_get(data, "config", "workers") or "-"),
-            _figure(_get(data, "scenarios", "replay", "rps"), 0),
-            _figure(_get(data, "scenarios", "new", "rps"), 0),
-            _figure(_get(data, "scenarios", "status", "rps"), 0),
-            _figure(_get(data, "scenarios", "new", "p99_ms")),
-            _figure(_get(data, "scenarios", "new", "cpu_ms_per_request", "workers"), 2),
-            _figure(total, 2),
+            _spread_figure(data, "replay", "rps", digits=0),
+            _spread_figure(data, "new", "rps", digits=0),
+            _spread_figure(data, "status", "rps", digits=0),
+            _spread_figure(data, "new", "p99_ms"),
+            _spread_figure(data, "new", "cpu_ms_per_request", "workers", digits=2),
+            _spread_figure(data, "new", "cpu_ms_per_request", SERVED, digits=2)
+            if _get(data, "scenarios", "new", "spread", "cpu_ms_per_request", SERVED)
+            else _figure(total, 2),
         ]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def ratio_rows(directory: Path = RESULTS) -> list[str]:
+    """A row per ``make bench`` run in rounds: each headline ratio's median over the rounds
+    (each round's ratio of that round's rows), its lowest and highest round, and ⚑ where they
+    disagree by more than 15 %."""
+    rows = []
+    for stem, data in _runs(directory):
+        if stem.endswith(("-soak", "-scale", "-faults")) or "ratio_spreads" not in data:
+            continue
+        cells = [f"`{stem}`", str(_get(data, "config", "rounds") or "-")]
+        for group, name in RATIOS:
+            ratio = _get(data, group, name)
+            if not isinstance(ratio, Mapping):
+                cells.append("-")
+                continue
+            cell = (
+                f"{_figure(ratio.get('median'), 2)} ({_figure(ratio.get('min'), 2)}-"
+                f"{_figure(ratio.get('max'), 2)})"
+            )
+            cells.append(cell + (FLAG if ratio.get("flagged") else ""))
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -149,8 +207,13 @@ def faults_rows(directory: Path = RESULTS) -> list[str]:
 def tables(directory: Path = RESULTS) -> str:
     """The tables, as they stand between the markers of ``docs/benchmarks.md``."""
     return (
-        "`make bench`, one row per run:\n\n"
+        "`make bench`, one row per run (a run in rounds: the median of its rounds, and in "
+        "brackets the lowest and the highest):\n\n"
         + "\n".join([BENCH_HEADER, *bench_rows(directory)])
+        + "\n\n`make bench` in rounds, its ratios of req/s (and of the app's CPU per request), "
+        "each the median of the ratios of its rounds, in brackets the lowest and the highest; "
+        f"{FLAG.strip()}: the rounds disagree by more than 15 % ((max - min) / median):\n\n"
+        + "\n".join([RATIOS_HEADER, *ratio_rows(directory)])
         + "\n\n`make bench-scale`, one row per run:\n\n"
         + "\n".join([SCALE_HEADER, *scale_rows(directory)])
         + "\n\n`make bench-faults`, one row per fault and system of each run:\n\n"

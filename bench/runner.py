@@ -22,6 +22,8 @@ from bench.usage import Usage, process_cpu_seconds, sample
 # at most BALANCE_RETRIES times.
 MAX_SKEW = 1.5
 BALANCE_RETRIES = 2
+# The servers a peer can run under (bench.stack.Stack.peer_server).
+PEER_SERVERS = ("granian", "uvicorn")
 # The process groups that serve a request, whose CPU per request is summed as SERVED.
 SERVED_GROUPS = ("workers", "postgres", "redis")
 SERVED = "workers+postgres+redis"
@@ -36,6 +38,13 @@ class Config:
     contention_clients: int
     seed: int
     log_cost: bool
+    # rounds of the rows that make the ratios, each round in another order (bench.scenarios)
+    rounds: int = 3
+    # the peers' server: "" for each peer's own (bench.peer_scenarios.PEER_SERVER), else one
+    # of PEER_SERVERS for both
+    peer_server: str = ""
+    # also measure each peer's replay and new under the other server, as <row>@<server>
+    peer_trial: bool = False
 
     @classmethod
     def from_env(cls) -> Config:
@@ -46,13 +55,28 @@ class Config:
             warmup=env_number("BENCH_WARMUP", 2, 0),
             contention_clients=int(env_number("BENCH_CONTENTION_CLIENTS", 200, 2)),
             seed=int(env_number("BENCH_SEED", 1000, 1)),
-            log_cost=os.environ.get("BENCH_LOG_COST", "0").strip() in ("1", "true", "yes"),
+            log_cost=_flag("BENCH_LOG_COST"),
+            rounds=int(env_number("BENCH_ROUNDS", 3, 1)),
+            peer_server=_peer_server(),
+            peer_trial=_flag("BENCH_PEER_TRIAL"),
         )
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "0").strip().lower() in ("1", "true", "yes")
+
+
+def _peer_server() -> str:
+    raw = os.environ.get("BENCH_PEER_SERVER", "").strip().lower()
+    if raw and raw not in PEER_SERVERS:
+        raise SystemExit(f"BENCH_PEER_SERVER must be one of {', '.join(PEER_SERVERS)}, got {raw!r}")
+    return raw
 
 
 @dataclass
 class Row:
-    """One line of the table."""
+    """One measurement of a scenario: a line of the table, or one round of one (``round``,
+    from 1; None for a row measured outside the rounds)."""
 
     name: str
     target: str
@@ -60,6 +84,7 @@ class Row:
     usage: Usage | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    round: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"target": self.target, **self.result.as_dict()}
@@ -100,8 +125,26 @@ class Row:
         seconds = sum(self.usage.cpu_seconds.get(group, 0.0) for group in SERVED_GROUPS)
         return 1000 * seconds / self.result.requests
 
+    def cpu_ms(self, group: str) -> float | None:
+        """CPU milliseconds per request of one process group (``SERVED``: their sum); None
+        without usage or requests."""
+        if self.usage is None or not self.result.requests:
+            return None
+        if group == SERVED:
+            return self.cpu_ms_per_request()
+        return 1000 * self.usage.cpu_seconds.get(group, 0.0) / self.result.requests
+
 
 Scenario = Callable[["Runner", Stack, Fixture], None]
+
+
+@dataclass
+class System:
+    """What runs in every round, kept up across them: one server (or pgbench) and its units,
+    each measuring one row of the round (``Runner.round``)."""
+
+    name: str
+    units: list[Callable[[], None]]
 
 
 class Runner:
@@ -111,6 +154,10 @@ class Runner:
         self.config = config
         self.session = Session(stamp)
         self.rows: list[Row] = []
+        # the round being measured (from 1), None outside the rounds; Runner.add stamps it
+        self.round: int | None = None
+        # the systems in the order each round ran them
+        self.round_order: list[list[str]] = []
         # bytes the server logged during the last wrk run kept
         self.last_log_bytes = 0
         # every wrk run of the last wrk scenario: its warm-up, then each measured attempt
@@ -194,6 +241,8 @@ class Runner:
         return result, usage
 
     def add(self, row: Row) -> None:
+        if row.round is None:
+            row.round = self.round
         attempts, self._attempts = self._attempts, []
         if len(attempts) > 1:
             row.notes.append(
@@ -218,7 +267,8 @@ class Runner:
         self.rows.append(row)
         r = row.result
         line = (
-            f"  {row.name}: {r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
+            f"  {row.name}{'' if row.round is None else f' (round {row.round})'}: "
+            f"{r.rps:.0f} req/s, p50 {r.p50_ms:.1f} ms, p99 {r.p99_ms:.1f} ms, "
             f"non-2xx {r.non_2xx}"
         )
         if usage is not None and usage.worker_cpu_seconds:

@@ -1,12 +1,19 @@
-"""The scenarios of ``make bench``, in the order they run (``ALL``): the production server's,
-then the baseline app's, then the peers' (``bench.peer_scenarios``), then pgbench's. Each adds
-its rows to the runner.
+"""The scenarios of ``make bench`` (``ALL``): ``interleaved`` starts every server once (the
+production server, the same app under uvicorn, the baseline app, the peers of
+``bench.peer_scenarios``), runs every row a ratio needs in ``BENCH_ROUNDS`` rounds, the order
+turned each round (``bench.rounds.rotated``), pgbench's rows among them, then ``status`` and
+``contention`` once; then, with BENCH_LOG_COST=1, ``log_cost``. Each adds its rows to the
+runner.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import itertools
+from collections.abc import Callable
+from pathlib import Path
 
 import asyncpg
 
@@ -15,24 +22,63 @@ from bench.client import ContentionRound
 from bench.client import contention as run_contention
 from bench.fixtures import ROUTE, TRANSFERS, Fixture
 from bench.loadgen import SQL, LoadResult, raw_request, run_pgbench, write_requests
-from bench.peer_scenarios import peers
-from bench.runner import Row, Runner, Scenario
+from bench.peer_scenarios import peer_systems
+from bench.rounds import rotated
+from bench.runner import Row, Runner, Scenario, System
 from bench.session import say, seed
 from bench.stack import ServerProcess, Stack
 
 
-def production(runner: Runner, stack: Stack, fixture: Fixture) -> None:
-    """``replay``, ``new``, ``status`` and ``contention`` on ``settlement serve``, after
-    seeding the replay keys."""
+def interleaved(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+    """Every server up at once and seeded (the production server, uvicorn's, the baseline
+    app, each peer), then ``BENCH_ROUNDS`` rounds of every row the ratios need: ours and the
+    peers' systems in turn, each round in another order (``bench.rounds.rotated``: the
+    systems, and the rows within each); then ``status`` and ``contention`` once. A server stays
+    up across the rounds, so that each row, in every round, pays the same warm-up
+    (``BENCH_WARMUP`` of wrk's load) and none pays a start."""
     cfg = runner.config
-    with stack.production_server(cfg.workers) as server:
-        say(f"production server up: {server.base_url}, {cfg.workers} worker(s)")
-        seed(fixture, server, cfg.seed)
-        replay(runner, stack, server, fixture)
-        new(runner, stack, server, fixture)
-        status(runner, stack, server, fixture)
-        contention(runner, stack, server, fixture)
-        runner.session.server_errors(server, "production server")
+    with contextlib.ExitStack() as servers:
+
+        def up(server: ServerProcess, what: str) -> ServerProcess:
+            servers.enter_context(server)
+            servers.callback(runner.session.server_errors, server, what)
+            say(f"{what} up: {server.base_url}, {cfg.workers} worker(s)")
+            return server
+
+        production = up(stack.production_server(cfg.workers), "production server")
+        seed(fixture, production, cfg.seed)
+        under_uvicorn = up(stack.uvicorn_server(cfg.workers), "uvicorn server")
+        baseline = up(stack.baseline_server(cfg.workers), "baseline server")
+        ours = [
+            System(
+                "settlement serve",
+                [
+                    functools.partial(replay, runner, stack, production, fixture),
+                    functools.partial(new, runner, stack, production, fixture),
+                ],
+            ),
+            System("bench.bare_app", _baseline_units(runner, stack, baseline, fixture)),
+            System("uvicorn", _uvicorn_units(runner, stack, under_uvicorn, fixture)),
+            System("pgbench", _pgbench_units(runner, stack, fixture)),
+        ]
+        theirs = peer_systems(runner, stack, fixture, servers)
+        systems = [
+            system
+            for pair in itertools.zip_longest(ours, theirs)
+            for system in pair
+            if system is not None
+        ]
+        for turn in range(cfg.rounds):
+            runner.round = turn + 1
+            order = rotated(systems, turn, cfg.rounds)
+            runner.round_order.append([system.name for system in order])
+            say(f"round {turn + 1}/{cfg.rounds}: " + ", ".join(s.name for s in order))
+            for system in order:
+                for unit in rotated(system.units, turn):
+                    unit()
+        runner.round = None
+        status(runner, stack, production, fixture)
+        contention(runner, stack, production, fixture)
 
 
 def replay(
@@ -69,8 +115,8 @@ def new(
             result,
             usage,
             [
-                "identify -> lease -> claim, effect and settle in one statement -> release; "
-                "unique keys from Lua",
+                "identify -> claim, effect and settle in one statement, no lease (one "
+                "statement needs none); unique keys from Lua",
                 f"the server logged {per_request:g} bytes per request (INFO, json)",
             ],
             {"server_log_bytes_per_request": per_request},
@@ -93,23 +139,27 @@ def status(
     runner.add(Row(name, "GET /v1/operations/{id}", result, usage))
 
 
-def uvicorn(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+def _uvicorn_units(
+    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture
+) -> list[Callable[[], None]]:
     """``uvicorn-replay`` and ``uvicorn-new``: the production app under uvicorn (httptools,
     uvloop), the server ``settlement serve`` ran before granian and its limits; the same
     requests as ``replay`` and ``new`` (the seeded keys are in the database already)."""
-    cfg = runner.config
-    logs = runner.session.log_dir
-    with stack.uvicorn_server(cfg.workers) as server:
-        say(f"uvicorn server up: {server.base_url}, {cfg.workers} worker(s)")
+
+    def replayed() -> None:
         say("uvicorn-replay: the replay requests, under uvicorn")
+        logs = runner.session.log_dir
         requests = write_requests(logs / "uvicorn-replay.requests", fixture.seed_requests)
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(Row("uvicorn-replay", f"{ROUTE}, the app under uvicorn", result, usage))
+
+    def fresh() -> None:
         say("uvicorn-new: fresh transfers, under uvicorn")
         args = fixture.fresh_args(TRANSFERS, "uvicorn-new")
         result, usage = runner.wrk(stack, server, "fresh.lua", args)
         runner.add(Row("uvicorn-new", f"{ROUTE}, unique keys, under uvicorn", result, usage))
-        runner.session.server_errors(server, "uvicorn server")
+
+    return [replayed, fresh]
 
 
 def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture) -> None:
@@ -197,11 +247,12 @@ def contention(runner: Runner, stack: Stack, server: ServerProcess, fixture: Fix
     )
 
 
-def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+def _baseline_units(
+    runner: Runner, stack: Stack, server: ServerProcess, fixture: Fixture
+) -> list[Callable[[], None]]:
     """``bare`` and ``plain-transfer`` on ``bench.bare_app``."""
-    cfg = runner.config
-    with stack.baseline_server(cfg.workers) as server:
-        say(f"baseline server up: {server.base_url}")
+
+    def bare() -> None:
         say("bare: GET /bench/bare, no I/O")
         requests = write_requests(
             runner.session.log_dir / "bare.requests",
@@ -210,6 +261,7 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
         result, usage = runner.wrk(stack, server, "cycle.lua", [str(requests)])
         runner.add(Row("bare", "GET /bench/bare (same app, no I/O)", result, usage))
 
+    def plain() -> None:
         say("plain-transfer: the ledger's SQL without idempotency")
         args = fixture.fresh_args("/bench/plain-transfer", "plain")
         result, usage = runner.wrk(stack, server, "fresh.lua", args)
@@ -226,7 +278,8 @@ def baselines(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                 ],
             )
         )
-        runner.session.server_errors(server, "baseline server")
+
+    return [bare, plain]
 
 
 def log_cost(runner: Runner, stack: Stack, fixture: Fixture) -> None:
@@ -253,69 +306,84 @@ def log_cost(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                 runner.session.server_errors(server, f"baseline server ({level} {turn})")
 
 
-def pgbench(runner: Runner, stack: Stack, fixture: Fixture) -> None:
+def _pgbench_units(runner: Runner, stack: Stack, fixture: Fixture) -> list[Callable[[], None]]:
     """The server's own SQL of one new transfer and of one replay, and the least SQL of a
-    transfer, driven by pgbench."""
-    cfg = runner.config
+    transfer, driven by pgbench: one unit each."""
     variables = {
         "key_hash": fixture.key_hash,
         "tenant": fixtures.TENANT,
         "principal": fixture.principal_id,
         "pairs": str(fixtures.PAIRS),
-        "seeded": str(cfg.seed),
+        "seeded": str(runner.config.seed),
     }
-    work = runner.session.log_dir
-    log = work / "pgbench.log"
     # the server's own statements, written from today's code (bench.pgbench_sql)
-    scripts = {**pgbench_sql.write_scripts(work), "min.sql": SQL / "min.sql"}
-    for name, script, what in (
-        (
-            "pgbench-new",
-            pgbench_sql.NEW,
-            "the SQL of one new transfer (2 statements: identify, then one that locks and "
-            "checks both accounts, inserts the operation row already settled, and writes the "
-            "transfer, the attempt and the observation)",
-        ),
-        ("pgbench-read", pgbench_sql.READ, "the SQL of one replay (1 statement)"),
-        (
-            "pgbench-min",
-            "min.sql",
-            "the least SQL of a transfer (7 statements: BEGIN, the operation row the "
-            "transfers foreign key needs, lock both accounts, two updates, the transfer row, "
-            "COMMIT)",
-        ),
-    ):
-        say(f"{name}: {what}")
-        result, usage = runner.measure(
-            stack,
-            None,
-            functools.partial(
-                run_pgbench,
-                str(scripts[script]),
-                database_url=stack.database_url,
-                variables=variables,
-                duration=cfg.duration,
-                clients=cfg.connections,
-                work_dir=work,
-                log_path=log,
+    scripts = {**pgbench_sql.write_scripts(runner.session.log_dir), "min.sql": SQL / "min.sql"}
+    return [
+        functools.partial(_pgbench, runner, stack, variables, name, scripts[script], what)
+        for name, script, what in (
+            (
+                "pgbench-new",
+                pgbench_sql.NEW,
+                "the SQL of one new transfer (2 statements: identify, then one that locks and "
+                "checks both accounts, inserts the operation row already settled, and writes "
+                "the transfer, the attempt and the observation)",
+            ),
+            ("pgbench-read", pgbench_sql.READ, "the SQL of one replay (1 statement)"),
+            (
+                "pgbench-min",
+                "min.sql",
+                "the least SQL of a transfer (7 statements: BEGIN, the operation row the "
+                "transfers foreign key needs, lock both accounts, two updates, the transfer "
+                "row, COMMIT)",
             ),
         )
-        runner.add(
-            Row(
-                name,
-                "bench/sql/min.sql" if script == "min.sql" else f"bench/pgbench_sql.py: {script}",
-                result,
-                usage,
-                [
-                    f"pgbench -M prepared -c {cfg.connections}: {what}; "
-                    "latency per transaction from its -l log"
-                ],
-            )
+    ]
+
+
+def _pgbench(
+    runner: Runner,
+    stack: Stack,
+    variables: dict[str, str],
+    name: str,
+    script: Path,
+    what: str,
+) -> None:
+    """One pgbench row: ``script`` for BENCH_DURATION on BENCH_CONNECTIONS clients."""
+    cfg = runner.config
+    work = runner.session.log_dir
+    say(f"{name}: {what}")
+    result, usage = runner.measure(
+        stack,
+        None,
+        functools.partial(
+            run_pgbench,
+            str(script),
+            database_url=stack.database_url,
+            variables=variables,
+            duration=cfg.duration,
+            clients=cfg.connections,
+            work_dir=work,
+            log_path=work / "pgbench.log",
+        ),
+    )
+    runner.add(
+        Row(
+            name,
+            "bench/sql/min.sql"
+            if script.name == "min.sql"
+            else f"bench/pgbench_sql.py: {script.name}",
+            result,
+            usage,
+            [
+                f"pgbench -M prepared -c {cfg.connections}: {what}; "
+                "latency per transaction from its -l log"
+            ],
         )
+    )
 
 
 def _per_request(log_bytes: int, result: LoadResult) -> float:
     return round(log_bytes / result.requests, 1) if result.requests else 0.0
 
 
-ALL: tuple[Scenario, ...] = (production, uvicorn, baselines, peers, log_cost, pgbench)
+ALL: tuple[Scenario, ...] = (interleaved, log_cost)

@@ -286,15 +286,9 @@ class Stack:
         granian (httptools, uvloop, the same workers, no access log): the server
         ``settlement serve`` ran before it needed granian's limits, to measure what they cost."""
         port = free_port()
-        argv = [
-            *(sys.executable, "-m", "uvicorn", "--factory", "--loop", "uvloop"),
-            *("--http", "httptools", "--no-access-log", "--log-level", "warning"),
-            *("--host", HOST, "--port", str(port), "--workers", str(workers)),
-            "service.http.app:app_from_env",
-        ]
         return ServerProcess(
             "uvicorn",
-            argv,
+            [*_uvicorn_argv(port, workers), "service.http.app:app_from_env"],
             port=port,
             workers=workers,
             env=self.server_env(),
@@ -311,16 +305,31 @@ class Stack:
             f"baseline-server-{log_level.lower()}.log",
         )
 
-    def peer_server(self, workers: int, principal_id: str, layer: str) -> ServerProcess:
+    def peer_server(
+        self, workers: int, principal_id: str, layer: str, server: str = "granian"
+    ) -> ServerProcess:
         """``python -m bench.peer_app``: the peer with idempotency layer ``layer``, under the
-        same server options; its operation rows name ``principal_id`` (it authenticates
-        nobody)."""
-        return self._bench_app(
-            "bench.peer_app",
-            f"bench.peer_app ({layer})",
-            workers,
-            self.server_env(BENCH_PEER_PRINCIPAL=principal_id, BENCH_PEER_LAYER=layer),
-            f"peer-server-{layer}.log",
+        same server options (``server="granian"``) or under uvicorn as most of its users run
+        it (``"uvicorn"``: ``uvicorn --workers N`` with uvloop and httptools, as
+        ``uvicorn[standard]`` picks them; no access log, as ours); its operation rows name
+        ``principal_id`` (it authenticates nobody)."""
+        env = self.server_env(BENCH_PEER_PRINCIPAL=principal_id, BENCH_PEER_LAYER=layer)
+        if server == "granian":
+            return self._bench_app(
+                "bench.peer_app",
+                f"bench.peer_app ({layer})",
+                workers,
+                env,
+                f"peer-server-{layer}.log",
+            )
+        port = free_port()
+        return ServerProcess(
+            f"bench.peer_app ({layer}, uvicorn)",
+            [*_uvicorn_argv(port, workers), "bench.peer_app:app_factory"],
+            port=port,
+            workers=workers,
+            env=env,
+            log_path=self.log_dir / f"peer-server-{layer}-uvicorn.log",
         )
 
     def _bench_app(
@@ -336,6 +345,16 @@ class Stack:
             env=env,
             log_path=self.log_dir / log_name,
         )
+
+
+def _uvicorn_argv(port: int, workers: int) -> list[str]:
+    """uvicorn serving an app factory (named after these): httptools, uvloop, ``workers``
+    workers, no access log."""
+    return [
+        *(sys.executable, "-m", "uvicorn", "--factory", "--loop", "uvloop"),
+        *("--http", "httptools", "--no-access-log", "--log-level", "warning"),
+        *("--host", HOST, "--port", str(port), "--workers", str(workers)),
+    ]
 
 
 class GranianProcess(ServerProcess):
