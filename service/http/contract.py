@@ -196,13 +196,10 @@ HEADERS: dict[str, dict[str, Any]] = {
     "Idempotent-Replayed": _header(
         _REPLAYED, {"type": "string", "enum": ["true", "false"]}, required=True
     ),
-    "Idempotent-Replayed-If-Checked": _header(
-        _REPLAYED + " Sent once the request got past authentication and the key check.",
-        {"type": "string", "enum": ["true", "false"]},
-    ),
     "Operation-Id": _header(_OPERATION, {"type": "string", "format": "uuid"}, required=True),
     "Operation-Id-If-Known": _header(
-        _OPERATION + " Sent when the problem is about an existing operation.",
+        _OPERATION + " Sent when the problem is about an operation (a new operation's"
+        " statement that a constraint refused names the id it would have had).",
         {"type": "string", "format": "uuid"},
     ),
     "Preference-Applied": _header("`wait=N` when Prefer: wait was honoured.", {"type": "string"}),
@@ -241,7 +238,7 @@ def _problem_responses(doc: RouteDoc) -> dict[str, Any]:
     for status, group in sorted(by_status.items()):
         names = ["Request-Id"]
         if doc.idempotent:
-            names += ["Idempotent-Replayed-If-Checked", "Operation-Id-If-Known"]
+            names += ["Idempotent-Replayed", "Operation-Id-If-Known"]
         carried = [PROBLEM_TYPES[slug] for slug in group]
         if any(problem.retry_after for problem in carried):
             names.append("Retry-After")

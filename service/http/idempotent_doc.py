@@ -18,9 +18,15 @@ _KEY_TEXT = (
     f" 1-{MAX_KEY_LENGTH} printable ASCII characters, bare or as an RFC 8941"
     ' sf-string ("pay-42"). A retry with the same key and request replays the answer.'
 )
-# printable ASCII, no surrounding space; an sf-string ("...") form is accepted as well
-# (described, not in the pattern: a value starting with a quote is read as an sf-string)
-KEY_PATTERN = r"^[\x21\x23-\x7e]([\x20-\x7e]*[\x21-\x7e])?$"
+# what service.http.keys accepts: 1-255 printable ASCII characters with no surrounding space,
+# not starting with a quote; or an RFC 8941 sf-string ("...", with \" and \\ escapes) of
+# 1-255 such characters
+KEY_PATTERN = (
+    rf"^(?:[\x21\x23-\x7e](?:[\x20-\x7e]{{0,{MAX_KEY_LENGTH - 2}}}[\x21-\x7e])?"
+    rf'|"(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\]){{1,{MAX_KEY_LENGTH}}}")$'
+)
+# the longest header value: a key of MAX_KEY_LENGTH characters, each escaped, and its quotes
+MAX_KEY_HEADER = 2 * MAX_KEY_LENGTH + 2
 _PREFER_TEXT = (
     "`wait=N`: if another attempt is in progress, wait up to N seconds (capped by"
     " SETTLEMENT_MAX_WAIT) for it to settle and replay its answer;"
@@ -32,7 +38,7 @@ IDEMPOTENT_PARAMETERS: list[dict[str, Any]] = [
         "in": "header",
         "schema": {
             "type": "string",
-            "maxLength": MAX_KEY_LENGTH,
+            "maxLength": MAX_KEY_HEADER,
             "minLength": 1,
             "pattern": KEY_PATTERN,
             "description": _KEY_TEXT,
@@ -49,7 +55,6 @@ IDEMPOTENT_PARAMETERS: list[dict[str, Any]] = [
         "schema": {
             "type": "string",
             "description": _PREFER_TEXT,
-            "default": "",
             "examples": ["wait=5"],
         },
         "description": _PREFER_TEXT,

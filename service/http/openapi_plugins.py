@@ -25,11 +25,11 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
 from service.http.contract import complete
+from service.telemetry.scrape import settlement_version
 
 __all__ = ["REFERENCE_SCRIPT", "as_json", "as_yaml", "openapi_config"]
 
 TITLE = "Settlement server"
-VERSION = "1.0.0"
 SCHEMA_PATH = "/schema"
 # Scalar's standalone bundle, one release: never "latest", so a new (or hijacked) release
 # never runs here. The integrity is the SHA-384 of dist/browser/standalone.js in the npm
@@ -157,7 +157,7 @@ def openapi_config(*, reference: bool = False) -> OpenAPIConfig:
     headers += [ResponseHeader(name=name, value=value) for name, value in _HEADERS]
     return OpenAPIConfig(
         title=TITLE,
-        version=VERSION,
+        version=settlement_version(),  # the package's (pyproject.toml)
         path=SCHEMA_PATH,
         openapi_router=Router(
             SCHEMA_PATH,
