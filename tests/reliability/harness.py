@@ -18,7 +18,9 @@
   then back); a Redis ``FLUSHALL`` (every lease lost); a PostgreSQL fast restart; provider
   faults (dropped answers, 5xx, delays past the timeout); feed faults (backfill, overlap,
   stuck token, page cap, lying watermark); SIGKILL of one of the observers, then a restart
-  that resumes its checkpoint; an admin supersede of an ``unknown`` operation.
+  that resumes its checkpoint; an admin supersede of an ``unknown`` operation; an operator
+  who resolves an ``unknown`` payout from the provider's record (only where the provider
+  made or declined the payment under its sink key) while its client retries.
 * **Checker** over the history and the final database: one effect per intended action
   (at most one transfer per operation and epoch; money conserved; every balance equal to
   its opening plus its transfers; exactly one provider payment per sink key of a completed
@@ -125,6 +127,7 @@ FAULTS = {
     "feed-fault": 2,
     "kill-observer": 1,
     "supersede-unknown": 1,
+    "resolve-unknown": 1,
 }
 # The simulator's feed faults the nemesis arms (docs/feeds.md, "Feed faults"), 1-3 units at a time.
 FEED_FAULTS = [
@@ -137,6 +140,8 @@ FEED_FAULTS = [
     "skip_advance",
 ]
 FEED_FAULT_UNITS = (1, 3)
+# How long the operator looks for an unknown payout to resolve before giving up this turn.
+RESOLVE_LOOK = 4.0
 # The observed feeds: name -> kind. Each has one observer process.
 FEEDS = {"payments": "cursor", "payments-ts": "timestamp"}
 # What each feed's source is declared to promise (SETTLEMENT_FEED_PROMISES), honestly for a
@@ -194,6 +199,7 @@ class Summary:
     faults: Counter[str] = field(default_factory=Counter)
     feed_faults: Counter[str] = field(default_factory=Counter)  # units armed per mode
     observer_kills: Counter[str] = field(default_factory=Counter)  # per feed
+    resolutions: Counter[str] = field(default_factory=Counter)  # by answer
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -212,6 +218,8 @@ class Summary:
             + (", ".join(f"{k} x{v}" for k, v in sorted(self.feed_faults.items())) or "none")
             + "; observers killed: "
             + (", ".join(f"{k} x{v}" for k, v in sorted(self.observer_kills.items())) or "none"),
+            "operator resolutions: "
+            + (", ".join(f"{k} x{v}" for k, v in sorted(self.resolutions.items())) or "none"),
             *self.notes,
             f"violations: {len(self.violations)}",
             *(f"  - {v}" for v in self.violations),
@@ -558,6 +566,7 @@ class Nemesis:
         self.cluster = cluster
         self.rng = random.Random(seed)
         self.summary = summary
+        self.clients: Clients | None = None
 
     def schedule(self, duration: float) -> list[tuple[float, str]]:
         """(offset seconds, fault), drawn from the seed: a fault every 2-6 s."""
@@ -569,6 +578,7 @@ class Nemesis:
         return plan
 
     def run(self, duration: float, clients: Clients) -> None:
+        self.clients = clients
         started = time.monotonic()
         for offset, fault in self.schedule(duration):
             delay = started + offset - time.monotonic()
@@ -662,6 +672,71 @@ class Nemesis:
             headers=admin,
             timeout=10,
         )
+
+    def _resolve_unknown(self) -> None:
+        """An operator settles an ``unknown`` payout as the provider's record says. It reads
+        the record by asking the provider again under the operation's sink key (the same
+        signed request: the provider answers what it did and pays nothing again), and only
+        where the provider counts a payment or a decline for that key; with no record it
+        leaves the operation to its client's retries."""
+        urls = self.cluster.urls()
+        if not urls or self.clients is None:
+            return
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        deadline = time.monotonic() + RESOLVE_LOOK
+        while True:  # unknown payouts are short-lived: clients retry them at once
+            listed = httpx.get(
+                f"{urls[0]}/admin/v1/operations",
+                params={"state": "unknown"},
+                headers=admin,
+                timeout=5,
+            )
+            items = listed.json().get("items", []) if listed.status_code == 200 else []
+            payouts = {a.key: a for a in list(self.clients.actions) if a.kind == "payout"}
+            items = [i for i in items if i["route"] == "POST /v1/payouts" and i["key"] in payouts]
+            if items:
+                break
+            if time.monotonic() > deadline:
+                self.summary.resolutions["no unknown payout"] += 1
+                return
+            time.sleep(0.1)
+        item = self.rng.choice(items)
+        view = httpx.get(f"{urls[0]}/v1/operations/{item['id']}", headers=admin, timeout=5)
+        if view.status_code != 200:
+            return
+        op = view.json()
+        sink = f"{op['id']}:{op['binding_generation']}"
+        counts = self.cluster.provider.counts(sink)
+        if counts["count"] + counts["declines"] == 0:
+            self.summary.resolutions["no provider record"] += 1
+            return
+        action = payouts[item["key"]]
+        payment = {
+            "operation_id": op["id"],
+            "binding_generation": op["binding_generation"],
+            "request_fingerprint": op["request_fingerprint"],
+            **{name: action.body[name] for name in ("beneficiary", "amount", "currency")},
+        }
+        record = self.cluster.provider.pay(payment, sink)
+        if record.status_code not in (201, 402):
+            self.summary.resolutions[f"provider answered {record.status_code}"] += 1
+            return
+        evidence = record.json()["evidence"]
+        answer = httpx.post(
+            f"{urls[0]}/admin/v1/operations/{op['id']}/resolve",
+            json={
+                "outcome": evidence["outcome"],
+                "provider_reference": record.json()["reference"][:256],
+                "reason": "chaos: the provider's record under the sink key",
+                "result": evidence["result"],
+            },
+            headers=admin,
+            timeout=10,
+        )
+        body = answer.json() if answer.status_code in (200, 409) else {}
+        self.summary.resolutions[
+            f"{answer.status_code} {body.get('disposition') or body.get('type', '')}"
+        ] += 1
 
 
 # -- checker -------------------------------------------------------------------------------------
