@@ -113,7 +113,9 @@ OPERATIONS: dict[str, RouteDoc] = {
     **{spec.operation_id: _idempotent(spec) for spec in ROUTES},
     "getAccount": RouteDoc(200, Account, (*_AUTH, "not-found", *_ALWAYS)),
     "getOperation": RouteDoc(
-        200, OperationView, ("unauthenticated", "not-found", "idempotency-key-expired", *_ALWAYS)
+        200,
+        OperationView,
+        ("unauthenticated", "validation-error", "not-found", "idempotency-key-expired", *_ALWAYS),
     ),
     "findOperationByKey": RouteDoc(
         200,
