@@ -197,7 +197,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         workers = settings.workers if args.workers is None else args.workers
         log.info("serving", extra={"host": host, "port": port, "workers": workers})
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        print(f"console: http://{shown}:{port}/console (sign in with an admin key)", flush=True)
+        # a log line (JSON with SETTLEMENT_LOG_FORMAT=json), not a bare print
+        log.info(f"console: http://{shown}:{port}/console (sign in with an admin key)")
         serve("service.http.app:app_from_env", settings, host=host, port=port, workers=workers)
     return 0
 

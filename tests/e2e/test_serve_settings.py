@@ -3,6 +3,7 @@ and SETTLEMENT_WORKERS when no flag names them, and says where the console is.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def test_serve_reads_its_address_and_workers_from_the_settings(
         "SETTLEMENT_HOST": "127.0.0.1",
         "SETTLEMENT_PORT": str(port),
         "SETTLEMENT_WORKERS": "2",
+        "SETTLEMENT_LOG_FORMAT": "json",
     }
     with tempfile.NamedTemporaryFile(prefix="settlement-serve-") as log:
         proc = subprocess.Popen(
@@ -57,6 +59,8 @@ def test_serve_reads_its_address_and_workers_from_the_settings(
             assert answer.status_code == 200
             output = Path(log.name).read_text()
             assert f"console: http://127.0.0.1:{port}/console" in output
+            # every line of a JSON-logging server is JSON, that one too
+            assert all(json.loads(line) for line in output.splitlines() if line.strip())
             # two workers: the serving process's own children that run the app
             workers = [
                 child
