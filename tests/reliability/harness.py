@@ -11,16 +11,19 @@
   policy and budget retry connection errors, 409 in progress, 429, 5xx and 504 with the same
   key; when a call gives up (deadline, budget), the thread calls again with the same key
   until a terminal answer; a third of the actions ask ``Prefer: wait`` from their first
-  request. Each request goes to one of the live servers, drawn at random.
+  request. Half the payouts come from a patient caller: told the outcome is unknown (504),
+  it comes back after a few seconds instead of resending at once. Each request goes to one
+  of the live servers, drawn at random.
 * **Nemesis** (the main thread, which may restart PostgreSQL): a schedule drawn from the
   seed of: SIGKILL of a server then a restart; a server restarted with a crash failpoint at a
   commit boundary, then restarted clean; a Redis outage (connections cut, every key lost,
   then back); a Redis ``FLUSHALL`` (every lease lost); a PostgreSQL fast restart; provider
   faults (dropped answers, 5xx, delays past the timeout); feed faults (backfill, overlap,
   stuck token, page cap, lying watermark); SIGKILL of one of the observers, then a restart
-  that resumes its checkpoint; an admin supersede of an ``unknown`` operation; an operator
-  who resolves an ``unknown`` payout from the provider's record (only where the provider
-  made or declined the payment under its sink key) while its client retries.
+  that resumes its checkpoint; an admin supersede of an ``unknown`` operation; an incident
+  that drops provider answers, then an operator who resolves an ``unknown`` payout from the
+  provider's record (only where the provider made or declined the payment under its sink
+  key) while its client retries.
 * **Checker** over the history and the final database: one effect per intended action
   (at most one transfer per operation and epoch; money conserved; every balance equal to
   its opening plus its transfers; exactly one provider payment per sink key of a completed
@@ -108,6 +111,13 @@ REQUEST_TIMEOUT = 10.0
 GAVE_UP_PAUSE = (0.2, 1.0)
 # Prefer: wait asked from the first request by a third of the actions.
 ACTION_WAIT = 2
+# The share of payouts sent by a patient caller: a batch job that, told the outcome is
+# unknown (504), does not resend at once but comes back after a pause drawn from
+# PATIENT_PAUSE, so an unknown payout waits long enough for the operator to resolve it while
+# its client still retries.
+PATIENT_SHARE = 0.5
+PATIENT_PAUSE = (3.0, 8.0)
+OUTCOME_UNKNOWN = "operation-outcome-unknown"
 # The 5xx answers the contract documents (docs/design.md §6); anything else is a violation.
 DOCUMENTED_5XX = {
     (503, "service-unavailable"),
@@ -141,7 +151,10 @@ FEED_FAULTS = [
 ]
 FEED_FAULT_UNITS = (1, 3)
 # How long the operator looks for an unknown payout to resolve before giving up this turn.
-RESOLVE_LOOK = 4.0
+RESOLVE_LOOK = 8.0
+# Provider answers the operator's incident drops first (the provider pays, the answer is
+# lost): the payouts they hit end unknown, and a patient caller's stays so for seconds.
+RESOLVE_DROPS = 2
 # The observed feeds: name -> kind. Each has one observer process.
 FEEDS = {"payments": "cursor", "payments-ts": "timestamp"}
 # What each feed's source is declared to promise (SETTLEMENT_FEED_PROMISES), honestly for a
@@ -177,6 +190,8 @@ class Action:
     kind: str  # transfer | payout
     body: dict[str, Any]
     wait: bool
+    patient: bool = False  # a 504 unknown is resent after PATIENT_PAUSE, not at once
+    unknown: bool = False  # its last call ended in a 504 unknown (a patient caller pauses)
     requests: int = 0
     calls: int = 0  # client calls (each retries on its own; see Clients.perform)
     answers: list[tuple[int, bytes]] = field(default_factory=list)  # terminal answers
@@ -200,6 +215,7 @@ class Summary:
     feed_faults: Counter[str] = field(default_factory=Counter)  # units armed per mode
     observer_kills: Counter[str] = field(default_factory=Counter)  # per feed
     resolutions: Counter[str] = field(default_factory=Counter)  # by answer
+    patient_pauses: int = 0  # 504 unknowns a patient caller came back to later
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -219,7 +235,8 @@ class Summary:
             + "; observers killed: "
             + (", ".join(f"{k} x{v}" for k, v in sorted(self.observer_kills.items())) or "none"),
             "operator resolutions: "
-            + (", ".join(f"{k} x{v}" for k, v in sorted(self.resolutions.items())) or "none"),
+            + (", ".join(f"{k} x{v}" for k, v in sorted(self.resolutions.items())) or "none")
+            + f"; unknown payouts a patient caller came back to: {self.patient_pauses}",
             *self.notes,
             f"violations: {len(self.violations)}",
             *(f"  - {v}" for v in self.violations),
@@ -483,7 +500,13 @@ class Clients:
     def _new_action(self, rng: random.Random) -> Action:
         if rng.random() < 0.3:
             body = {"beneficiary": "CHAOS LTD", "amount": rng.randint(1, 5000), "currency": "EUR"}
-            return Action(uuid.uuid4().hex, "payout", body, wait=rng.random() < 0.33)
+            return Action(
+                uuid.uuid4().hex,
+                "payout",
+                body,
+                wait=rng.random() < 0.33,
+                patient=rng.random() < PATIENT_SHARE,
+            )
         if rng.random() < LOW_SHARE:
             low = rng.choice(self.low_accounts)
             other = rng.choice([a for a in self.openings if a != low])
@@ -510,7 +533,14 @@ class Clients:
                     return
                 if action.sent_at is None:
                     action.sent_at = time.time()
-                answer = self._call(client, action, RetryPolicy(max_attempts=1_000, deadline=left))
+                policy = RetryPolicy(
+                    max_attempts=1_000, deadline=left, resend_unknown=not action.patient
+                )
+                answer = self._call(client, action, policy)
+                if answer is None and action.patient and action.unknown:
+                    action.unknown = False
+                    time.sleep(rng.uniform(*PATIENT_PAUSE))
+                    continue
                 if answer is None:
                     time.sleep(rng.uniform(*GAVE_UP_PAUSE))
                     continue
@@ -538,6 +568,11 @@ class Clients:
                 )
         except Problem as problem:
             self._tally(problem.attempts, problem.gave_up)
+            if action.patient and problem.slug == OUTCOME_UNKNOWN:
+                with self._lock:
+                    self.summary.patient_pauses += 1
+                action.unknown = True  # the caller comes back later (Clients.perform)
+                return None
             if problem.gave_up != "final":
                 return None
             return problem.status, problem.content
@@ -682,6 +717,7 @@ class Nemesis:
         urls = self.cluster.urls()
         if not urls or self.clients is None:
             return
+        self.cluster.provider.arm("drop_response", RESOLVE_DROPS)
         admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
         deadline = time.monotonic() + RESOLVE_LOOK
         while True:  # unknown payouts are short-lived: clients retry them at once
