@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from service import package_version
 from service.config import SETTINGS, ConfigError, Settings, parse_feeds
 from service.embedded_dev import endpoints, require_devstack
 from service.logs import configure_logging
@@ -43,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="settlement", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"settlement {_version()}")
+    parser.add_argument("--version", action="version", version=f"settlement {package_version()}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
     config = sub.add_parser(
@@ -108,16 +109,6 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("--embedded", action="store_true", help="use the embedded PostgreSQL")
     create.set_defaults(run=_create_principal)
     return parser
-
-
-def _version() -> str:
-    """The installed package's version (pyproject.toml's, once installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("settlement")
-    except PackageNotFoundError:
-        return "unknown (not installed)"
 
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:

@@ -24,8 +24,8 @@ from litestar.datastructures import ResponseHeader
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, OpenAPIRenderPlugin, YamlRenderPlugin
 
+from service import package_version
 from service.http.contract import complete
-from service.telemetry.scrape import settlement_version
 
 __all__ = ["REFERENCE_SCRIPT", "as_json", "as_yaml", "openapi_config"]
 
@@ -157,7 +157,7 @@ def openapi_config(*, reference: bool = False) -> OpenAPIConfig:
     headers += [ResponseHeader(name=name, value=value) for name, value in _HEADERS]
     return OpenAPIConfig(
         title=TITLE,
-        version=settlement_version(),  # the package's (pyproject.toml)
+        version=package_version(),  # the package's (pyproject.toml)
         path=SCHEMA_PATH,
         openapi_router=Router(
             SCHEMA_PATH,

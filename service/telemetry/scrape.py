@@ -25,11 +25,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from service import package_version
+
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Metric
     from prometheus_client.registry import Collector
 
-__all__ = ["build_info", "recorded", "settlement_version", "worker_processes"]
+__all__ = ["build_info", "recorded", "worker_processes"]
 
 # prometheus_client's file of one process in a metrics directory: <kind>[_<mode>]_<pid>.db
 _PID_OF_FILE = re.compile(r"_(\d+)\.db$")
@@ -72,16 +74,6 @@ def recorded(shared_dir: str | None, declared: CollectorRegistry) -> Collector:
     return Workers()
 
 
-def settlement_version() -> str:
-    """The installed package's version (pyproject.toml's, once installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("settlement")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def build_info() -> Collector:
     """``settlement_build_info{version,python} 1``: what runs, for a dashboard and for
     alerts that join on it."""
@@ -93,7 +85,7 @@ def build_info() -> Collector:
         "The running build: the settlement package's version and Python's (always 1).",
         labels=["python", "version"],
     )
-    family.add_metric([platform.python_version(), settlement_version()], 1.0)
+    family.add_metric([platform.python_version(), package_version()], 1.0)
 
     class BuildInfo(Collector):
         def collect(self) -> Iterable[Metric]:

@@ -16,12 +16,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from service import package_version
 from service.app.feed_figures import FeedFigureKeeper, FeedFigures
 from service.store.open_work import OPEN_COUNT_CAP
 from service.telemetry import Metrics, RequestTelemetry
 from service.telemetry.asgi import OTHER_PROBLEM, problem_slug
 from service.telemetry.feed_figures import FigureShelf
-from service.telemetry.scrape import settlement_version
 
 Message = MutableMapping[str, Any]
 PROBLEM = "application/problem+json"
@@ -115,7 +115,7 @@ def test_a_scrape_shows_the_build_and_this_process() -> None:
     text = Metrics().render()
     build = series(text, "settlement_build_info")
     python = platform.python_version()
-    assert build == {f'{{python="{python}",version="{settlement_version()}"}}': 1.0}
+    assert build == {f'{{python="{python}",version="{package_version()}"}}': 1.0}
     pid = f'{{pid="{os.getpid()}"}}'
     for name in (
         "process_cpu_seconds_total",
