@@ -26,8 +26,8 @@ from service.domain.payouts import (
     ProviderUnavailable,
 )
 from service.evidence import SignedEvidence
+from service.store.feed_tables import metadata
 from service.store.outcomes import EffectSql
-from service.store.tables import metadata
 
 __all__ = ["ACCOUNTS", "PAYOUTS", "REFUNDS", "ROUTES", "SCHEMA", "TRANSFERS", "local"]
 
@@ -97,7 +97,7 @@ REFUNDS = IdempotentRoute(
 # The order of the OpenAPI document's operations and of the client's methods.
 ROUTES: tuple[IdempotentRoute, ...] = (ACCOUNTS, TRANSFERS, PAYOUTS, REFUNDS)
 
-# Every table: the store's own (service.store.tables) and those an effect declares beside
-# itself (service.domain.refunds), registered on the same metadata by the imports above. The
-# migrations are checked against this.
+# Every table: the store's own (service.store.tables, service.store.feed_tables) and those an
+# effect declares beside itself (service.domain.refunds), registered on the same metadata by
+# the imports above. The migrations are checked against this.
 SCHEMA = metadata

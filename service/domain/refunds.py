@@ -46,7 +46,7 @@ from sqlalchemy.sql.selectable import CTE
 from service.domain.currencies import ISO_4217
 from service.domain.ledger import MAX_AMOUNT, MEMO_LIMIT, NO_NUL, Amount, Currency, refuse
 from service.store.outcomes import EffectSql
-from service.store.tables import accounts, metadata, transfers
+from service.store.tables import accounts, citus, metadata, transfers
 
 __all__ = [
     "REFUND",
@@ -75,6 +75,7 @@ refunds = Table(
     UniqueConstraint("tenant", "operation_id", "binding_generation"),
     CheckConstraint("amount > 0", name="amount_positive"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+    info=citus("distributed"),
 )
 
 # the problem types the refund's guard may refuse with (service.problem_types)

@@ -11,7 +11,8 @@ import msgspec
 from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from service.store.tables import feed_receipts, principals
+from service.store.feed_tables import feed_receipts
+from service.store.tables import principals
 
 __all__ = [
     "BadPrincipalCursor",

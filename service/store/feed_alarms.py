@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core.feed import twice_in_one_page
 from service.store.db import reader
-from service.store.tables import feed_alarms, feed_checkpoints, feed_receipts
+from service.store.feed_tables import feed_alarms, feed_checkpoints, feed_receipts
 
 __all__ = ["Accepted", "Alarm", "FeedAlarms", "InOnePage"]
 

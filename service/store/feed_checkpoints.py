@@ -18,7 +18,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store.db import reader
-from service.store.tables import feed_checkpoints, feed_promotions, inline, operations
+from service.store.feed_tables import feed_checkpoints, feed_promotions
+from service.store.tables import inline, operations
 
 __all__ = ["Checkpoint", "FeedCheckpoints"]
 

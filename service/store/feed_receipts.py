@@ -27,9 +27,10 @@ from service.core import Observation
 from service.core.feed import FeedEvent, ReceiptState, Seen
 from service.store import keyset
 from service.store.db import reader
+from service.store.feed_tables import feed_checkpoints, feed_receipts
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
-from service.store.tables import feed_checkpoints, feed_receipts, inline
+from service.store.tables import inline
 from service.store.unit_of_work import UnitOfWork
 
 __all__ = ["FeedReceipts", "Receipt", "SettlePhase"]

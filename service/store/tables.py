@@ -29,17 +29,16 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.sql.elements import BindParameter
 
 __all__ = [
+    "CITUS_KINDS",
     "OPERATION_STATES",
     "accounts",
     "attempts",
+    "citus",
     "console_sessions",
-    "feed_alarms",
-    "feed_checkpoints",
-    "feed_promotions",
-    "feed_receipts",
     "inline",
     "metadata",
     "observations",
+    "one_of",
     "operation_epochs",
     "operations",
     "principals",
@@ -66,6 +65,19 @@ NAMING = {
 
 metadata = MetaData(naming_convention=NAMING)
 
+# Each table's kind on Citus (docs/scaling.md), in ``Table(..., info=...)``: distributed by
+# its ``tenant`` column, a reference table (a copy on every node) or local to the
+# coordinator. tests/citus_rules.py checks every table has one and the keys it implies.
+CITUS_KINDS = ("distributed", "reference", "local")
+
+
+def citus(kind: str) -> dict[str, str]:
+    """A table's ``info`` naming its kind on Citus (one of :data:`CITUS_KINDS`)."""
+    if kind not in CITUS_KINDS:
+        raise ValueError(f"not a Citus table kind: {kind!r}")
+    return {"citus": kind}
+
+
 OPERATION_STATES = ("in_progress", "unknown", "completed", "failed", "conflict")
 OBSERVATION_KINDS = ("in_progress", "unknown", "completed", "failed")
 OBSERVATION_SOURCES = ("attempt", "late_response", "evidence", "feed", "sweeper", "claim", "admin")
@@ -73,7 +85,7 @@ DISPOSITIONS = ("applied", "strengthened", "ignored", "quarantined", "conflict")
 ROLES = ("client", "observer", "admin")
 
 
-def _in(column: str, values: tuple[str, ...]) -> str:
+def one_of(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
@@ -95,10 +107,11 @@ principals = Table(
     Column("all_tenants", Boolean, nullable=False, server_default=text("false")),
     _now(),
     Column("revoked_at", DateTime(timezone=True)),
-    CheckConstraint(_in("role", ROLES), name="role"),
+    CheckConstraint(one_of("role", ROLES), name="role"),
     CheckConstraint("credential_generation >= 1", name="credential_generation"),
     CheckConstraint("NOT all_tenants OR role = 'admin'", name="all_tenants_admin"),
     UniqueConstraint("tenant", "name"),
+    info=citus("reference"),
 )
 
 operations = Table(
@@ -144,7 +157,7 @@ operations = Table(
     UniqueConstraint(
         "tenant", "principal_id", "route", "idempotency_key", name="uq_operations_scope"
     ),
-    CheckConstraint(_in("state", OPERATION_STATES), name="state"),
+    CheckConstraint(one_of("state", OPERATION_STATES), name="state"),
     CheckConstraint("binding_generation >= 1", name="binding_generation"),
     CheckConstraint("revision >= 1", name="revision"),
     CheckConstraint("fencing_token >= 1", name="fencing_token"),
@@ -158,6 +171,7 @@ operations = Table(
     CheckConstraint(
         "result_status IS NULL OR result_status BETWEEN 100 AND 599", name="result_status"
     ),
+    info=citus("distributed"),
 )
 
 Index(
@@ -207,7 +221,8 @@ operation_epochs = Table(
     Column("superseded_by", UUID(as_uuid=True), ForeignKey("principals.id")),
     Column("superseded_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     UniqueConstraint("operation_id", "binding_generation"),
-    CheckConstraint(_in("final_state", OPERATION_STATES), name="final_state"),
+    CheckConstraint(one_of("final_state", OPERATION_STATES), name="final_state"),
+    info=citus("distributed"),
 )
 
 attempts = Table(
@@ -230,7 +245,8 @@ attempts = Table(
     Column("response_status", Integer),
     Column("error", Text),
     UniqueConstraint("operation_id", "fencing_token"),
-    CheckConstraint("outcome IS NULL OR " + _in("outcome", OBSERVATION_KINDS), name="outcome"),
+    CheckConstraint("outcome IS NULL OR " + one_of("outcome", OBSERVATION_KINDS), name="outcome"),
+    info=citus("distributed"),
 )
 
 observations = Table(
@@ -256,10 +272,11 @@ observations = Table(
     Column("attempt_id", UUID(as_uuid=True)),
     Column("detail", JSONB(none_as_null=True)),
     _now(),
-    CheckConstraint(_in("source", OBSERVATION_SOURCES), name="source"),
-    CheckConstraint(_in("kind", OBSERVATION_KINDS), name="kind"),
+    CheckConstraint(one_of("source", OBSERVATION_SOURCES), name="source"),
+    CheckConstraint(one_of("kind", OBSERVATION_KINDS), name="kind"),
     CheckConstraint("stage IN ('A', 'B', 'C')", name="stage"),
-    CheckConstraint(_in("disposition", DISPOSITIONS), name="disposition"),
+    CheckConstraint(one_of("disposition", DISPOSITIONS), name="disposition"),
+    info=citus("distributed"),
 )
 
 # what the retention purge reads: observations about an operation that was never here, oldest
@@ -291,6 +308,7 @@ tombstones = Table(
     Column("expired_at", DateTime(timezone=True), nullable=False),
     Column("forget_at", DateTime(timezone=True), nullable=False, index=True),
     CheckConstraint("final_state IN ('completed', 'failed')", name="final_state"),
+    info=citus("distributed"),
 )
 
 accounts = Table(
@@ -308,6 +326,7 @@ accounts = Table(
     UniqueConstraint("operation_id", "binding_generation"),
     CheckConstraint("balance >= 0", name="balance_non_negative"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+    info=citus("distributed"),
 )
 
 transfers = Table(
@@ -331,104 +350,9 @@ transfers = Table(
     CheckConstraint("refunded >= 0 AND refunded <= amount", name="refunded_within_amount"),
     CheckConstraint("source_id <> destination_id", name="distinct_accounts"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
+    info=citus("distributed"),
 )
 
-
-# -- the feed observer (docs/design.md §8) ----------------------------------------------------
-
-FEED_KINDS = ("cursor", "timestamp")
-RECEIPT_STATES = ("applied", "ignored", "quarantined", "held")
-
-feed_checkpoints = Table(
-    "feed_checkpoints",
-    metadata,
-    Column("name", String(64), primary_key=True),
-    Column("kind", String(16), nullable=False),
-    # cursor feeds: the cursor to ask with next ('' is the start), and the highest position
-    # every event up to which has a final receipt
-    Column("resume_cursor", Text, nullable=False, server_default=text("''")),
-    Column("applied_position", BigInteger),
-    # timestamp feeds: every event at or before it has a final receipt
-    Column("closed_through_timestamp", BigInteger),
-    Column("version", BigInteger, nullable=False, server_default=text("1")),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    # the last time a page came back with nothing new (the observer was caught up)
-    Column("caught_up_at", DateTime(timezone=True)),
-    # where the walk behind the checkpoint reads next (NULL: a new walk): the cursor of a
-    # cursor feed's reconciliation pass, the ``after`` of a timestamp feed's audit (-1: the
-    # feed's start); progress markers, moved without the version
-    Column("walk_cursor", Text),
-    Column("walk_after", BigInteger),
-    # cursor feeds: the cursor a page was last promoted to ('' the feed's start, written when
-    # the row is made); an empty page's adopted token moves ``resume_cursor`` only, never this.
-    # An observer's reconciliation passes start from it (NULL: a row written before
-    # migration 0013, whose ``resume_cursor`` stands in)
-    Column("promoted_cursor", Text),
-    CheckConstraint(_in("kind", FEED_KINDS), name="kind"),
-    CheckConstraint("version >= 1", name="version"),
-)
-
-# a cursor feed's checkpoint was promoted to applied_position at promoted_at (its first
-# promotion there: written with the CAS that won it); the retention purge takes a receipt of a
-# no-backfill feed only once the checkpoint has been past it for the retention
-# (docs/design.md §9)
-feed_promotions = Table(
-    "feed_promotions",
-    metadata,
-    Column("feed", String(64), primary_key=True),
-    Column("applied_position", BigInteger, primary_key=True),
-    Column("promoted_at", DateTime(timezone=True), nullable=False),
-    Index("ix_feed_promotions_feed_promoted_at", "feed", "promoted_at"),
-)
-
-feed_receipts = Table(
-    "feed_receipts",
-    metadata,
-    Column("feed", String(64), primary_key=True),
-    Column("event_id", String(255), primary_key=True),
-    # the event's place in its feed: a position (cursor feeds) or a timestamp (timestamp feeds)
-    Column("event_order", BigInteger, nullable=False),
-    Column("operation_id", UUID(as_uuid=True)),
-    Column("state", String(16), nullable=False),
-    Column("reason", String(64), nullable=False),
-    Column("observation_id", BigInteger),
-    # SHA-256 of the event's evidence and signature as served: the same event id served
-    # again with other content is a conflicting identity
-    Column("digest", String(64), nullable=False, server_default=text("''")),
-    Column("first_seen_at", DateTime(timezone=True), nullable=False),
-    Column("decided_at", DateTime(timezone=True), nullable=False),
-    # the event as served (its evidence bytes and signature), kept while it is held so the
-    # hold can be decided again whether or not the feed serves it again; cleared when final
-    Column("evidence", LargeBinary),
-    Column("signature", String(256)),
-    # false once an operator accepted a conflicting identity of the event: its outcome
-    # stays, its place and content are no longer held against what the feed serves, until
-    # a page that passes serves the event: true again, at the place and content served
-    Column("pinned", Boolean, nullable=False, server_default=text("true")),
-    CheckConstraint(_in("state", RECEIPT_STATES), name="state"),
-)
-Index("ix_feed_receipts_feed_event_order", feed_receipts.c.feed, feed_receipts.c.event_order)
-# the retention purge looks for the receipts decided longest ago (without reading the young)
-Index("ix_feed_receipts_decided_at", feed_receipts.c.decided_at)
-# the console's operation page lists the receipts that touched one operation
-Index("ix_feed_receipts_operation_id", feed_receipts.c.operation_id)
-Index("ix_feed_receipts_held", feed_receipts.c.feed, postgresql_where=text("state = 'held'"))
-
-feed_alarms = Table(
-    "feed_alarms",
-    metadata,
-    Column("feed", String(64), primary_key=True),
-    Column("kind", String(32), primary_key=True),
-    # the event it is about ('' for the feed as a whole): one row per (feed, kind, event)
-    Column("event_id", String(255), primary_key=True),
-    Column("detail", Text, nullable=False),
-    # where the page served the event, for a conflicting identity (its acceptance unpins
-    # the receipt holding that place too)
-    Column("event_order", BigInteger),
-    Column("count", BigInteger, nullable=False, server_default=text("1")),
-    Column("first_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    Column("last_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-)
 
 # An operator's console session (service/store/console_sessions.py): found by the SHA-256 of
 # its random id; key_fingerprint (SHA-256 of the principal's key_hash at sign-in) stops
@@ -447,4 +371,5 @@ console_sessions = Table(
     Column("csrf_token", String(64), nullable=False),
     _now(),
     Column("expires_at", DateTime(timezone=True), nullable=False, index=True),
+    info=citus("reference"),
 )

@@ -19,9 +19,9 @@ from service.app.observer import PageResult
 from service.config import TIMESTAMP_PROMISES, FeedSpec
 from service.domain.feeds import CursorPage
 from service.store.feed_alarms import Accepted, InOnePage
+from service.store.feed_tables import feed_receipts
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
-from service.store.tables import feed_receipts
 from tests.integration.factories import Clock
 from tests.integration.test_feed_observer import (
     ScriptedFeed,

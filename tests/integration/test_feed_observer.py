@@ -27,10 +27,11 @@ from service.evidence import (
     sign,
 )
 from service.failpoints import FailpointError, Failpoints
+from service.store.feed_tables import feed_checkpoints, feed_receipts
 from service.store.feeds import FeedStore
 from service.store.retention import Retention, RetentionStore
 from service.store.settlement import SettlementStore
-from service.store.tables import feed_checkpoints, feed_receipts, observations
+from service.store.tables import observations
 from tests.integration.factories import Clock, claim_request, make_scope
 from tests.unit.factories import make_observation
 

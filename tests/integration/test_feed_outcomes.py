@@ -28,11 +28,12 @@ from service.evidence import (
     result_digest,
     sign,
 )
+from service.store.feed_tables import feed_receipts
 from service.store.feeds import FeedStore
 from service.store.retention import Retention, RetentionStore
 from service.store.rows import at
 from service.store.settlement import SettlementStore
-from service.store.tables import feed_receipts, observations, operations, tombstones
+from service.store.tables import observations, operations, tombstones
 from tests.integration.factories import Clock, claim_request, count, make_scope
 from tests.integration.test_feed_observer import (
     SECRET,

@@ -28,9 +28,9 @@ from service.domain.feeds import (
     RawEvent,
     TimestampPage,
 )
+from service.store.feed_tables import feed_receipts
 from service.store.feeds import FeedStore
 from service.store.settlement import SettlementStore
-from service.store.tables import feed_receipts
 from tests.integration.factories import Clock
 from tests.integration.test_feed_observer import (
     ScriptedFeed,

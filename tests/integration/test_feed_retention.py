@@ -19,6 +19,7 @@ from service.app.observer import AUDIT_EVERY, MAX_PAGE, PageResult
 from service.app.purger import Purger, feed_reach
 from service.config import FeedSpec
 from service.domain.feeds import CursorPage
+from service.store.feed_tables import feed_alarms, feed_promotions, feed_receipts
 from service.store.feeds import FeedStore
 from service.store.retention import (  # a purge statement, for its plan
     _FORGET_ORPHANS,
@@ -27,13 +28,7 @@ from service.store.retention import (  # a purge statement, for its plan
 )
 from service.store.rows import at
 from service.store.settlement import SettlementStore
-from service.store.tables import (
-    feed_alarms,
-    feed_promotions,
-    feed_receipts,
-    observations,
-    tombstones,
-)
+from service.store.tables import observations, tombstones
 from service.telemetry import Metrics
 from tests.integration.factories import Clock, new_operation
 from tests.integration.test_feed_observer import (

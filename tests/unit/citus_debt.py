@@ -1,0 +1,98 @@
+"""The routing debt, exact (issue 38 item 3): what the routing test finds today.
+
+Each entry is (table or statement, rule broken, what: the key, or the table referenced).
+tests/unit/test_citus_routing.py and tests/integration/test_citus_routing_run.py assert that
+the findings equal these lists: a new unpinned statement or key fails them, and so does a
+fixed one until its entry is removed here (a ratchet). Issue 38 items 1 (tenant on every
+table, in every key) and 2 (every statement pins it) empty them. docs/scaling.md says what
+each rule means.
+"""
+
+from __future__ import annotations
+
+__all__ = ["KEYS", "STATEMENTS"]
+
+Entry = tuple[str, str, str]
+
+# the schema's keys (tests.citus_rules.key_findings)
+KEYS: frozenset[Entry] = frozenset(
+    {
+        ("accounts", "primary-key-without-tenant", "(id)"),
+        ("accounts", "unique-without-tenant", "(operation_id, binding_generation)"),
+        ("attempts", "foreign-key-without-tenant", "(operation_id) -> operations"),
+        ("attempts", "no-tenant-column", "tenant"),
+        ("attempts", "primary-key-without-tenant", "(id)"),
+        ("attempts", "unique-without-tenant", "(operation_id, fencing_token)"),
+        ("observations", "no-tenant-column", "tenant"),
+        ("observations", "primary-key-without-tenant", "(id)"),
+        ("operation_epochs", "foreign-key-without-tenant", "(operation_id) -> operations"),
+        ("operation_epochs", "no-tenant-column", "tenant"),
+        ("operation_epochs", "primary-key-without-tenant", "(id)"),
+        ("operation_epochs", "unique-without-tenant", "(operation_id, binding_generation)"),
+        ("operations", "primary-key-without-tenant", "(id)"),
+        ("transfers", "foreign-key-without-tenant", "(destination_id) -> accounts"),
+        ("transfers", "foreign-key-without-tenant", "(source_id) -> accounts"),
+        ("transfers", "primary-key-without-tenant", "(id)"),
+        ("transfers", "unique-without-tenant", "(operation_id, binding_generation)"),
+    }
+)
+
+# the hot statements (a) and the cold ones collected statically (b)
+STATEMENTS: frozenset[Entry] = frozenset(
+    {
+        ("hot_sql.CLAIM_NEW", "insert-without-tenant", "attempts"),
+        ("hot_sql.IDENTIFY", "unpinned", "operations"),
+        ("hot_sql.IDENTIFY", "unpinned", "tombstones"),
+        ("hot_sql.LOCK", "for-update-unpinned", "operations"),
+        ("hot_sql.LOCK", "unpinned", "operations"),
+        ("hot_sql.RECORD_ALONE", "insert-without-tenant", "observations"),
+        ("hot_sql.RECORD_ALONE", "unpinned", "attempts"),
+        ("claim_settle_with(no-effect)", "insert-without-tenant", "attempts"),
+        ("claim_settle_with(no-effect)", "insert-without-tenant", "observations"),
+        ("finish_with(no-effect)", "insert-without-tenant", "observations"),
+        ("finish_with(no-effect)", "unpinned", "attempts"),
+        ("finish_with(no-effect)", "unpinned", "operations"),
+        ("claim_settle_with(open-account)", "insert-without-tenant", "attempts"),
+        ("claim_settle_with(open-account)", "insert-without-tenant", "observations"),
+        ("finish_with(open-account)", "insert-without-tenant", "observations"),
+        ("finish_with(open-account)", "unpinned", "attempts"),
+        ("finish_with(open-account)", "unpinned", "operations"),
+        ("claim_settle_with(refund)", "insert-without-tenant", "attempts"),
+        ("claim_settle_with(refund)", "insert-without-tenant", "observations"),
+        ("finish_with(refund)", "insert-without-tenant", "observations"),
+        ("finish_with(refund)", "unpinned", "attempts"),
+        ("finish_with(refund)", "unpinned", "operations"),
+        ("claim_settle_with(transfer)", "insert-without-tenant", "attempts"),
+        ("claim_settle_with(transfer)", "insert-without-tenant", "observations"),
+        ("claim_settle_with(transfer)", "unpinned", "accounts"),
+        ("finish_with(transfer)", "insert-without-tenant", "observations"),
+        ("finish_with(transfer)", "unpinned", "accounts"),
+        ("finish_with(transfer)", "unpinned", "attempts"),
+        ("finish_with(transfer)", "unpinned", "operations"),
+        ("store.open_work._FIRST_EXPIRY", "unpinned", "operations"),
+        ("store.open_work._OPEN_WORK", "unpinned", "operations"),
+        ("store.retention._BY_ID", "unpinned", "tombstones"),
+        ("store.retention._FORGET", "for-update-unpinned", "tombstones"),
+        ("store.retention._FORGET", "unpinned", "observations"),
+        ("store.retention._FORGET", "unpinned", "operations"),
+        ("store.retention._FORGET", "unpinned", "tombstones"),
+        ("store.retention._FORGET_ORPHANS", "for-update-unpinned", "observations"),
+        ("store.retention._FORGET_ORPHANS", "unpinned", "observations"),
+        ("store.retention._FORGET_ORPHANS", "unpinned", "operations"),
+        ("store.retention._OLDEST_OPEN", "unpinned", "operations"),
+        ("store.retention._PURGE", "for-update-unpinned", "operations"),
+        ("store.retention._PURGE", "unpinned", "observations"),
+        ("store.retention._PURGE", "unpinned", "operations"),
+        ("store.settlement_reads._QUARANTINED", "unpinned", "observations"),
+        ("store.status.BY_ID", "unpinned", "attempts"),
+        ("store.status.BY_ID", "unpinned", "observations"),
+        ("store.status.BY_ID", "unpinned", "operation_epochs"),
+        ("store.status.BY_ID", "unpinned", "operations"),
+        ("store.status.BY_KEY", "unpinned", "attempts"),
+        ("store.status.BY_KEY", "unpinned", "observations"),
+        ("store.status.BY_KEY", "unpinned", "operation_epochs"),
+        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "attempts"),
+        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "observations"),
+        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "operation_epochs"),
+    }
+)
