@@ -1010,6 +1010,7 @@ def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
         check_feeds(cluster, watch, summary)
         if summary.violations:
             summary.notes.extend(f"server log: {line}" for line in cluster.errors())
+        if summary.violations or cluster.observer_exits:  # an exit is worth reading too
             kept = Path(tempfile.mkdtemp(prefix=f"settlement-chaos-{seed}-logs-"))
             cluster.keep_logs(kept)
             summary.notes.append(f"server, observer and simulator logs kept in {kept}")
