@@ -402,3 +402,22 @@ def summary(
         *(f"  {name}: {why}" for name, why in sorted(spanning.items())),
     ]
     return "\n".join(lines)
+
+
+def tables_in(sql: str) -> set[str]:
+    """The tables (and CTEs) ``sql`` names in its ranges."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, (list, tuple)):
+            for item in node:
+                visit(item)
+        elif isinstance(node, ast.RangeVar):
+            found.add(node.relname)
+        elif isinstance(node, ast.Node):
+            for slot in node.__slots__:
+                visit(getattr(node, slot))
+
+    for raw in parse_sql(sql):
+        visit(raw.stmt)
+    return found

@@ -21,18 +21,19 @@ import importlib
 import inspect
 import pkgutil
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import ModuleType
 from typing import Any
 
 from pglast import parse_sql
-from pglast.parser import ParseError, fingerprint
+from pglast.parser import ParseError
 from sqlalchemy import CompoundSelect, Delete, Engine, Insert, Select, TextClause, Update, event
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.pool import Pool
 
 from service.store.hot_sql import NO_EFFECT, Prepared, claim_settle_with, finish_with
 from service.store.outcomes import EffectSql
+from tests.citus_rules import tables_in
 
 __all__ = ["PACKAGES", "Recorder", "cold_statements", "effects", "hot_statements", "named"]
 
@@ -115,15 +116,16 @@ def _parses(sql: str) -> bool:
     return True
 
 
-def named(sql: str, known: dict[str, str]) -> str:
+def named(sql: str, known: dict[str, str], tables: Iterable[str]) -> str:
     """The name of an executed statement: a known statement's of the same text, else
-    ``executed <verb> <fingerprint>`` (PostgreSQL's fingerprint ignores constants' values
-    and the length of IN lists)."""
+    ``executed <VERB> <table>+<table>...`` (its kind and the ``tables`` it names, sorted):
+    a statement built inside a function is named by its shape, so that editing its columns
+    leaves its name (and its debt entry) as it was."""
     for name, text in known.items():
         if text == sql:
             return name
-    verb = sql.split(None, 1)[0].upper() if sql.strip() else "?"
-    return f"executed {verb} {fingerprint(sql)}"
+    verb = type(parse_sql(sql)[0].stmt).__name__.removesuffix("Stmt").upper()
+    return f"executed {verb} {'+'.join(sorted(tables_in(sql) & set(tables)))}"
 
 
 class Recorder:

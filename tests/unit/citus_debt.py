@@ -10,7 +10,7 @@ each rule means.
 
 from __future__ import annotations
 
-__all__ = ["KEYS", "STATEMENTS"]
+__all__ = ["EXECUTED", "KEYS", "STATEMENTS"]
 
 Entry = tuple[str, str, str]
 
@@ -94,5 +94,19 @@ STATEMENTS: frozenset[Entry] = frozenset(
         ("store.status.BY_KEY_ON_ROUTE", "unpinned", "attempts"),
         ("store.status.BY_KEY_ON_ROUTE", "unpinned", "observations"),
         ("store.status.BY_KEY_ON_ROUTE", "unpinned", "operation_epochs"),
+    }
+)
+
+# the statements a run executed that (a) and (b) do not name (built inside a function), by
+# their shape: "executed <VERB> <tables>" (tests/integration/test_citus_routing_run.py)
+EXECUTED: frozenset[Entry] = frozenset(
+    {
+        ("executed INSERT operation_epochs", "insert-without-tenant", "operation_epochs"),
+        ("executed SELECT attempts+observations", "insert-without-tenant", "observations"),
+        ("executed SELECT attempts+observations", "unpinned", "attempts"),
+        ("executed SELECT observations", "insert-without-tenant", "observations"),
+        ("executed SELECT operations", "for-update-unpinned", "operations"),
+        ("executed SELECT operations", "unpinned", "operations"),
+        ("executed UPDATE operations", "unpinned", "operations"),
     }
 )
