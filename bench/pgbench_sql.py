@@ -70,6 +70,7 @@ _SETTLED_ROW = {
     "result_body": "decode(repeat('7b', 229), 'hex')",  # a transfer's answer is ~229 bytes
     "result_digest": _FINGERPRINT,  # 64 hex characters
     "conflict": "NULL::jsonb",
+    "canonical_request": "repeat('x', 193)::text",  # a transfer's request is ~193 bytes
     "expires_at": "now() + interval '1 day'",
     "now": "now()",
     "attempt_id": "md5('at' || :k::text)::uuid",

@@ -31,8 +31,10 @@ __all__ = [
     "EvidenceResult",
     "SignedEvidence",
     "canonical",
+    "canonical_request",
     "content_type_for",
     "fingerprint",
+    "fingerprint_of",
     "observation_of",
     "result_digest",
     "sign",
@@ -80,13 +82,23 @@ def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
 
 
-def fingerprint(route: str, path_params: dict[str, Any], body: msgspec.Struct) -> str:
-    """The request fingerprint of ``body`` on ``route`` (the rule is in the module docstring)."""
-    encoded = msgspec.json.encode(
+def canonical_request(route: str, path_params: dict[str, Any], body: msgspec.Struct) -> bytes:
+    """The bytes the request fingerprint of ``body`` on ``route`` covers (the rule is in the
+    module docstring); an operation's row keeps them to show what was asked."""
+    return msgspec.json.encode(
         {"route": route, "path": path_params, "body": msgspec.to_builtins(body)},
         order="sorted",
     )
-    return hashlib.sha256(encoded).hexdigest()
+
+
+def fingerprint_of(canonical: bytes) -> str:
+    """The request fingerprint of a :func:`canonical_request`."""
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def fingerprint(route: str, path_params: dict[str, Any], body: msgspec.Struct) -> str:
+    """The request fingerprint of ``body`` on ``route`` (the rule is in the module docstring)."""
+    return fingerprint_of(canonical_request(route, path_params, body))
 
 
 def content_type_for(outcome: str) -> str:

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.answers import Problem
 from service.app.effects import IdempotentRoute
-from service.app.fingerprint import fingerprint
+from service.app.fingerprint import canonical_request, fingerprint_of
 from service.app.resolve import ResolveBody, Resolved, resolve
 from service.core import Refuse, RefuseReason, Scope
 from service.domain.principals import Principal, Role
@@ -186,7 +186,7 @@ class Admin:
         view = await operation_view(self._views, operation_id)
         if view is None or not admin.may_act_in(view.tenant):
             return Problem("not-found", f"no operation {operation_id}")
-        edited = None
+        edited = canonical = None
         if bytes(body.request) not in (b"", b"null"):
             spec = self._routes.get(view.route)
             if spec is None:
@@ -195,13 +195,15 @@ class Admin:
                 request = msgspec.json.decode(bytes(body.request), type=spec.body_type)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
                 return Problem("validation-error", f"request: {exc or 'nested too deeply'}")
-            edited = fingerprint(spec.route, {}, request)
+            covered = canonical_request(spec.route, {}, request)
+            edited, canonical = fingerprint_of(covered), covered.decode()
         spec = self._routes.get(view.route)
         decision = await self._store.supersede(
             operation_id,
             reason=body.reason,
             admin_id=admin.id,
             request_fingerprint=edited,
+            canonical_request=canonical,
             rebind=body.rebind,
             force=body.force,
             external=spec is not None and spec.external is not None,

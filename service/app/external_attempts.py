@@ -82,7 +82,10 @@ class ExternalAttempts:
             raise
         if ended is not Ended.FINISHED:
             self._late.adopt(call, operation_id)
-            return await self._outcome_unknown(attempt, "no answer in time")
+            why = "lease lost while the provider call ran"
+            if ended is Ended.TIMED_OUT:
+                why = f"timed out after {self._provider_timeout:g} s (SETTLEMENT_PROVIDER_TIMEOUT)"
+            return await self._outcome_unknown(attempt, why)
         op = str(operation_id)
         try:
             signed = call.result()
@@ -90,7 +93,7 @@ class ExternalAttempts:
             return await self._outcome_unknown(attempt, str(exc))
         except Exception:  # a bug is not an outcome; its details go to the log, not the client
             log.exception("external call failed", extra={"operation_id": op})
-            return await self._outcome_unknown(attempt, "the call failed")
+            return await self._outcome_unknown(attempt, "the call failed: a server error (logged)")
         await self._failpoints.hit("effect.before_commit")
         observation = observation_of(signed.evidence, Source.ATTEMPT)
         try:
@@ -128,7 +131,9 @@ class ExternalAttempts:
             retry_after=True,
         )
         try:
-            settled = await settle_attempt(self._store, attempt, attempt_observation(attempt))
+            settled = await settle_attempt(
+                self._store, attempt, attempt_observation(attempt), error=why
+            )
         except Exception as exc:
             log.warning(
                 "attempt could not record unknown; the lease sweeper demotes it",

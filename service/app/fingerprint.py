@@ -7,6 +7,6 @@ signs carries both.
 
 from __future__ import annotations
 
-from service.evidence import fingerprint, result_digest
+from service.evidence import canonical_request, fingerprint, fingerprint_of, result_digest
 
-__all__ = ["fingerprint", "result_digest"]
+__all__ = ["canonical_request", "fingerprint", "fingerprint_of", "result_digest"]

@@ -28,7 +28,7 @@ import msgspec
 from service.app.answers import Answer, Problem, answer_of, busy, expired, with_preference
 from service.app.attempts import Attempts
 from service.app.effects import IdempotentRoute
-from service.app.fingerprint import fingerprint
+from service.app.fingerprint import canonical_request, fingerprint_of
 from service.app.ports import LeasePort, SettlementPort, TombstonePort, WakeupPort
 from service.core import (
     Binding,
@@ -179,8 +179,10 @@ class IdempotentRequests:
             route=spec.route,
             idempotency_key=seen.key,
         )
+        canonical = canonical_request(spec.route, path_params or {}, body)
         claim = ClaimRequest(
-            request_fingerprint=fingerprint(spec.route, path_params or {}, body),
+            request_fingerprint=fingerprint_of(canonical),
+            canonical_request=canonical.decode(),
             binding=Binding(str(principal.id), principal.credential_generation),
             new_operation_id=str(uuid.uuid4()),
             lease_expires_at=self._clock() + self._leases.ttl,

@@ -153,7 +153,13 @@ class Settlement:
             quarantine_window=settings.evidence_quarantine_window,
             clock=clock,
         )
-        self.status = StatusQueries(pool, self.leases, self.tombstones, clock=clock)
+        self.status = StatusQueries(
+            pool,
+            self.leases,
+            self.tombstones,
+            clock=clock,
+            external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+        )
         self.account_queries = AccountQueries(pool)
         self.admin = Admin(
             principals=self.principals,

@@ -11,7 +11,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from service.app.answers import Problem, expired
-from service.core import Scope
+from service.app.explain import explain
+from service.core import ReservationTuple, Scope
+from service.domain.payouts import sink_key
 from service.domain.principals import Principal, Role
 from service.leases import LeaseManager, LeaseUnavailable
 from service.store.pool import HotPool
@@ -33,11 +35,13 @@ class StatusQueries:
         tombstones: RetentionStore,
         *,
         clock: Callable[[], float],
+        external_routes: frozenset[str] = frozenset(),
     ) -> None:
         self._views = views  # the HotPool the views are read on
         self._leases = leases
         self._tombstones = tombstones
         self._clock = clock
+        self._external = external_routes  # whose operations are sent with a sink key
 
     async def by_id(
         self,
@@ -78,6 +82,11 @@ class StatusQueries:
             return Problem("not-found", f"no operation {what}")
         if view.lease is not None:
             view.lease.expires_at = await self._lease_expiry(view)
+        if view.route in self._external:  # computed, never stored: the provider's key
+            view.sink_key = sink_key(
+                ReservationTuple(str(view.id), view.request_fingerprint, view.binding_generation)
+            )
+        view.explanation = explain(view)
         return view
 
     async def _lease_expiry(self, view: OperationView) -> datetime | None:

@@ -61,13 +61,16 @@ class ClaimRequest(msgspec.Struct, frozen=True):
     """A client request as the core needs it.
 
     ``new_operation_id`` is used only when no row exists (ids are made by the shell);
-    ``lease_expires_at`` is when the lease this request holds (or would hold) ends.
+    ``lease_expires_at`` is when the lease this request holds (or would hold) ends;
+    ``canonical_request`` is what the fingerprint covers (JSON text), which a new row keeps
+    to show what was asked: the core decides nothing on it.
     """
 
     request_fingerprint: str
     binding: Binding
     new_operation_id: str
     lease_expires_at: float
+    canonical_request: str | None = None
 
 
 class ClaimKind(enum.StrEnum):

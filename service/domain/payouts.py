@@ -93,6 +93,7 @@ class ProviderClient:
 
     def __init__(self, base_url: str, secret: str, *, timeout: float) -> None:
         self._secret = secret
+        self._timeout = timeout
         self._request_key = request_key(secret)
         self._client = httpx.AsyncClient(
             base_url=base_url,
@@ -133,6 +134,15 @@ class ProviderClient:
         )
         try:
             response = await self._client.send(call)
+        except httpx.ConnectError as exc:  # refused, unreachable, no such host
+            raise ProviderUnavailable(f"connection refused or provider unreachable: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise ProviderUnavailable(
+                f"timed out after {self._timeout:g} s waiting for the provider "
+                f"({type(exc).__name__})"
+            ) from exc
+        except httpx.RemoteProtocolError as exc:  # the answer was lost on its way
+            raise ProviderUnavailable(f"the provider closed the connection: {exc}") from exc
         except httpx.HTTPError as exc:
             raise ProviderUnavailable(f"provider call failed: {exc!r}") from exc
         if response.status_code >= 500:

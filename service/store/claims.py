@@ -53,7 +53,13 @@ def claim_phase(
         attempt_id = uuid.uuid4()
         stamp = at(now)
         if decision.kind is ClaimKind.NEW:
-            if not await uow.insert_operation(scope, claimed, stamp, current_attempt_id=attempt_id):
+            if not await uow.insert_operation(
+                scope,
+                claimed,
+                stamp,
+                current_attempt_id=attempt_id,
+                canonical_request=request.canonical_request,
+            ):
                 raise StaleRevision(f"scope of {scope.route}: inserted by another claimer")
         else:
             assert record is not None and decision.expected_revision is not None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -46,8 +47,10 @@ def supersede_phase(
     admin_id: uuid.UUID,
     clock: Callable[[], float],
     lease_remaining: LeaseProbe,
+    canonical_request: str | None = None,
 ) -> Phase[SupersedeDecision]:
-    """Start a new epoch under the row lock: archive the closed one, CAS on its tuple."""
+    """Start a new epoch under the row lock: archive the closed one, CAS on its tuple. An
+    edited request's fingerprint is written with what it covers (``canonical_request``)."""
 
     async def phase(uow: UnitOfWork) -> SupersedeDecision:
         found = await uow.get_for_update_with_scope(operation_id)
@@ -72,11 +75,19 @@ def supersede_phase(
             expected_tuple=decision.archived.reservation,
             expires_at=None,
             current_attempt_id=None,
+            **_edited(request, canonical_request),
         )
         await uow.archive_epoch(operation_id, decision.archived, reason, admin_id, at(now))
         return decision
 
     return phase
+
+
+def _edited(request: SupersedeRequest, canonical_request: str | None) -> dict[str, Any]:
+    """The request column's write: with an edited fingerprint only (a rebind keeps both)."""
+    if request.request_fingerprint is None:
+        return {}
+    return {"canonical_request": canonical_request}
 
 
 def sweep_phase(

@@ -119,10 +119,11 @@ class HotPath:
         attempt_id: uuid.UUID,
         lease_token: str | None,
         now: datetime,
+        canonical_request: str | None = None,
     ) -> bool:
-        """Insert ``record`` (the core's NEW claim) and its attempt; False when the scope
-        already has a row (another claimer won; nothing was written). ``KeyExpired`` when
-        the scope's tombstone stands."""
+        """Insert ``record`` (the core's NEW claim, ``canonical_request``: what its
+        fingerprint covers) and its attempt; False when the scope already has a row (another
+        claimer won; nothing was written). ``KeyExpired`` when the scope's tombstone stands."""
         with database_refusals():  # a live tombstone: KeyExpired
             async with self._pool.acquire() as conn:
                 inserted = await conn.fetchval(
@@ -135,6 +136,7 @@ class HotPath:
                             "attempt_id": attempt_id,
                             "lease_token": lease_token,
                             "now": now,
+                            "canonical_request": canonical_request,
                         }
                     ),
                 )
@@ -151,8 +153,10 @@ class HotPath:
         now: float,
         policy: TerminalPolicy,
         retention: float,
+        canonical_request: str | None = None,
     ) -> Settled | None:
-        """A scope with no row: claim it (``claimed``, the core's NEW claim), run the effect
+        """A scope with no row: claim it (``claimed``, the core's NEW claim;
+        ``canonical_request``: what its fingerprint covers), run the effect
         and settle the attempt's outcome in one statement, its own transaction; the row is
         written once, already settled. Should the effect's guard refuse, its refusal is
         settled the same way (one more statement, without the effect). None when nothing was
@@ -170,7 +174,15 @@ class HotPath:
             sql, params = effect
             statement = claim_settle_with(sql)
             values = claim_settle_params(
-                scope, claimed, decision, observation, attempt_id, lease_token, at(now), expires
+                scope,
+                claimed,
+                decision,
+                observation,
+                attempt_id,
+                lease_token,
+                at(now),
+                expires,
+                canonical_request,
             )
             try:
                 row = await conn.fetchrow(statement.sql, *statement.args({**values, **params}))

@@ -68,13 +68,15 @@ def claim_settle_params(
     lease_token: str | None,
     now: datetime,
     expires: datetime | None,
+    canonical_request: str | None = None,
 ) -> dict[str, Any]:
-    """A new row as the core settled it, its attempt (begun as ``claimed``, ended now) and
-    the observation."""
+    """A new row as the core settled it (``canonical_request``: what its fingerprint
+    covers), its attempt (begun as ``claimed``, ended now) and the observation."""
     return {
         "id": uuid.UUID(claimed.reservation.operation_id),
         **scope_params(scope),
         **record_values(decision.record),
+        "canonical_request": canonical_request,
         **_observed(observation, decision),
         "expected_revision": decision.expected_revision,
         "expires_at": expires,

@@ -191,7 +191,8 @@ _LEASE_TOKEN = _typed(attempts.c.lease_token)
 def _operation_insert(*, settled: bool) -> Any:
     """The insert of a scope's new row: as claimed (``in_progress``), or already settled
     (with its result and ``expires_at``); None of it when another claimer's row exists."""
-    names = ["id", *_SCOPE, *ROW_COLUMNS]
+    # the request the fingerprint covers is written where the fingerprint first is
+    names = ["id", *_SCOPE, *ROW_COLUMNS, "canonical_request"]
     if not settled:
         names = [name for name in names if not name.startswith(("result_", "conflict"))]
     values: dict[str, Any] = {name: _typed(operations.c[name]) for name in names}

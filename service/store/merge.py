@@ -12,7 +12,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from service.core import Apply, Observation, Record, Source, TerminalPolicy, settle
+from service.core import Apply, Decision, Observation, Record, Source, TerminalPolicy, settle
 from service.store.outcomes import Settled
 from service.store.phase import Phase
 from service.store.retention import Retention
@@ -55,7 +55,7 @@ def settle_phase(
                 attempt_id=attempt_id,
                 outcome=observation.kind.value,
                 status=observation.result.status if observation.result else None,
-                error=None if isinstance(decision, Apply) else decision.reason.value,
+                error=_attempt_error(decision, detail),
                 at=at(now),
             )
         observation_id = await uow.record_decision(
@@ -73,3 +73,13 @@ def settle_phase(
         return record, settled
 
     return phase
+
+
+def _attempt_error(decision: Decision, detail: dict[str, Any] | None) -> str | None:
+    """The attempt's error: what it says went wrong (``detail["error"]``, e.g. "provider
+    answered 503"), and the core's reason when it did not apply what the attempt reported."""
+    said = None if detail is None else detail.get("error")
+    if isinstance(decision, Apply):
+        return None if said is None else str(said)
+    reason = decision.reason.value
+    return reason if said is None else f"{said} (not applied: {reason})"

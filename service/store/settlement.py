@@ -246,7 +246,9 @@ class SettlementStore:
             decision = decide_claim(None, request, now)
             assert isinstance(decision, Claim)  # no row: always a NEW claim
             attempt_id = uuid.uuid4()
-            if await self._hot.claim_new(scope, decision.record, attempt_id, lease_token, at(now)):
+            if await self._hot.claim_new(
+                scope, decision.record, attempt_id, lease_token, at(now), request.canonical_request
+            ):
                 return self.reports.claimed(
                     ClaimOutcome(decision=decision, record=decision.record, attempt_id=attempt_id)
                 )
@@ -291,6 +293,7 @@ class SettlementStore:
             now=now,
             policy=self._policy,
             retention=self._retention.of(route),
+            canonical_request=request.canonical_request,
         )
         if settled is None:
             return None
@@ -312,10 +315,12 @@ class SettlementStore:
         force: bool,
         external: bool = False,
         lease_remaining: LeaseProbe,
+        canonical_request: str | None = None,
     ) -> SupersedeDecision:
         """Start a new reservation epoch in one transaction under the row lock, with the CAS;
         the closed epoch is archived in ``operation_epochs`` (tuple, final state, digest,
-        reason, who, when)."""
+        reason, who, when). ``canonical_request``: what an edited ``request_fingerprint``
+        covers, written with it."""
 
         phase = supersede_phase(
             operation_id,
@@ -327,6 +332,7 @@ class SettlementStore:
             admin_id=admin_id,
             clock=self._clock,
             lease_remaining=lease_remaining,
+            canonical_request=canonical_request,
         )
         decision = await self._runner.run(f"supersede {operation_id}", phase)
         if not isinstance(decision, Refuse):

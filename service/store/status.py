@@ -15,11 +15,19 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-__all__ = ["MAX_OBSERVATION_ID", "OperationView", "find_by_key", "operation_view"]
+__all__ = [
+    "MAX_OBSERVATION_ID",
+    "ClientAnswer",
+    "ConflictingResult",
+    "Explanation",
+    "OperationView",
+    "find_by_key",
+    "operation_view",
+]
 
 
 class ResultView(msgspec.Struct):
@@ -54,6 +62,9 @@ class EpochView(msgspec.Struct):
     reason: str
     superseded_by: uuid.UUID | None
     superseded_at: datetime
+    superseded_by_name: Annotated[
+        str | None, msgspec.Meta(description="the name of the admin who superseded it")
+    ] = None
 
 
 class ObservationView(msgspec.Struct):
@@ -71,6 +82,46 @@ class ObservationView(msgspec.Struct):
     revision_after: int | None
     detail: dict[str, Any] | None
     created_at: datetime
+    # the name of the admin the detail names (admin_id), when it does
+    admin_name: Annotated[
+        str | None, msgspec.Meta(description="the name of the admin its detail names")
+    ] = None
+    # the result it reported (a terminal observation's)
+    result_status: int | None = None
+    result_digest: str | None = None
+
+
+class ClientAnswer(msgspec.Struct):
+    """What a client sending the operation's key is answered now."""
+
+    status: int
+    type: str
+    """the problem type (``/problems/<slug>``); empty for a replayed stored answer"""
+    title: str
+
+
+class ConflictingResult(msgspec.Struct):
+    """One of a conflict's incompatible outcomes, in arrival order."""
+
+    kind: str
+    digest: str
+    status: int | None
+    """the result's status as its observation recorded it (None: not on the page read)"""
+    stored: bool
+    """the row's stored result (its body below); only its digest is kept of the other"""
+    body: Any = None
+
+
+class Explanation(msgspec.Struct):
+    """Why the operation is in its state, in an operator's words, and what clients sending
+    its key are answered."""
+
+    why: str
+    """one or two sentences: why the operation is in its state, and what moves it"""
+    last_error: str | None = None
+    """the last attempt's error as it recorded it (None: it recorded none)"""
+    clients_answered: ClientAnswer | None = None
+    conflicting_results: list[ConflictingResult] | None = None
 
 
 # The most observations one status answer lists besides the settling one (a page: the
@@ -101,6 +152,29 @@ class OperationView(msgspec.Struct):
     observations: list[ObservationView]
     # observations_before for the next older page of observations; None: none are older
     older_observations: int | None = None
+    principal_name: Annotated[
+        str | None, msgspec.Meta(description="the name of the principal that owns it")
+    ] = None
+    request: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(
+            description="what was asked: the request body as its fingerprint covers it "
+            "(decoded, defaults filled in; amounts in minor units of the currency); null: "
+            "the operation was claimed before requests were recorded"
+        ),
+    ] = None
+    request_path: Annotated[
+        dict[str, Any] | None,
+        msgspec.Meta(description="the path parameters the fingerprint covers; null: none"),
+    ] = None
+    sink_key: Annotated[
+        str | None,
+        msgspec.Meta(
+            description="an external route's: the Idempotency-Key the provider is sent "
+            "(operation id and binding generation); null on a local route"
+        ),
+    ] = None
+    explanation: Explanation | None = None
 
 
 def _body(content_type: str | None, body: bytes | None) -> Any:
@@ -119,8 +193,14 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
 # {before}: to know whether older ones exist) and the settling observation as JSON whose
 # keys are the views' fields, sent as text (the connections' json codec is SQLAlchemy's,
 # which would decode them to Python lists first) and decoded by msgspec into the views.
+# admin_name: of the admin an observation's detail names (a resolution's); its regex's
+# braces are doubled because _LISTS is str.format()ted
 _OBSERVATION = """id, source, kind, verified, stage, disposition, reason, revision_before,
-                  revision_after, detail, created_at"""
+                  revision_after, detail, created_at, result_status, result_digest,
+                  coalesce((SELECT p.name FROM principals p WHERE p.id = CASE
+                              WHEN observations.detail->>'admin_id' ~ '^[0-9a-f-]{{36}}$'
+                              THEN (observations.detail->>'admin_id')::uuid END),
+                           observations.detail->>'admin_name') AS admin_name"""
 _LISTS = f"""
   (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')::text
      FROM (SELECT id, fencing_token, binding_generation, started_at, finished_at, outcome,
@@ -128,7 +208,8 @@ _LISTS = f"""
              FROM attempts WHERE operation_id = o.id) a) AS attempts_json,
   (SELECT coalesce(json_agg(e ORDER BY e.binding_generation), '[]')::text
      FROM (SELECT binding_generation, request_fingerprint, final_state, result_digest, reason,
-                  superseded_by, superseded_at
+                  superseded_by, superseded_at,
+                  (SELECT p.name FROM principals p WHERE p.id = superseded_by) AS superseded_by_name
              FROM operation_epochs WHERE operation_id = o.id) e) AS epochs_json,
   (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')::text
      FROM (SELECT {_OBSERVATION}
@@ -144,7 +225,8 @@ _LISTS = f"""
 _COLUMNS = """o.id, o.tenant, o.principal_id, o.idempotency_key, o.route, o.state,
   o.binding_generation, o.request_fingerprint, o.revision, o.created_at, o.updated_at,
   o.expires_at, o.result_status, o.result_digest, o.result_content_type, o.result_body,
-  o.current_attempt_id, o.fencing_token, o.lease_expires_at, o.conflict"""
+  o.current_attempt_id, o.fencing_token, o.lease_expires_at, o.conflict, o.canonical_request,
+  (SELECT p.name FROM principals p WHERE p.id = o.principal_id) AS principal_name"""
 
 BY_ID = f"SELECT {_COLUMNS}, {_LISTS.format(before='$2')}\n  FROM operations o WHERE o.id = $1"
 
@@ -177,6 +259,14 @@ def _page(row: Any) -> tuple[list[ObservationView], int | None]:
         if all(seen.id != settling.id for seen in page):
             page = sorted([*page, settling], key=lambda seen: seen.id)
     return page, older
+
+
+def _request(canonical: str | None) -> dict[str, Any]:
+    """The request's body and path parameters from what its fingerprint covers."""
+    if canonical is None:
+        return {}
+    covered = msgspec.json.decode(canonical)
+    return {"request": covered.get("body"), "request_path": covered.get("path") or None}
 
 
 def _view(row: Any) -> OperationView:
@@ -216,6 +306,8 @@ def _view(row: Any) -> OperationView:
         conflict=row["conflict"],
         observations=observations,
         older_observations=older,
+        principal_name=row["principal_name"],
+        **_request(row["canonical_request"]),
     )
 
 

@@ -114,6 +114,14 @@ principals = Table(
     info=citus("reference"),
 )
 
+# The database's own word on operations.canonical_request (migration 0017 sets it too).
+CANONICAL_REQUEST_COMMENT = (
+    "What the request fingerprint covers (SHA-256 of this text): canonical JSON of the route, "
+    "path parameters and decoded body (service.evidence.canonical_request). Bounded by the "
+    "request body limit (SETTLEMENT_BODY_LIMIT, 1 MiB by default); the routes' schemas keep "
+    "it near 200 bytes plus a memo. NULL: claimed before migration 0017."
+)
+
 operations = Table(
     "operations",
     metadata,
@@ -131,6 +139,9 @@ operations = Table(
     # reservation tuple (with id) and binding
     Column("binding_generation", Integer, nullable=False),
     Column("request_fingerprint", String(64), nullable=False),
+    # what the fingerprint covers (service.evidence.canonical_request), written with it;
+    # NULL on rows claimed before migration 0017
+    Column("canonical_request", Text, comment=CANONICAL_REQUEST_COMMENT),
     Column(
         "bound_principal_id",
         UUID(as_uuid=True),

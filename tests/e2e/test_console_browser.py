@@ -11,6 +11,7 @@ Without Chromium and chromedriver these tests fail, naming the packages to insta
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 import threading
@@ -415,3 +416,64 @@ def test_sign_out_ends_the_session(page: Page) -> None:
         f"{page.base}/console", cookies={"console_session": session["value"]}, timeout=30
     )
     assert replayed.status_code == 303
+
+
+def test_an_operation_explains_itself_on_its_page(
+    page: Page, server: ServerProcess, provider: ProviderProcess
+) -> None:
+    """Issue 37 item 2: an unknown payout's page says what was asked (amount in minor units),
+    the sink key, who asked (by name) and why it is unknown (the provider's 503); a conflict's
+    page says clients are answered 409 and shows both results; times are readable UTC."""
+    from tests.e2e.test_payouts import evidence_for
+
+    base = server.base_url
+    owner = new_principal(base, tenant="acme")
+    payout = {"beneficiary": "Explained Ltd", "amount": 1234, "currency": "EUR"}
+    views = []
+    for idem in ("po-explain-" + uuid.uuid4().hex[:8], "po-explain-c-" + uuid.uuid4().hex[:8]):
+        provider.arm("error_5xx")
+        lost = httpx.post(
+            f"{base}/v1/payouts",
+            json=payout,
+            headers={**auth(owner["api_key"]), "Idempotency-Key": idem},
+            timeout=30,
+        )
+        assert lost.status_code == 504, lost.text
+        answer = httpx.get(
+            f"{base}/v1/operations/{lost.headers['operation-id']}", headers=auth(ADMIN_KEY)
+        )
+        views.append(answer.json())
+    unknown, conflicted = views
+    for reference in ("pay_one", "pay_two"):  # two observers, two different outcomes
+        observer = new_principal(base, role="observer")["api_key"]
+        seen = httpx.post(
+            f"{base}/v1/observations",
+            json=evidence_for(conflicted, reference=reference),
+            headers=auth(observer),
+        )
+        assert seen.status_code == 202, seen.text
+
+    page.sign_in(ADMIN_KEY, then=f"/console/operations/{unknown['id']}")
+    page.heading("Operation")
+    assert page.find("#op-state").text == "unknown"
+    asked = page.find("#request").text
+    assert "Explained Ltd" in asked and "1234 EUR minor units" in asked
+    assert page.find("#op-sink-key").text == f"{unknown['id']}:1"
+    assert owner["name"] in page.find("#op-principal").text
+    assert "provider answered 503" in page.find("#last-error").text
+    assert "provider answered 503" in page.find("#why").text
+    text = page.text()
+    assert " UTC" in text
+    assert not re.search(r"\d{4}-\d\d-\d\dT\d\d:", text)  # no ISO timestamps
+    assert not re.search(r"\b1[7-9]\d{8}(\.\d+)?\b", text)  # nor Unix seconds
+    page.shot("16-operation-explains")
+
+    page.visit(f"/console/operations/{conflicted['id']}")
+    page.heading("Operation")
+    assert page.find("#op-state").text == "conflict"
+    answered = page.find("#clients-answered").text
+    assert "409" in answered and "/problems/operation-conflict" in answered
+    results = page.find("#conflicting-results").text
+    assert results.count("completed") == 2 and "pay_one" in results
+    assert "stored on the row" in results and "Only its digest and status are kept" in results
+    page.shot("16-operation-explains-conflict")

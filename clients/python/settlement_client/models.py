@@ -15,7 +15,10 @@ __all__ = [
     "Account",
     "AccountRequest",
     "AttemptView",
+    "ClientAnswer",
+    "ConflictingResult",
     "EpochView",
+    "Explanation",
     "Health",
     "LeaseView",
     "ObservationView",
@@ -64,6 +67,24 @@ class AttemptView(msgspec.Struct, kw_only=True, frozen=True):
     error: str | None
 
 
+class ClientAnswer(msgspec.Struct, kw_only=True, frozen=True):
+    """What a client sending the operation's key is answered now."""
+
+    status: int
+    type: str
+    title: str
+
+
+class ConflictingResult(msgspec.Struct, kw_only=True, frozen=True):
+    """One of a conflict's incompatible outcomes, in arrival order."""
+
+    kind: str
+    digest: str
+    status: int | None
+    stored: bool
+    body: Any = None
+
+
 class EpochView(msgspec.Struct, kw_only=True, frozen=True):
     binding_generation: int
     request_fingerprint: str
@@ -72,6 +93,18 @@ class EpochView(msgspec.Struct, kw_only=True, frozen=True):
     reason: str
     superseded_by: str | None
     superseded_at: str
+    superseded_by_name: str | None = None
+
+
+class Explanation(msgspec.Struct, kw_only=True, frozen=True):
+    """Why the operation is in its state, in an operator's words, and what clients sending its
+    key are answered.
+    """
+
+    why: str
+    last_error: str | None = None
+    clients_answered: ClientAnswer | None = None
+    conflicting_results: list[ConflictingResult] | None = None
 
 
 class Health(msgspec.Struct, kw_only=True, frozen=True):
@@ -102,6 +135,9 @@ class ObservationView(msgspec.Struct, kw_only=True, frozen=True):
     revision_after: int | None
     detail: dict[str, Any] | None
     created_at: str
+    admin_name: str | None = None
+    result_status: int | None = None
+    result_digest: str | None = None
 
 
 class OperationView(msgspec.Struct, kw_only=True, frozen=True):
@@ -124,6 +160,11 @@ class OperationView(msgspec.Struct, kw_only=True, frozen=True):
     conflict: dict[str, Any] | None
     observations: list[ObservationView]
     older_observations: int | None = None
+    principal_name: str | None = None
+    request: dict[str, Any] | None = None
+    request_path: dict[str, Any] | None = None
+    sink_key: str | None = None
+    explanation: Explanation | None = None
 
 
 class Payout(msgspec.Struct, kw_only=True, frozen=True):

@@ -18,7 +18,12 @@ from service.app.console import ConsoleSession, supersede_advice
 from service.app.status import OperationView
 from service.http.console.render import page, problem_page, refusal
 from service.http.console.security import safe_next, session_of, sign_in_cookie, signed_in
-from service.http.console.timeline import observations_before, pretty_body, timeline
+from service.http.console.timeline import (
+    observations_before,
+    pretty_body,
+    request_facts,
+    timeline,
+)
 from service.http.deps import Services
 
 __all__ = [
@@ -135,7 +140,8 @@ async def work_page(request: Request[Any, Any, Any], settlement: Services) -> Te
 async def operation_context(
     settlement: Services, session: ConsoleSession, view: OperationView
 ) -> dict[str, Any]:
-    """What the operation page shows of ``view``: its timeline and what a supersede does."""
+    """What the operation page shows of ``view``: what was asked, its timeline and what a
+    supersede does."""
     receipts = await settlement.console.receipts(session.principal, view.id)
     spec = settlement.routes.get(view.route)
     live = view.lease is not None and view.lease.expires_at is not None
@@ -147,6 +153,7 @@ async def operation_context(
             view.state, external=spec is not None and spec.external is not None, lease_live=live
         ),
         "result_body": None if view.result is None else pretty_body(view.result.body),
+        "request_facts": request_facts(view),
     }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -17,7 +17,7 @@ import msgspec
 from service.app.console import ReceiptRow
 from service.app.status import MAX_OBSERVATION_ID, OperationView
 
-__all__ = ["Entry", "observations_before", "timeline"]
+__all__ = ["Entry", "observations_before", "request_facts", "timeline"]
 
 # ?observations_before= as sent: an observation id in ASCII digits (int() of 5,000 digits
 # raises, and str.isdigit takes "²")
@@ -115,6 +115,10 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
         if seen.revision_before is not None or seen.revision_after is not None:
             facts.append(("revision", f"{seen.revision_before} -> {seen.revision_after}"))
         title = f"Observation from {seen.source}: {seen.kind}, {seen.disposition}"
+        if seen.admin_name is not None:
+            facts.append(("admin", _named(seen.admin_name, (seen.detail or {}).get("admin_id"))))
+        if (seen.detail or {}).get("error"):
+            facts.append(("why", str((seen.detail or {})["error"])))
         resolution = (seen.detail or {}).get("resolution")
         if resolution is not None:
             facts.extend(_resolution_facts(seen.detail or {}))
@@ -138,7 +142,7 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
         if epoch.result_digest:
             facts.append(("result digest", epoch.result_digest))
         if epoch.superseded_by is not None:
-            facts.append(("by admin", str(epoch.superseded_by)))
+            facts.append(("by admin", _named(epoch.superseded_by_name, epoch.superseded_by)))
         entries.append(
             Entry(
                 epoch.superseded_at,
@@ -160,7 +164,7 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
                     ("event", receipt.event_id),
                     ("place in feed", str(receipt.event_order)),
                     ("reason", receipt.reason),
-                    ("decided at", receipt.decided_at.isoformat(timespec="seconds")),
+                    ("decided at", readable_utc(receipt.decided_at)),
                 ],
                 _tone(receipt.state),
             )
@@ -170,9 +174,9 @@ def timeline(view: OperationView, receipts: list[ReceiptRow] | None) -> list[Ent
 
 
 def _resolution_facts(detail: dict[str, Any]) -> list[tuple[str, str]]:
-    """Who resolved, why, and on what evidence (the observation's detail)."""
+    """Why the operator resolved it, and on what evidence (the observation's detail); who:
+    the observation's admin."""
     return [
-        ("by admin", f"{detail.get('admin_name')} ({detail.get('admin_id')})"),
         ("why", str(detail.get("reason"))),
         ("provider reference", str(detail.get("provider_reference"))),
         ("state before", str(detail.get("state_before"))),
@@ -184,3 +188,34 @@ def pretty_body(body: object) -> str:
     if isinstance(body, str):
         return body
     return msgspec.json.format(msgspec.json.encode(body), indent=2).decode()
+
+
+def readable_utc(value: datetime) -> str:
+    """A moment as an operator reads it: ``2026-12-05 06:31:07 UTC``."""
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _named(name: str | None, ident: object) -> str:
+    """A principal by name, its id beside it (the id alone when it has no name)."""
+    return str(ident) if name is None else f"{name} ({ident})"
+
+
+# the request fields that are amounts, in minor units of the request's currency
+_AMOUNTS = ("amount", "opening_balance")
+
+
+def request_facts(view: OperationView) -> list[tuple[str, str]] | None:
+    """What was asked, field by field (amounts in minor units of the currency, as the API
+    takes them); None: the request was not recorded (claimed before migration 0017)."""
+    if view.request is None:
+        return None
+    currency = view.request.get("currency")
+    facts: list[tuple[str, str]] = []
+    for name, value in {**(view.request_path or {}), **view.request}.items():
+        if value is None:
+            continue
+        shown = str(value)
+        if name in _AMOUNTS and isinstance(value, int) and currency:
+            shown = f"{value} {currency} minor units"
+        facts.append((name.replace("_", " "), shown))
+    return facts

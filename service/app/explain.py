@@ -1,0 +1,139 @@
+"""Why an operation is where it is, in an operator's words: what the status resource and the
+console's operation page say beside the facts. Pure: a view in, an explanation out.
+
+* ``unknown``: the last attempt's error ("provider answered 503", "timed out after 2 s",
+  "lease lost ...", written where the attempt ended: :mod:`service.app.external_attempts`),
+  or, for an attempt that never reported, that its lease ran out (a worker gone) and the
+  sweeper marked the operation.
+* ``in_progress``: which attempt holds the lease, what clients sending the key are answered.
+* ``conflict``: what clients are answered (409 and its problem type) and both conflicting
+  results: the stored one with its body, the other with the status and digest its
+  observation recorded (only the first result's body is kept).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.problem_types import PROBLEM_TYPES
+from service.store.status import (
+    AttemptView,
+    ClientAnswer,
+    ConflictingResult,
+    Explanation,
+    OperationView,
+)
+
+__all__ = ["explain"]
+
+
+def _answered(slug: str) -> ClientAnswer:
+    problem = PROBLEM_TYPES[slug]
+    return ClientAnswer(status=problem.status, type=f"/problems/{slug}", title=problem.title)
+
+
+def _last(view: OperationView) -> AttemptView | None:
+    return max(view.attempts, key=lambda attempt: attempt.fencing_token, default=None)
+
+
+def _last_error(view: OperationView) -> str | None:
+    """The error of the newest attempt that ended with one."""
+    ended = [attempt for attempt in view.attempts if attempt.error]
+    return max(ended, key=lambda attempt: attempt.fencing_token).error if ended else None
+
+
+def explain(view: OperationView) -> Explanation:
+    """Why ``view`` is in its state, and what clients sending its key are answered."""
+    match view.state:
+        case "unknown":
+            return _unknown(view)
+        case "in_progress":
+            return _in_progress(view)
+        case "conflict":
+            return _conflict(view)
+        case state:  # completed or failed
+            status = view.result.status if view.result is not None else 0
+            return Explanation(
+                why=f"{state}: the outcome is stored; a retry with the same key is answered "
+                f"with it again (status {status}, Idempotent-Replayed: true).",
+                last_error=_last_error(view),
+                clients_answered=ClientAnswer(status=status, type="", title="the stored answer"),
+            )
+
+
+def _unknown(view: OperationView) -> Explanation:
+    last, error = _last(view), _last_error(view)
+    retry = (
+        " A retry with the same key runs it again (a provider is sent the same sink key and "
+        "never pays twice); an operator may resolve it from the provider's record."
+    )
+    if last is None:
+        why = "No attempt has run in this reservation epoch yet."
+    elif last.finished_at is None:
+        swept = any(seen.source == "sweeper" for seen in view.observations)
+        why = (
+            f"Lease lost: attempt {last.fencing_token} never reported (its worker stopped or "
+            "was cut off), its lease ran out"
+            + (" and the lease sweeper marked the operation unknown." if swept else ".")
+        )
+    elif last.error:
+        why = f"Attempt {last.fencing_token} got no definitive answer: {last.error}."
+    else:
+        why = f"Attempt {last.fencing_token} ended without an outcome."
+    return Explanation(why=why + retry, last_error=error)
+
+
+def _in_progress(view: OperationView) -> Explanation:
+    last = _last(view)
+    who = "An attempt" if last is None else f"Attempt {last.fencing_token}"
+    if view.lease is not None and view.lease.expires_at is not None:
+        why = (
+            f"{who} holds the lease and is running; clients sending the key are answered 409 "
+            "(or wait for it with Prefer: wait)."
+        )
+    else:
+        why = (
+            f"{who} no longer holds its lease (its worker stopped or was cut off): the lease "
+            "sweeper marks it unknown, and a retry with the same key takes it over."
+        )
+    return Explanation(
+        why=why, last_error=_last_error(view), clients_answered=_answered("operation-in-progress")
+    )
+
+
+def _conflict(view: OperationView) -> Explanation:
+    conflict: dict[str, Any] = view.conflict or {}
+    statuses = {
+        seen.result_digest: seen.result_status
+        for seen in view.observations
+        if seen.result_digest is not None
+    }
+    stored = view.result
+    results = [
+        ConflictingResult(
+            kind=str(kind),
+            digest=str(digest),
+            status=stored.status
+            if stored is not None and stored.digest == digest
+            else statuses.get(digest),
+            stored=stored is not None and stored.digest == digest,
+            body=stored.body if stored is not None and stored.digest == digest else None,
+        )
+        for kind, digest in zip(
+            conflict.get("kinds", []), conflict.get("digests", []), strict=False
+        )
+    ]
+    kinds = sorted({result.kind for result in results})
+    what = " and ".join(kinds) or "not named"
+    if len(kinds) == 1:
+        what = f"{kinds[0]}, with different results"
+    return Explanation(
+        why=(
+            f"Two incompatible outcomes ({what}) were observed under one reservation: clients "
+            "sending the key are answered 409 operation-conflict until an operator resolves "
+            "it to one of them."
+        ),
+        last_error=_last_error(view),
+        clients_answered=_answered("operation-conflict"),
+        conflicting_results=results,
+    )
