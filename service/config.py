@@ -318,6 +318,11 @@ class Settings:
     feed_figures_interval: float = setting(
         15.0, "how often one worker reads the feeds' /metrics figures for scrapes.", rule=POSITIVE
     )
+    feed_stall_after: float = setting(
+        900.0,
+        "a feed with no progress past a hold or an unknown for longer is flagged as stalled.",
+        rule=POSITIVE,
+    )
     access_log: bool = setting(
         False, "one JSON access line per request; off by default, a line per request costs CPU."
     )

@@ -28,7 +28,13 @@ from service.store.principals import (
 )
 from service.store.settlement import SettlementStore
 from service.store.status import OperationView, operation_view
-from service.store.worklist import BadCursor, WorkPage, count_operations, list_operations
+from service.store.worklist import (
+    BadCursor,
+    WorkPage,
+    count_operations,
+    list_by_key,
+    list_operations,
+)
 
 # PrincipalExists and WorkPage: what HTTP catches and renders, named where HTTP reaches them
 __all__ = [
@@ -46,6 +52,8 @@ __all__ = [
 Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}(?!\n)$")]
 Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}(?!\n)$")]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
+# An Idempotency-Key as stored: 1-255 printable ASCII characters (service.http.keys, unquoted).
+Key = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,255}(?!\n)$")]
 
 
 class PrincipalRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -171,13 +179,23 @@ class Admin:
             id=principal.id, tenant=principal.tenant, name=principal.name, revoked_at=at
         )
 
-    async def _may_manage(self, admin: Principal, principal_id: uuid.UUID) -> bool:
-        """An admin manages the principals of its tenant; an all-tenant principal (the
+    async def managed_principal(
+        self, admin: Principal, principal_id: uuid.UUID
+    ) -> Principal | Problem:
+        """The principal, if this admin manages it (what a revoke's confirmation shows):
+        an admin manages the principals of its tenant; an all-tenant principal (the
         bootstrap admin) only another all-tenant one does. Others are not found."""
         target = await self._principals.get(principal_id)
-        if target is None or not admin.may_act_in(target.tenant):
-            return False
-        return admin.all_tenants or not target.all_tenants
+        if (
+            target is None
+            or not admin.may_act_in(target.tenant)
+            or (target.all_tenants and not admin.all_tenants)
+        ):
+            return Problem("not-found", f"no principal {principal_id}")
+        return target
+
+    async def _may_manage(self, admin: Principal, principal_id: uuid.UUID) -> bool:
+        return not isinstance(await self.managed_principal(admin, principal_id), Problem)
 
     async def supersede(
         self, admin: Principal, operation_id: uuid.UUID, body: SupersedeBody
@@ -266,6 +284,26 @@ class Admin:
                 route=route,
                 older_than=older_than,
             )
+        except BadCursor as exc:
+            return Problem("validation-error", str(exc))
+
+    async def key_search(
+        self, admin: Principal, key: str, tenant: str | None, limit: int, after: str | None
+    ) -> WorkPage | Problem:
+        """The operations in the admin's reach (of ``tenant`` if given) whose
+        Idempotency-Key is ``key``: any state, any principal, any route, oldest first."""
+        try:
+            key = msgspec.convert(key, Key)
+        except msgspec.ValidationError:
+            return Problem(
+                "validation-error",
+                "key: an Idempotency-Key is 1 to 255 printable ASCII characters",
+            )
+        scoped = _work_tenant(admin, tenant)
+        if isinstance(scoped, Problem):
+            return scoped
+        try:
+            return await list_by_key(self._reader, key=key, tenant=scoped, limit=limit, after=after)
         except BadCursor as exc:
             return Problem("validation-error", str(exc))
 

@@ -1,6 +1,7 @@
 """The figures of ``/metrics`` read from the database by a background task, never by a
 scrape: the feeds' (receipts by state, alarms by kind, lags, the oldest unknown payout's age)
-and the operations' (open ones by state, how far the retention purge is behind).
+and the operations' (open ones by state, how far the retention purge is behind), and each
+feed's stall (:mod:`service.app.feed_stalls`).
 
 Counting the receipts is a whole-table aggregate (about 250 ms at two million receipts): run
 by every scrape on the request pool, anyone scraping in a loop slowed every tenant's
@@ -21,6 +22,7 @@ from collections.abc import Callable, Collection, Sequence
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from service.app.feed_stalls import read_stalls
 from service.store.feeds import FeedStore
 from service.store.open_work import OPEN_COUNT_CAP, read_open_work
 from service.telemetry.feed_figures import FigureShelf, feed_exposition, work_exposition
@@ -44,6 +46,8 @@ class FeedFigures(msgspec.Struct, frozen=True):
     read_at: float
     open_operations: list[tuple[str, int]] = msgspec.field(default_factory=list)
     purge_backlog: float | None = None
+    stalls: list[tuple[str, float]] = msgspec.field(default_factory=list)
+    """each feed's stall in seconds, 0 when it is not flagged (:mod:`service.app.feed_stalls`)"""
 
 
 async def read_figures(
@@ -51,9 +55,11 @@ async def read_figures(
     external_routes: Sequence[str],
     clock: Callable[[], float],
     operations: AsyncEngine | None = None,
+    stall_after: float | None = None,
 ) -> FeedFigures:
     """The figures, read from the database: the same from every process, whichever observer
-    did the work; the operations' too with ``operations`` (the reader's engine)."""
+    did the work; the operations' too with ``operations`` (the reader's engine).
+    ``stall_after``: ``SETTLEMENT_FEED_STALL_AFTER`` (None: no feed is flagged stalled)."""
     now = clock()
     open_operations: list[tuple[str, int]] = []
     purge_backlog = None
@@ -62,19 +68,30 @@ async def read_figures(
         open_operations = sorted(work.counts.items())
         expiry = work.first_expiry
         purge_backlog = 0.0 if expiry is None else max(0.0, now - expiry.timestamp())
+    checkpoints = await store.checkpoints.all()
     lags = {
         checkpoint.name: max(0.0, now - checkpoint.caught_up_at.timestamp())
-        for checkpoint in await store.checkpoints.all()
+        for checkpoint in checkpoints
         if checkpoint.caught_up_at is not None
     }
+    oldest_unknown = await store.checkpoints.oldest_unknown(external_routes)
+    stalls = await read_stalls(
+        store,
+        external_routes,
+        clock,
+        stall_after,
+        checkpoints=checkpoints,
+        oldest_unknown=oldest_unknown,
+    )
     return FeedFigures(
         events=sorted((f, s, n) for (f, s), n in (await store.receipts.counts()).items()),
         alarms=sorted((f, k, n) for (f, k), n in (await store.alarms.counts()).items()),
         lags=sorted(lags.items()),
-        oldest_unknown=(await store.checkpoints.oldest_unknown(external_routes)) or 0.0,
+        oldest_unknown=oldest_unknown or 0.0,
         read_at=now,
         open_operations=open_operations,
         purge_backlog=purge_backlog,
+        stalls=[(s.feed, s.seconds if s.flagged else 0.0) for s in stalls],
     )
 
 
@@ -88,9 +105,12 @@ class FeedFigureKeeper:
         external_routes: Collection[str],
         interval: float,
         clock: Callable[[], float],
+        stall_after: float | None = None,
     ) -> None:
         """``shelf``: where the figures are kept for every worker; ``interval``: seconds
-        between two reads (``SETTLEMENT_FEED_FIGURES_INTERVAL``)."""
+        between two reads (``SETTLEMENT_FEED_FIGURES_INTERVAL``); ``stall_after``:
+        ``SETTLEMENT_FEED_STALL_AFTER`` (None: no feed is flagged stalled)."""
+        self._stall_after = stall_after
         self._shelf = shelf
         self._external = sorted(external_routes)
         self._interval = interval
@@ -103,7 +123,9 @@ class FeedFigureKeeper:
         if not self._shelf.lead():
             return False
         try:
-            figures = await read_figures(store, self._external, self._clock, operations)
+            figures = await read_figures(
+                store, self._external, self._clock, operations, self._stall_after
+            )
         except BaseException:
             self._shelf.close()  # another worker, whose connection may work, takes a turn
             raise
@@ -137,7 +159,7 @@ class FeedFigureKeeper:
             except msgspec.DecodeError:  # a file of another version: as if none yet
                 figures = None
         if figures is None:
-            return feed_exposition((), (), (), None, math.inf) + work_exposition(
+            return feed_exposition((), (), (), None, math.inf, ()) + work_exposition(
                 (), None, OPEN_COUNT_CAP
             )
         return feed_exposition(
@@ -146,6 +168,7 @@ class FeedFigureKeeper:
             figures.lags,
             figures.oldest_unknown,
             max(0.0, self._clock() - figures.read_at),
+            figures.stalls,
         ) + work_exposition(figures.open_operations, figures.purge_backlog, OPEN_COUNT_CAP)
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ import msgspec
 
 from service.app.answers import Problem
 from service.app.feed_events import FeedEvents
+from service.app.feed_stalls import Stall, read_stalls
 from service.config import FEED_NAME, FeedSpec
 from service.domain.principals import Principal
 from service.store.feed_alarms import Alarm, InOnePage
@@ -126,10 +127,13 @@ class FeedAdmin:
         clock: Callable[[], float],
         events: FeedEvents,
         external_routes: frozenset[str],
+        stall_after: float | None = None,
     ) -> None:
         """``events``: decides a held event again on an operator's ``retry``.
         ``external_routes``: the routes whose ``unknown`` operations the feeds settle (their
-        age is the feeds' true lag)."""
+        age is the feeds' true lag). ``stall_after``: ``SETTLEMENT_FEED_STALL_AFTER`` (None:
+        no feed is flagged stalled)."""
+        self._stall_after = stall_after
         self._store = store
         self._events = events
         self._external = sorted(external_routes)
@@ -142,6 +146,13 @@ class FeedAdmin:
         checkpoints = {c.name: c for c in await self._store.checkpoints.all()}
         names = sorted(set(checkpoints) | set(self._specs))
         return FeedList([await self._view(n, checkpoints.get(n)) for n in names])
+
+    async def stalls(self, admin: Principal) -> dict[str, Stall] | Problem:
+        """Each feed's stall by name (:mod:`service.app.feed_stalls`), flagged or not."""
+        if not admin.all_tenants:
+            return _forbidden()
+        found = await read_stalls(self._store, self._external, self._clock, self._stall_after)
+        return {stall.feed: stall for stall in found}
 
     async def show(self, admin: Principal, name: str) -> FeedView | Problem:
         if not admin.all_tenants:

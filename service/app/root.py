@@ -186,6 +186,7 @@ class Settlement:
             settings.feed_specs(),
             clock=clock,
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
+            stall_after=settings.feed_stall_after,
             events=FeedEvents(
                 self.feeds,
                 self.store,
@@ -203,6 +204,7 @@ class Settlement:
             external_routes=frozenset(r for r, s in self.routes.items() if s.external),
             interval=settings.feed_figures_interval,
             clock=clock,
+            stall_after=settings.feed_stall_after,
         )
         self.purger = Purger(
             self.tombstones, self.metrics, interval=settings.sweep_interval, clock=clock

@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import msgspec
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.store import keyset
 from service.store.keyset import BadCursor
 from service.store.tables import inline, operations
 
-__all__ = ["BadCursor", "WorkItem", "WorkPage", "count_operations", "list_operations"]
+__all__ = [
+    "BadCursor",
+    "WorkItem",
+    "WorkPage",
+    "by_key",
+    "count_operations",
+    "list_by_key",
+    "list_operations",
+]
 
 # The states of the work list, whose rows the open-work index covers.
 WORK_STATES = ("unknown", "conflict", "in_progress")
@@ -67,6 +76,32 @@ async def list_operations(
     if after is not None:
         created, ident = _parse(after)
         stmt = stmt.where(keyset.after(operations.c.created_at, operations.c.id, created, ident))
+    return await _page(engine, stmt, limit)
+
+
+async def list_by_key(
+    engine: AsyncEngine, *, key: str, tenant: str | None, limit: int, after: str | None
+) -> WorkPage:
+    """The operations whose Idempotency-Key is ``key``, in any state, of any principal and
+    route, oldest first: of ``tenant`` (pinned to it), or with None of every tenant."""
+    return await _page(engine, by_key(key, tenant, after), limit)
+
+
+def by_key(key: str, tenant: str | None, after: str | None) -> Select[Any]:
+    """:func:`list_by_key`'s statement, before its order and limit."""
+    stmt = select(operations).where(operations.c.idempotency_key == key)
+    if tenant is not None:
+        stmt = stmt.where(operations.c.tenant == tenant)
+    else:  # an all-tenant admin's search over every tenant: it spans tenants on purpose
+        stmt = stmt.prefix_with("/* spans tenants: an all-tenant admin's search by key */")
+    if after is not None:
+        created, ident = _parse(after)
+        stmt = stmt.where(keyset.after(operations.c.created_at, operations.c.id, created, ident))
+    return stmt
+
+
+async def _page(engine: AsyncEngine, stmt: Select[Any], limit: int) -> WorkPage:
+    """A page of ``stmt``'s operations, oldest first, with the cursor of the next."""
     stmt = stmt.order_by(operations.c.created_at, operations.c.id).limit(limit + 1)
     async with engine.connect() as conn:
         rows = (await conn.execute(stmt)).all()

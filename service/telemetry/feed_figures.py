@@ -87,11 +87,12 @@ def feed_exposition(
     lags: Sequence[tuple[str, float]],
     oldest_unknown: float | None,
     age: float,
+    stalls: Sequence[tuple[str, float]] = (),
 ) -> str:
     """The feeds' figures in the Prometheus text format, by prometheus_client's metric
     families: receipts by (feed, state), alarms by (feed, kind), each feed's lag, the oldest
-    unknown external operation's age (None: not read yet), and ``age``, how old they are
-    (``+Inf``: never read)."""
+    unknown external operation's age (None: not read yet), ``age``, how old they are
+    (``+Inf``: never read), and each feed's stall (0: not stalled)."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
@@ -115,6 +116,14 @@ def feed_exposition(
     )
     for feed, seconds in lags:
         lag.add_metric([feed], seconds)
+    stalled = GaugeMetricFamily(
+        "settlement_feed_stalled_seconds",
+        "Seconds the feed has made no progress past a hold or an unknown external operation, "
+        "once longer than SETTLEMENT_FEED_STALL_AFTER (0: not stalled).",
+        labels=["feed"],
+    )
+    for feed, seconds in stalls:
+        stalled.add_metric([feed], seconds)
     oldest = GaugeMetricFamily(
         "settlement_feed_oldest_unknown_seconds",
         "Seconds since the longest-unknown external operation became unknown (what the feeds "
@@ -130,7 +139,7 @@ def feed_exposition(
 
     class Feeds(Collector):
         def collect(self) -> Iterable[Any]:
-            return [by_state, by_kind, lag, oldest, fresh]
+            return [by_state, by_kind, lag, stalled, oldest, fresh]
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Feeds())

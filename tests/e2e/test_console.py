@@ -4,6 +4,7 @@ framing, and tenant isolation. The browser walk-through is tests/e2e/test_consol
 
 from __future__ import annotations
 
+import re
 import uuid
 
 import httpx
@@ -16,6 +17,7 @@ from tests.e2e.client import (
     execute,
     new_principal,
     scalar,
+    until,
 )
 from tests.e2e.console import SECURITY_HEADERS, form_token, sign_in, signed_in_client
 from tests.e2e.server import ServerProcess
@@ -312,3 +314,266 @@ def test_the_work_list_refuses_an_age_that_is_not_a_few_ascii_digits(
         assert_guarded(refused)
         for fine in ("0", "10", "525600"):
             assert client.get("/console", params={"older": fine}).status_code == 200
+
+
+def _opened(base: str, key: str, idempotency_key: str) -> str:
+    """An account opened by ``key``'s principal under ``idempotency_key``: its operation."""
+    opened = httpx.post(
+        f"{base}/v1/accounts",
+        json={"currency": "EUR", "opening_balance": 5},
+        headers={**auth(key), "Idempotency-Key": idempotency_key},
+    )
+    assert opened.status_code == 201, opened.text
+    return opened.headers["operation-id"]
+
+
+def test_the_work_list_finds_operations_by_key_or_id_in_the_admins_reach(
+    server: ServerProcess,
+) -> None:
+    """One key, used by two principals of one tenant and one of another: an all-tenant admin
+    finds all three (completed too), or one tenant's with the tenant filter; a tenant admin
+    only its own. An operation id goes to its page, if the admin may see it; otherwise the
+    usual not-found page, which says nothing of the other tenant."""
+    base = server.base_url
+    key = "order-" + uuid.uuid4().hex[:8]
+    ours = [_opened(base, new_principal(base, tenant="search-a")["api_key"], key) for _ in "12"]
+    theirs = _opened(base, new_principal(base, tenant="search-b")["api_key"], key)
+    with signed_in_client(base, ADMIN_KEY) as client:
+        found = client.get("/console", params={"key": key})
+        assert found.status_code == 200, found.text
+        assert all(op in found.text for op in [*ours, theirs])
+        assert "Operations with the key" in found.text and "completed" in found.text
+        assert f'value="{key}"' in found.text  # the box keeps what was searched
+        one = client.get("/console", params={"key": f"  {key} ", "tenant": "search-b"})
+        assert theirs in one.text and not any(op in one.text for op in ours)
+        went = client.get("/console", params={"key": theirs})
+        assert went.status_code == 303, went.text
+        assert went.headers["location"] == f"/console/operations/{theirs}"
+        upper = client.get("/console", params={"key": theirs.upper()})
+        assert upper.headers["location"] == f"/console/operations/{theirs}"
+        none = client.get("/console", params={"key": "no-such-" + uuid.uuid4().hex})
+        assert none.status_code == 200 and "No operation of any tenant has this key" in none.text
+        unknown = client.get("/console", params={"key": str(uuid.uuid4())})
+        assert unknown.status_code == 404 and "Not found" in unknown.text
+    admin = new_principal(base, tenant="search-a", role="admin")["api_key"]
+    with signed_in_client(base, admin) as client:
+        found = client.get("/console", params={"key": key})
+        assert all(op in found.text for op in ours)
+        assert theirs not in found.text and "search-b" not in found.text
+        assert client.get("/console", params={"key": ours[0]}).status_code == 303
+        hidden = client.get("/console", params={"key": theirs})
+        assert hidden.status_code == 404, hidden.text
+        assert "search-b" not in hidden.text and "Not found" in hidden.text
+        elsewhere = client.get("/console", params={"key": key, "tenant": "search-b"})
+        assert elsewhere.status_code == 403 and theirs not in elsewhere.text
+
+
+def test_a_key_used_as_an_operation_id_elsewhere_is_still_found_as_a_key(
+    server: ServerProcess,
+) -> None:
+    """Keys are often UUIDs: a UUID that is no operation the admin may see is searched as
+    a key."""
+    base = server.base_url
+    key = str(uuid.uuid4())
+    operation = _opened(base, new_principal(base, tenant="search-u")["api_key"], key)
+    with signed_in_client(base, ADMIN_KEY) as client:
+        found = client.get("/console", params={"key": key})
+        assert found.status_code == 200 and operation in found.text
+
+
+@pytest.mark.parametrize(
+    ("typed", "shown"),
+    [
+        ("k" * 256, "k" * 256),
+        ("a\x00b", None),
+        ("a\tb", None),
+        ("a\nb", None),
+        ("a\x7fb", None),
+        ("kl\u00e9", "kl\u00e9"),
+        ("\u202ek", None),
+        ("x" * 5000, None),
+    ],
+)
+def test_a_bad_search_is_a_400_page_that_keeps_what_was_typed(
+    server: ServerProcess, app_database: str, typed: str, shown: str | None
+) -> None:
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        before = count_rows(app_database)
+        refused = client.get("/console", params={"key": typed})
+        assert refused.status_code == 400, refused.text
+        assert "1 to 255 printable ASCII characters" in refused.text
+        assert 'id="q-key"' in refused.text and "Operations with the key" not in refused.text
+        if shown is not None:
+            assert f'value="{shown}"' in refused.text
+        assert_guarded(refused)
+        assert count_rows(app_database) == before
+
+
+def _alarm(database: str, feed: str, event_id: str, detail: str) -> None:
+    execute(
+        database,
+        "INSERT INTO feed_alarms (feed, kind, event_id, detail, event_order) "
+        "VALUES (:f, 'conflicting-identity', :e, :d, 7)",
+        f=feed,
+        e=event_id,
+        d=detail,
+    )
+
+
+def test_a_conflicting_identity_is_accepted_with_its_button(
+    server: ServerProcess, app_database: str
+) -> None:
+    """The alarm has an Accept button (with the form token); accepting turns it into a
+    ``conflict-accepted`` alarm, with no button. An event twice in one page has none: no
+    operator can accept that."""
+    feed, event = "accepting", "evt-" + uuid.uuid4().hex[:6]
+    execute(app_database, "INSERT INTO feed_checkpoints (name, kind) VALUES (:f, 'cursor')", f=feed)
+    _alarm(app_database, feed, event, "evt at 7 has other content than its receipt")
+    _alarm(app_database, feed, "twice", "served twice in one page: at 1 and at 2, x")
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        page = client.get("/console/feeds").text
+        assert f'aria-label="Accept the feed\'s account of {event}"' in page
+        assert "Accept the feed's account of twice" not in page
+        token = form_token(page)
+        forged = client.post(f"/console/feeds/{feed}/conflicts", data={"event_id": event})
+        assert forged.status_code == 403
+        accepted = client.post(
+            f"/console/feeds/{feed}/conflicts", data={"csrf": token, "event_id": event}
+        )
+        assert accepted.status_code == 303, accepted.text
+        shown = client.get(accepted.headers["location"])
+        assert f"The feed&#39;s account of event {event} is accepted" in shown.text
+        assert f'data-alarm="conflict-accepted" data-alarm-event="{event}"' in shown.text
+        assert f"Accept the feed's account of {event}" not in shown.text
+        again = client.post(
+            f"/console/feeds/{feed}/conflicts", data={"csrf": token, "event_id": event}
+        )
+        assert again.status_code == 404, again.text
+        for bad in ("", "x" * 256):
+            refused = client.post(
+                f"/console/feeds/{feed}/conflicts", data={"csrf": token, "event_id": bad}
+            )
+            assert refused.status_code == 400, refused.text
+    kinds = scalar(
+        app_database, "SELECT string_agg(kind, ',') FROM feed_alarms WHERE feed = :f", f=feed
+    )
+    assert sorted(kinds.split(",")) == ["conflict-accepted", "conflicting-identity"]
+
+
+def test_revoke_asks_first_and_revoking_yourself_signs_you_out(server: ServerProcess) -> None:
+    base = server.base_url
+    victim = new_principal(base, tenant="revoking")
+    me = new_principal(base, tenant="revoking", role="admin")
+    with signed_in_client(base, me["api_key"]) as client:
+        listed = client.get("/console/principals").text
+        assert f'action="/console/principals/{victim["id"]}/revoke"' in listed
+        token = form_token(listed)
+        asked = client.post(f"/console/principals/{victim['id']}/revoke", data={"csrf": token})
+        assert asked.status_code == 200 and "Revoke " + victim["name"] + "?" in asked.text
+        assert 'name="confirm" value="revoke"' in asked.text and "signs you out" not in asked.text
+        probe = httpx.get(f"{base}/v1/operations/{uuid.uuid4()}", headers=auth(victim["api_key"]))
+        assert probe.status_code == 404  # still live: asked, not revoked
+        page = client.get(f"/console/principals/{victim['id']}/revoke")
+        assert page.status_code == 200 and 'id="confirm-revoke"' in page.text
+        done = client.post(
+            f"/console/principals/{victim['id']}/revoke",
+            data={"csrf": token, "confirm": "revoke"},
+        )
+        assert done.status_code == 200 and "its key stopped working" in done.text
+        probe = httpx.get(f"{base}/v1/operations/{uuid.uuid4()}", headers=auth(victim["api_key"]))
+        assert probe.status_code == 401
+        mine = client.get(f"/console/principals/{me['id']}/revoke")
+        assert "signs you out" in mine.text
+        out = client.post(
+            f"/console/principals/{me['id']}/revoke", data={"csrf": token, "confirm": "revoke"}
+        )
+        assert out.status_code == 303 and out.headers["location"] == "/console/sign-in"
+        assert "console_session" not in client.cookies
+        assert client.get("/console").status_code == 303
+    other = new_principal(base, tenant="elsewhere")
+    with signed_in_client(
+        base, new_principal(base, tenant="revoking", role="admin")["api_key"]
+    ) as c:
+        hidden = c.get(f"/console/principals/{other['id']}/revoke")
+        assert hidden.status_code == 404 and "elsewhere" not in hidden.text
+
+
+_HREF = re.compile(r'(?:href|action)="(/console[^"]*)"')
+
+
+def test_a_tenant_admin_is_shown_no_link_that_leads_to_forbidden(server: ServerProcess) -> None:
+    """Every link and GET form of the pages a tenant admin reaches answers something other
+    than 403 (Feeds is an all-tenant admin's page: not in its menu)."""
+    base = server.base_url
+    operation = operation_of(base, "links")
+    admin = new_principal(base, tenant="links", role="admin")["api_key"]
+    with signed_in_client(base, admin) as client:
+        seen: set[str] = set()
+        for start in ("/console", "/console/principals", f"/console/operations/{operation}"):
+            page = client.get(start)
+            assert page.status_code == 200, page.text
+            assert 'href="/console/feeds"' not in page.text
+            for path in set(_HREF.findall(page.text)) - seen:
+                seen.add(path)
+                if path.startswith("/console/static") or path.endswith(
+                    ("/sign-out", "/resolve", "/supersede", "/rotate")
+                ):
+                    continue
+                followed = client.get(path.replace("&amp;", "&"))
+                assert followed.status_code != 403, (start, path, followed.text)
+    with signed_in_client(base, ADMIN_KEY) as client:
+        assert 'href="/console/feeds"' in client.get("/console").text
+
+
+def test_a_refused_create_keeps_what_was_typed(server: ServerProcess) -> None:
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        token = form_token(client.get("/console/principals").text, "create-form")
+        refused = client.post(
+            "/console/principals",
+            data={"csrf": token, "tenant": "typed-tenant", "name": "bad\tname", "role": "observer"},
+        )
+        assert refused.status_code == 400 and "Not created" in refused.text
+        assert 'value="typed-tenant"' in refused.text
+        assert 'value="bad\tname"' in refused.text
+        assert "<option selected>observer</option>" in refused.text
+
+
+def test_a_stalled_feed_is_flagged_on_its_page_and_in_the_metrics(
+    server: ServerProcess, app_database: str
+) -> None:
+    """A hold 42 minutes old (past SETTLEMENT_FEED_STALL_AFTER, 15 minutes by default): the
+    feeds page says the feed is stalled behind it, and settlement_feed_stalled_seconds
+    says how long; a feed with a fresh hold is not flagged (0)."""
+    stalled, fresh = "stalling", "moving"
+    for feed, age in ((stalled, 42 * 60), (fresh, 60)):
+        execute(
+            app_database,
+            "INSERT INTO feed_checkpoints (name, kind, updated_at) "
+            "VALUES (:f, 'cursor', now() - make_interval(secs => :age))",
+            f=feed,
+            age=age,
+        )
+        execute(
+            app_database,
+            "INSERT INTO feed_receipts (feed, event_id, event_order, operation_id, state, "
+            "reason, first_seen_at, decided_at) VALUES (:f, :e, 1, gen_random_uuid(), 'held', "
+            "'bad-signature', now() - make_interval(secs => :age), now())",
+            f=feed,
+            e=f"held-{feed}",
+            age=age,
+        )
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        page = client.get("/console/feeds").text
+        assert (
+            f'id="stalled-{stalled}">Stalled for 42 min behind hold held-{stalled} '
+            "(bad-signature).</p>" in page
+        ), page
+        assert f'id="stalled-{fresh}"' not in page
+
+    def figures() -> dict[str, float]:
+        text = httpx.get(f"{server.base_url}/metrics", headers=auth(ADMIN_KEY)).text
+        found = re.findall(r'settlement_feed_stalled_seconds\{feed="([^"]+)"\} (\S+)', text)
+        return {feed: float(value) for feed, value in found}
+
+    shown = until(lambda: stalled in (got := figures()) and got, "the stall in /metrics")
+    assert 42 * 60 <= shown[stalled] < 44 * 60 and shown[fresh] == 0.0

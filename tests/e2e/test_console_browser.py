@@ -418,6 +418,106 @@ def test_sign_out_ends_the_session(page: Page) -> None:
     assert replayed.status_code == 303
 
 
+def test_an_operator_finds_an_operation_by_its_key_or_its_id(
+    page: Page, case: Case, app_database: str
+) -> None:
+    """The search box on the work list: the payout's Idempotency-Key lists it (whatever its
+    state); its operation id opens its page; a key with a control character is refused and
+    stays in the box."""
+    key = scalar(
+        app_database, "SELECT idempotency_key FROM operations WHERE id = :i", i=case.operation_id
+    )
+    page.sign_in(ADMIN_KEY)
+    page.heading("Work list")
+    page.type("#q-key", key)
+    page.click("#search")
+    assert key in page.find("#search-heading").text
+    page.find(f'a.op-link[href="/console/operations/{case.operation_id}"]')
+    page.shot("17-search-by-key")
+    page.type("#q-key", case.operation_id)
+    page.click("#search")
+    page.heading(case.operation_id)
+    page.shot("18-search-by-id-opens-the-operation")
+    page.visit("/console?key=po-%07bell")
+    assert "1 to 255 printable ASCII characters" in page.find("#error").text
+    assert page.find("#q-key").get_attribute("value") == "po-\x07bell"
+    page.shot("19-search-refused-keeps-what-was-typed")
+
+
+def test_an_operator_sees_a_stalled_feed_and_accepts_a_conflicting_identity(
+    page: Page, case: Case, app_database: str
+) -> None:
+    """A feed held 42 minutes behind a hold is flagged; a conflicting identity alarm has
+    its Accept button, and once accepted it is kept as ``conflict-accepted``."""
+    from tests.e2e.client import execute
+
+    stalled = "stalled-" + uuid.uuid4().hex[:4]
+    execute(
+        app_database,
+        "INSERT INTO feed_checkpoints (name, kind, updated_at) "
+        "VALUES (:f, 'cursor', now() - make_interval(mins => 42))",
+        f=stalled,
+    )
+    execute(
+        app_database,
+        "INSERT INTO feed_receipts (feed, event_id, event_order, operation_id, state, reason, "
+        "first_seen_at, decided_at) VALUES (:f, 'evt-42', 1, gen_random_uuid(), 'held', "
+        "'bad-signature', now() - make_interval(mins => 42), now())",
+        f=stalled,
+    )
+    event = "evt-" + uuid.uuid4().hex[:6]
+    execute(
+        app_database,
+        "INSERT INTO feed_alarms (feed, kind, event_id, detail) VALUES (:f, "
+        "'conflicting-identity', :e, :d)",
+        f=stalled,
+        e=event,
+        d=f"{event} at 3 has other content than the receipt holding it",
+    )
+    page.sign_in(ADMIN_KEY, "/console/feeds")
+    page.heading("Feeds")
+    flag = page.find(f"#stalled-{stalled}")
+    assert flag.text == "Stalled for 42 min behind hold evt-42 (bad-signature)."
+    page.driver.execute_script("arguments[0].scrollIntoView()", flag)
+    page.shot("20-feeds-stalled-and-a-conflict-to-accept")
+    page.click(f'tr.alarm[data-alarm-event="{event}"] button[value="accept"]')
+    assert f"event {event} is accepted" in page.find("#notice").text
+    page.find(f'tr.alarm[data-alarm="conflict-accepted"][data-alarm-event="{event}"]')
+    assert not page.driver.find_elements(
+        "css selector", f'tr.alarm[data-alarm-event="{event}"] button[value="accept"]'
+    )
+    page.driver.execute_script(
+        "arguments[0].scrollIntoView()", page.find(f'tr.alarm[data-alarm-event="{event}"]')
+    )
+    page.shot("21-feeds-conflict-accepted")
+
+
+def test_revoke_asks_first_and_revoking_yourself_signs_you_out(
+    page: Page, server: ServerProcess
+) -> None:
+    base = server.base_url
+    shop = new_principal(base, tenant="revokers")
+    me = new_principal(base, tenant="revokers", role="admin")
+    page.sign_in(me["api_key"], "/console/principals")
+    page.heading("Principals")
+    assert 'href="/console/feeds"' not in page.driver.page_source  # a tenant admin's menu
+    page.click(f'button[aria-label="Revoke {shop["name"]}"]')
+    page.heading(f"Revoke {shop['name']}?")
+    assert not page.driver.find_elements("css selector", "#self-revoke")
+    page.shot("22-revoke-asks-first")
+    page.click("#confirm-revoke")
+    assert f"Revoked {shop['name']}" in page.find("#notice").text
+    page.click(f'button[aria-label="Revoke {me["name"]}"]')
+    page.heading(f"Revoke {me['name']}?")
+    assert "signs you out" in page.find("#self-revoke").text
+    page.shot("23-revoke-yourself-asks-first")
+    page.click("#confirm-revoke")
+    page.heading("Sign in")
+    page.shot("24-revoked-yourself-signed-out")
+    page.visit("/console")
+    page.heading("Sign in")
+
+
 def test_an_operation_explains_itself_on_its_page(
     page: Page, server: ServerProcess, provider: ProviderProcess
 ) -> None:

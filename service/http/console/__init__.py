@@ -7,6 +7,7 @@ from __future__ import annotations
 from litestar import Router
 
 from service.http.console.actions import (
+    accept_conflict,
     create_principal,
     decide_hold,
     principal_action,
@@ -19,6 +20,7 @@ from service.http.console.pages import (
     feeds_page,
     operation_page,
     principals_page,
+    revoke_page,
     sign_in_page,
     stylesheet,
     work_page,
@@ -49,7 +51,9 @@ def console_router() -> Router:
             resolve,
             feeds_page,
             decide_hold,
+            accept_conflict,
             principals_page,
+            revoke_page,
             create_principal,
             principal_action,
         ],

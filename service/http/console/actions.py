@@ -16,8 +16,8 @@ from litestar.response import Redirect, Template
 from service.app.admin import PrincipalExists, PrincipalRequest, ResolveBody, SupersedeBody
 from service.app.answers import Problem
 from service.app.console import ConsoleSession
-from service.app.feeds import HoldAction
-from service.http.console.pages import operation_context
+from service.app.feeds import ConflictAction, HoldAction
+from service.http.console.pages import ACCEPTED, operation_context, revoke_confirmation
 from service.http.console.render import page, problem_page, refusal
 from service.http.console.security import (
     CONSOLE_PATH,
@@ -36,6 +36,7 @@ from service.http.console.security import (
 from service.http.deps import Services
 
 __all__ = [
+    "accept_conflict",
     "create_principal",
     "decide_hold",
     "principal_action",
@@ -244,6 +245,33 @@ async def decide_hold(
     )
 
 
+@post("/feeds/{name:str}/conflicts", include_in_schema=False, status_code=303)
+async def accept_conflict(
+    request: Request[Any, Any, Any], settlement: Services, name: FromPath[str]
+) -> Redirect | Template:
+    """After review, accept the feed's account of an event whose identity conflicted with
+    the receipts (the admin API's use case: the page that stopped the feed may pass)."""
+    checked = await _checked(request, settlement)
+    if isinstance(checked, Template):
+        return checked
+    session, form = checked
+    event_id = form.get("event_id", "")
+    if not event_id or len(event_id) > 255:
+        return refusal(
+            session, 400, "Invalid form", "the id of the event whose identity conflicted"
+        )
+    accepted = await settlement.feed_admin.accept_conflict(
+        session.principal, name[:64], event_id, ConflictAction(action="accept")
+    )
+    if isinstance(accepted, Problem):
+        return problem_page(session, accepted)
+    return Redirect(
+        path="/console/feeds",
+        query_params={"event": accepted.event_id, "state": ACCEPTED},
+        status_code=303,
+    )
+
+
 @post("/principals", include_in_schema=False, status_code=200)
 async def create_principal(request: Request[Any, Any, Any], settlement: Services) -> Template:
     """A new principal; its API key is shown on this answer only."""
@@ -255,13 +283,19 @@ async def create_principal(request: Request[Any, Any, Any], settlement: Services
     try:
         body = msgspec.convert(fields, PrincipalRequest)
     except msgspec.ValidationError as exc:
-        return await _principals(settlement, session, error=f"Not created: {exc}", status=400)
+        return await _principals(
+            settlement, session, error=f"Not created: {exc}", status=400, typed=fields
+        )
     try:
         created = await settlement.admin.create_principal(session.principal, body)
     except PrincipalExists as exc:
-        return await _principals(settlement, session, error=str(exc), status=409)
-    if isinstance(created, Problem) and created.slug == "principal-limit":
-        return await _principals(settlement, session, error=created.detail, status=409)
+        return await _principals(settlement, session, error=str(exc), status=409, typed=fields)
+    if isinstance(created, Problem) and created.slug in ("principal-limit", "forbidden"):
+        status = 403 if created.slug == "forbidden" else 409
+        return await _principals(
+            settlement, session, error=f"Not created: {created.detail}", status=status,
+            typed=fields,
+        )  # fmt: skip
     if isinstance(created, Problem):
         return problem_page(session, created)
     return page("key_shown.html", session, created=created, verb="created")
@@ -273,21 +307,31 @@ async def principal_action(
     settlement: Services,
     principal_id: FromPath[uuid.UUID],
     action: FromPath[str],
-) -> Template:
-    """``rotate`` (the new key shown once; the old one stops at once) or ``revoke``."""
+) -> Template | Redirect:
+    """``rotate`` (the new key shown once; the old one stops at once) or ``revoke``, once
+    confirmed (``confirm=revoke``, the confirmation page's form; without it, that page).
+    Revoking the key this session signed in with ends the session: back to sign-in."""
     checked = await _checked(request, settlement)
     if isinstance(checked, Template):
         return checked
-    session, _ = checked
+    session, form = checked
     if action == "rotate":
         rotated = await settlement.admin.rotate_principal(session.principal, principal_id)
         if isinstance(rotated, Problem):
             return problem_page(session, rotated)
         return page("key_shown.html", session, created=rotated, verb="rotated")
     if action == "revoke":
+        if form.get("confirm") != "revoke":
+            return await revoke_confirmation(settlement, session, principal_id)
         revoked = await settlement.admin.revoke_principal(session.principal, principal_id)
         if isinstance(revoked, Problem):
             return problem_page(session, revoked)
+        if principal_id == session.principal.id:  # its sessions ended with its key
+            return Redirect(
+                path="/console/sign-in",
+                status_code=303,
+                cookies=[expired(SESSION_COOKIE, request)],
+            )
         notice = f"Revoked {revoked.name} ({revoked.tenant}): its key stopped working."
         return await _principals(settlement, session, notice=notice)
     return refusal(session, 404, "Not found", "no such action: rotate or revoke")
@@ -300,7 +344,9 @@ async def _principals(
     notice: str | None = None,
     error: str | None = None,
     status: int = 200,
+    typed: dict[str, str] | None = None,
 ) -> Template:
+    """The principals page after a form: ``typed``, what a refused create form held."""
     listed = await settlement.console.principals(session.principal)
     if isinstance(listed, Problem):  # the first page of its own reach: never refused
         return problem_page(session, listed)
@@ -314,4 +360,5 @@ async def _principals(
         paged=False,
         notice=notice,
         error=error,
+        typed=typed or {},
     )

@@ -16,7 +16,7 @@ from service.app.answers import Problem
 from service.app.console import ConsoleSession
 from service.problem_types import PROBLEM_TYPES
 
-__all__ = ["page", "problem_page", "refusal", "template_config"]
+__all__ = ["page", "problem_page", "problem_status", "refusal", "template_config"]
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -53,8 +53,14 @@ def refusal(session: ConsoleSession | None, status: int, title: str, detail: str
 def problem_page(session: ConsoleSession | None, problem: Problem) -> Template:
     """A use case's refusal as a page, with the status the API answers it with."""
     known = PROBLEM_TYPES.get(problem.slug)
-    status, title = (known.status, known.title) if known else (400, "Refused")
-    return refusal(session, status, title, problem.detail)
+    title = known.title if known else "Refused"
+    return refusal(session, problem_status(problem), title, problem.detail)
+
+
+def problem_status(problem: Problem) -> int:
+    """The status the API answers ``problem`` with (400 for a slug it does not know)."""
+    known = PROBLEM_TYPES.get(problem.slug)
+    return known.status if known else 400
 
 
 def _when(value: datetime | None) -> str:

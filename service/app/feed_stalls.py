@@ -1,0 +1,96 @@
+"""A stalled feed: one that has made no progress past a hold, or past an ``unknown``
+external operation, for longer than ``SETTLEMENT_FEED_STALL_AFTER``. The feeds page flags it
+and ``/metrics`` has a gauge per feed (``settlement_feed_stalled_seconds``), both from
+:func:`read_stalls`, so one rule decides both.
+
+* **Behind a hold**: a held event blocks its page's barrier, so the feed cannot pass it
+  until it is decided. It has been stalled as long as its oldest open hold is old.
+* **Behind an unknown**: the external operation unknown the longest is what the feeds
+  exist to settle. A feed that has not moved its checkpoint while that operation stayed
+  unknown has been stalled for the shorter of the two times (a feed still moving is not
+  stalled: its source has simply not told of that operation yet).
+
+The longer of the two is the feed's stall; past the setting it is flagged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import msgspec
+
+from service.store.feed_checkpoints import Checkpoint
+from service.store.feeds import FeedStore
+
+__all__ = ["Stall", "read_stalls", "stall_of"]
+
+
+class Stall(msgspec.Struct, frozen=True):
+    """How long a feed has made no progress past what blocks it, and what that is."""
+
+    feed: str
+    seconds: float
+    behind: str
+    """what blocks it, for a person: ``hold e-7 (bad-signature)`` or ``an unknown external
+    operation (unknown for 3000 s)``"""
+    flagged: bool
+    """stalled for longer than the setting"""
+
+
+def stall_of(
+    feed: str,
+    *,
+    oldest_hold: tuple[str, str, float] | None,
+    oldest_unknown: float | None,
+    since_progress: float | None,
+    after: float | None,
+) -> Stall:
+    """The rule: ``oldest_hold`` (event id, reason, age in seconds) of the feed's open
+    holds; ``oldest_unknown``, the age of the longest-unknown external operation;
+    ``since_progress``, seconds since the feed's checkpoint last moved (None: not known);
+    ``after``: the setting (None: nothing is flagged)."""
+    candidates: list[tuple[float, str]] = []
+    if oldest_hold is not None:
+        event_id, reason, age = oldest_hold
+        candidates.append((age, f"hold {event_id} ({reason})"))
+    if oldest_unknown is not None:
+        blocked = oldest_unknown if since_progress is None else min(oldest_unknown, since_progress)
+        candidates.append(
+            (blocked, f"an unknown external operation (unknown for {oldest_unknown:.0f} s)")
+        )
+    seconds, behind = max(candidates, default=(0.0, ""))
+    seconds = max(0.0, seconds)
+    return Stall(feed, seconds, behind, after is not None and seconds > after)
+
+
+async def read_stalls(
+    store: FeedStore,
+    external_routes: Sequence[str],
+    clock: Callable[[], float],
+    after: float | None,
+    *,
+    checkpoints: Sequence[Checkpoint] | None = None,
+    oldest_unknown: float | None = None,
+) -> list[Stall]:
+    """Every feed with a checkpoint, by name, with its stall (flagged or not). The caller's
+    ``checkpoints`` and ``oldest_unknown`` are used when it has read them already."""
+    if checkpoints is None:
+        checkpoints = await store.checkpoints.all()
+        oldest_unknown = await store.checkpoints.oldest_unknown(external_routes)
+    now = clock()
+    stalls = []
+    for checkpoint in sorted(checkpoints, key=lambda c: c.name):
+        held, _, _ = await store.receipts.holds(checkpoint.name, 1)
+        oldest_hold = None if not held else (held[0].event_id, held[0].reason, held[0].age)
+        # the checkpoint's last move (or its creation: the feed's start)
+        since = max(0.0, now - checkpoint.updated_at.timestamp())
+        stalls.append(
+            stall_of(
+                checkpoint.name,
+                oldest_hold=oldest_hold,
+                oldest_unknown=oldest_unknown,
+                since_progress=since,
+                after=after,
+            )
+        )
+    return stalls

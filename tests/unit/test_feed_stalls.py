@@ -1,0 +1,47 @@
+"""The stalled-feed rule (service.app.feed_stalls.stall_of): behind a hold as long as the
+hold is old; behind an unknown only while the feed has not moved; flagged past the setting."""
+
+from __future__ import annotations
+
+from service.app.feed_stalls import stall_of
+
+HOLD = ("evt-7", "bad-signature", 2520.0)
+
+
+def test_a_hold_older_than_the_setting_flags_the_feed_behind_it() -> None:
+    stall = stall_of("p", oldest_hold=HOLD, oldest_unknown=None, since_progress=10.0, after=900)
+    assert stall.flagged and stall.seconds == 2520.0
+    assert stall.behind == "hold evt-7 (bad-signature)"
+
+
+def test_a_young_hold_is_no_stall_yet() -> None:
+    young = ("evt-7", "bad-signature", 60.0)
+    stall = stall_of("p", oldest_hold=young, oldest_unknown=None, since_progress=None, after=900)
+    assert not stall.flagged and stall.seconds == 60.0
+
+
+def test_a_feed_still_moving_is_not_stalled_behind_an_old_unknown() -> None:
+    stall = stall_of("p", oldest_hold=None, oldest_unknown=7200.0, since_progress=30.0, after=900)
+    assert not stall.flagged and stall.seconds == 30.0
+
+
+def test_a_feed_that_stopped_moving_is_stalled_behind_an_unknown_since_it_stopped() -> None:
+    stall = stall_of("p", oldest_hold=None, oldest_unknown=7200.0, since_progress=3000.0, after=900)
+    assert stall.flagged and stall.seconds == 3000.0
+    assert stall.behind == "an unknown external operation (unknown for 7200 s)"
+    stall = stall_of("p", oldest_hold=None, oldest_unknown=1000.0, since_progress=None, after=900)
+    assert stall.flagged and stall.seconds == 1000.0
+
+
+def test_the_longer_of_the_two_is_the_stall() -> None:
+    stall = stall_of("p", oldest_hold=HOLD, oldest_unknown=9000.0, since_progress=5000.0, after=900)
+    assert stall.seconds == 5000.0 and stall.behind.startswith("an unknown")
+    stall = stall_of("p", oldest_hold=HOLD, oldest_unknown=9000.0, since_progress=100.0, after=900)
+    assert stall.seconds == 2520.0 and stall.behind.startswith("hold")
+
+
+def test_nothing_blocking_or_no_setting_flags_nothing() -> None:
+    idle = stall_of("p", oldest_hold=None, oldest_unknown=None, since_progress=9e9, after=900)
+    assert not idle.flagged and idle.seconds == 0.0 and idle.behind == ""
+    unset = stall_of("p", oldest_hold=HOLD, oldest_unknown=None, since_progress=None, after=None)
+    assert not unset.flagged
