@@ -223,11 +223,11 @@ class LocalAttempts:
         except BUSY as exc:
             return await self._busy(attempt, context, exc)
         except EffectRefused as exc:
-            await self._give_up(attempt)
+            await self._give_up(attempt, f"the database refused the effect's writes: {exc}")
             return _refused(str(context.operation_id), exc, state="unknown")
         except Exception:
             log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
-            await self._give_up(attempt)
+            await self._give_up(attempt, "the attempt failed: a server error (logged)")
             op = str(context.operation_id)
             return Problem(
                 "internal-error",
@@ -250,7 +250,7 @@ class LocalAttempts:
             "attempt found the database busy or away",
             extra={"operation_id": op, "error": type(exc).__name__},
         )
-        await self._give_up(attempt)
+        await self._give_up(attempt, f"the database was busy or unreachable ({type(exc).__name__})")
         return Problem(
             "service-unavailable",
             f"the database was busy or unreachable ({type(exc).__name__}); retry with the same key",
@@ -275,7 +275,8 @@ class LocalAttempts:
             )
             if not isinstance(answer, Unsettled):
                 return answer_of(answer)
-        await self._give_up(attempt)  # ignored if another attempt took over
+        # ignored if another attempt took over
+        await self._give_up(attempt, "lease lost before the outcome committed")
         return Problem(
             "lease-unavailable",
             "this attempt lost its lease before its outcome committed; retry",
@@ -283,13 +284,14 @@ class LocalAttempts:
             retry_after=True,
         )
 
-    async def _give_up(self, attempt: AttemptRef) -> None:
-        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again.
+    async def _give_up(self, attempt: AttemptRef, why: str) -> None:
+        """A bug is not an outcome: the attempt reports ``unknown`` so a retry may run again;
+        ``why``: its error, in an operator's words.
         The report needs the database too: when it cannot be made (the database away, or
         anything else), the row stays ``in_progress`` until its lease runs out and the
         sweeper demotes it; the answer does not change, so it is logged, not raised."""
         try:
-            await settle_attempt(self._store, attempt, attempt_observation(attempt))
+            await settle_attempt(self._store, attempt, attempt_observation(attempt), error=why)
         except Exception as failed:
             log.warning(
                 "attempt could not report unknown; the sweeper demotes it",
