@@ -253,6 +253,12 @@ class Settings:
         "it ran out; 409 if a duplicate holds it by then).",
         rule=POSITIVE,
     )
+    db_start_wait: float = setting(
+        30.0,
+        "a server or observer started while PostgreSQL cannot be reached (a restart, a "
+        "failover) retries for this long before it exits with the error; 0: exits at once.",
+        rule=NOT_NEGATIVE,
+    )
     db_statement_timeout: float = setting(
         15.0,
         "no single statement may hold a connection and its locks longer than this.",

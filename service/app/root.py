@@ -45,7 +45,7 @@ from service.leases import (
     make_lease_redis,
     make_redis,
 )
-from service.store.db import make_engine, reader
+from service.store.db import DatabaseUnavailable, make_engine, reader
 from service.store.feeds import FeedStore
 from service.store.migrate import ensure_current
 from service.store.pool import HotPool
@@ -59,6 +59,9 @@ from service.telemetry.feed_figures import FigureShelf
 __all__ = ["Settlement", "require_endpoints"]
 
 log = logging.getLogger("settlement.leases")
+start_log = logging.getLogger("settlement.start")
+# The first pause between tries of an unreachable database at start; each doubles, to this.
+START_PAUSE = (0.1, 2.0)
 
 # The application_name of the connection that reads the feeds' figures for /metrics (one per
 # server: the worker that holds the figures' lock opens it).
@@ -246,7 +249,7 @@ class Settlement:
         redis = make_redis(settings, settings.redis_url)
         lease_redis = make_lease_redis(settings, settings.redis_url)
         try:
-            await ensure_current(engine)
+            await _when_reachable(engine, settings.db_start_wait)
             if not await lease_redis.warm(settings.redis_timeout):
                 log.warning(
                     "the Redis Cluster's slots could not be read at start; the first lease "
@@ -336,3 +339,26 @@ def require_endpoints(settings: Settings) -> None:
             "SETTLEMENT_DATABASE_URL and SETTLEMENT_REDIS_URL must be set "
             "(or start with `settlement serve --embedded`)"
         )
+
+
+async def _when_reachable(engine: AsyncEngine, within: float) -> None:
+    """The schema check, tried again while PostgreSQL cannot be reached, for ``within``
+    seconds: a process restarted during a database restart waits for it instead of exiting
+    (an observer that exited left its feed unread until something restarted it). A schema
+    that is not current is refused at once: waiting cannot fix it."""
+    deadline = time.monotonic() + within
+    pause, longest = START_PAUSE
+    while True:
+        try:
+            await ensure_current(engine)
+            return
+        except DatabaseUnavailable as exc:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise
+            start_log.warning(
+                "PostgreSQL is unreachable at start; trying again",
+                extra={"error": str(exc), "left_s": round(left, 1)},
+            )
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, longest)
