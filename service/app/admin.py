@@ -38,6 +38,7 @@ from service.store.worklist import (
 
 # PrincipalExists and WorkPage: what HTTP catches and renders, named where HTTP reaches them
 __all__ = [
+    "KEY_PATTERN",
     "Admin",
     "PrincipalCreated",
     "PrincipalExists",
@@ -53,7 +54,9 @@ Tenant = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9._-]{1,128}(?!\n)$")]
 Name = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,256}(?!\n)$")]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=500, pattern=r"^[^\x00]*$")]
 # An Idempotency-Key as stored: 1-255 printable ASCII characters (service.http.keys, unquoted).
-Key = Annotated[str, msgspec.Meta(pattern=r"^[\x20-\x7e]{1,255}(?!\n)$")]
+KEY_PATTERN = r"^[\x20-\x7e]{1,255}(?!\n)$"
+Key = Annotated[str, msgspec.Meta(pattern=KEY_PATTERN)]
+_BAD_KEY = "key: an Idempotency-Key is 1 to 255 printable ASCII characters"
 
 
 class PrincipalRequest(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -268,12 +271,15 @@ class Admin:
         *,
         route: str | None = None,
         older_than: float | None = None,
+        key: str | None = None,
     ) -> WorkPage | Problem:
         """``route`` and ``older_than`` (seconds since the row last changed) narrow the list
-        further (the console's filters)."""
+        further (the console's filters), ``key`` to one Idempotency-Key (the API's)."""
         scoped = _work_tenant(admin, tenant)
         if isinstance(scoped, Problem):
             return scoped
+        if key is not None and not _is_key(key):
+            return Problem("validation-error", _BAD_KEY)
         try:
             return await list_operations(
                 self._reader,
@@ -283,6 +289,7 @@ class Admin:
                 after=after,
                 route=route,
                 older_than=older_than,
+                key=key,
             )
         except BadCursor as exc:
             return Problem("validation-error", str(exc))
@@ -292,13 +299,8 @@ class Admin:
     ) -> WorkPage | Problem:
         """The operations in the admin's reach (of ``tenant`` if given) whose
         Idempotency-Key is ``key``: any state, any principal, any route, oldest first."""
-        try:
-            key = msgspec.convert(key, Key)
-        except msgspec.ValidationError:
-            return Problem(
-                "validation-error",
-                "key: an Idempotency-Key is 1 to 255 printable ASCII characters",
-            )
+        if not _is_key(key):
+            return Problem("validation-error", _BAD_KEY)
         scoped = _work_tenant(admin, tenant)
         if isinstance(scoped, Problem):
             return scoped
@@ -315,6 +317,14 @@ class Admin:
         if isinstance(scoped, Problem):
             return scoped
         return await count_operations(self._reader, tenant=scoped, route=route)
+
+
+def _is_key(key: str) -> bool:
+    try:
+        msgspec.convert(key, Key)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def _work_tenant(admin: Principal, tenant: str | None) -> str | Problem | None:

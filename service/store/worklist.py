@@ -63,12 +63,16 @@ async def list_operations(
     after: str | None,
     route: str | None = None,
     older_than: float | None = None,
+    key: str | None = None,
 ) -> WorkPage:
     """Oldest first; ``tenant`` None means every tenant (an all-tenant admin); ``route``
-    one route only; ``older_than``: last changed at least that many seconds ago."""
+    one route only; ``older_than``: last changed at least that many seconds ago; ``key``:
+    of that Idempotency-Key only."""
     stmt = select(operations).where(operations.c.state == inline(state))
     if tenant is not None:
         stmt = stmt.where(operations.c.tenant == tenant)
+    if key is not None:
+        stmt = stmt.where(operations.c.idempotency_key == key)
     if route is not None:
         stmt = stmt.where(operations.c.route == route)
     if older_than is not None:

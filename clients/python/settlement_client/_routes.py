@@ -65,9 +65,12 @@ def resolve(
     )
 
 
-def work(state: str, tenant: str | None, limit: int | None, after: str | None) -> Request:
+def work(
+    state: str, tenant: str | None, limit: int | None, after: str | None, key: str | None = None
+) -> Request:
     params = {"state": state}
     params |= {"tenant": tenant} if tenant else {}
+    params |= {"key": key} if key else {}
     params |= {"limit": str(limit)} if limit else {}
     params |= {"after": after} if after else {}
     return get("/admin/v1/operations", params)

@@ -227,8 +227,10 @@ class AsyncAdminClient(AsyncClient):
         tenant: str | None = None,
         limit: int | None = None,
         after: str | None = None,
+        key: str | None = None,
     ) -> Answer[WorkPage]:
+        """``key``: only the operations with this Idempotency-Key."""
         answer: Answer[WorkPage] = await self.send(
-            _routes.work(state, tenant, limit, after), WorkPage
+            _routes.work(state, tenant, limit, after, key), WorkPage
         )
         return answer

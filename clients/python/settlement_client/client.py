@@ -265,6 +265,10 @@ class AdminClient(Client):
         tenant: str | None = None,
         limit: int | None = None,
         after: str | None = None,
+        key: str | None = None,
     ) -> Answer[WorkPage]:
-        answer: Answer[WorkPage] = self.send(_routes.work(state, tenant, limit, after), WorkPage)
+        """``key``: only the operations with this Idempotency-Key."""
+        answer: Answer[WorkPage] = self.send(
+            _routes.work(state, tenant, limit, after, key), WorkPage
+        )
         return answer

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from litestar import Request, Response, get, post
 from litestar.params import FromPath, FromQuery, JSONBody, QueryParameter
 
-from service.app.admin import PrincipalRequest, ResolveBody, SupersedeBody
+from service.app.admin import KEY_PATTERN, PrincipalRequest, ResolveBody, SupersedeBody
 from service.domain.principals import Principal, Role
 from service.http.auth import authenticate_admin
 from service.http.bodies import StrictJson
@@ -129,9 +129,17 @@ async def list_work(
     tenant: Annotated[str | None, QueryParameter(pattern=TENANT_PATTERN)] = None,
     limit: Annotated[int, QueryParameter(ge=1, le=MAX_PAGE)] = 50,
     after: FromQuery[str | None] = None,
+    key: Annotated[
+        str | None,
+        QueryParameter(
+            pattern=KEY_PATTERN,
+            description="only the operations with this Idempotency-Key (as stored: unquoted)",
+        ),
+    ] = None,
 ) -> Response[bytes]:
-    """``state``, ``tenant`` and ``limit`` are checked (400) by their declared types."""
+    """``state``, ``tenant``, ``limit`` and ``key`` are checked (400) by their declared
+    types."""
     admin = await _admin(request, settlement)
     refuse_undeclared_query(request)
-    page = await settlement.admin.work_list(admin, op_state, tenant, limit, after)
+    page = await settlement.admin.work_list(admin, op_state, tenant, limit, after, key=key)
     return render_json_or_problem(page)
