@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from tests.conftest import Services
-from tests.e2e.client import ADMIN_KEY, auth, new_account, new_principal, transfer
+from tests.e2e.client import ADMIN_KEY, auth, execute, new_account, new_principal, transfer
+from tests.e2e.console import signed_in_client
 from tests.e2e.provider import SECRET, ProviderProcess
 from tests.e2e.server import ServerProcess
 from tests.e2e.test_payouts import evidence_for, observe, payout, sink, status
@@ -190,3 +191,27 @@ def test_a_supersede_and_a_resolution_name_their_admins(
     (resolution,) = [seen for seen in after["observations"] if seen["source"] == "admin"]
     assert resolution["admin_name"] == admin["name"]
     assert after["sink_key"] == f"{operation_id}:2" != sink(view | {"binding_generation": 1})
+
+
+def test_an_operation_claimed_before_requests_were_kept_says_so(
+    server: ServerProcess, app_database: str, client: dict[str, Any]
+) -> None:
+    """A row from before migration 0017 (its canonical_request NULL): the status resource
+    answers ``request: null`` beside every other field, the console says it was not recorded."""
+    key = client["api_key"]
+    source = new_account(server.base_url, key, 100)
+    destination = new_account(server.base_url, key, 0)
+    done = transfer(server.base_url, key, "explain-old-row", source, destination, 5)
+    assert done.status_code == 201, done.text
+    operation_id = done.headers["operation-id"]
+    execute(
+        app_database, "UPDATE operations SET canonical_request = NULL WHERE id = :i", i=operation_id
+    )
+
+    view = status(server.base_url, key, operation_id)
+    assert view["request"] is None and view["state"] == "completed"
+    assert view["principal_name"] == client["name"]
+    with signed_in_client(server.base_url, ADMIN_KEY) as console:
+        page = console.get(f"/console/operations/{operation_id}")
+    assert page.status_code == 200
+    assert "Request not recorded" in page.text
