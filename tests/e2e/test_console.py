@@ -577,3 +577,17 @@ def test_a_stalled_feed_is_flagged_on_its_page_and_in_the_metrics(
 
     shown = until(lambda: stalled in (got := figures()) and got, "the stall in /metrics")
     assert 42 * 60 <= shown[stalled] < 44 * 60 and shown[fresh] == 0.0
+
+
+def test_a_refused_supersede_keeps_what_was_typed(server: ServerProcess) -> None:
+    operation = operation_of(server.base_url, "typed")
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        token = form_token(client.get(f"/console/operations/{operation}").text)
+        refused = client.post(
+            f"/console/operations/{operation}/supersede",
+            data={"csrf": token, "reason": "the <first> try", "force": "on", "confirm": "nope"},
+        )
+        assert refused.status_code == 409 and "Force was not confirmed" in refused.text
+        assert ">the &lt;first&gt; try</textarea>" in refused.text
+        assert 'value="nope"' in refused.text
+        assert re.search(r'id="force" name="force"[^>]* checked>', refused.text)

@@ -160,7 +160,14 @@ async def supersede(
     if isinstance(view, Problem):
         return problem_page(session, view)
     context = await operation_context(settlement, session, view)
-    return page("operation.html", session, status=409, error=error, **context)
+    superseding = {  # the refused form, as typed
+        "reason": form.get("reason", ""),
+        "force": force,
+        "confirm": form.get("confirm", "")[:36],
+    }
+    return page(
+        "operation.html", session, status=409, error=error, superseding=superseding, **context
+    )
 
 
 # the fields of the resolve form, kept and shown again when it is refused
