@@ -24,6 +24,8 @@ from service.store.feeds import FeedStore
 
 __all__ = ["Stall", "read_stalls", "stall_of"]
 
+_UNKNOWN = "the external operation unknown the longest"
+
 
 class Stall(msgspec.Struct, frozen=True):
     """How long a feed has made no progress past what blocks it, and what that is."""
@@ -31,10 +33,12 @@ class Stall(msgspec.Struct, frozen=True):
     feed: str
     seconds: float
     behind: str
-    """what blocks it, for a person: ``hold e-7 (bad-signature)`` or ``an unknown external
-    operation (unknown for 3000 s)``"""
+    """what blocks it, for a person: ``hold e-7 (bad-signature)`` or ``the external
+    operation unknown the longest``"""
     flagged: bool
     """stalled for longer than the setting"""
+    unknown_for: float | None = None
+    """behind an unknown operation: how long it has been unknown (seconds)"""
 
 
 def stall_of(
@@ -55,12 +59,11 @@ def stall_of(
         candidates.append((age, f"hold {event_id} ({reason})"))
     if oldest_unknown is not None:
         blocked = oldest_unknown if since_progress is None else min(oldest_unknown, since_progress)
-        candidates.append(
-            (blocked, f"an unknown external operation (unknown for {oldest_unknown:.0f} s)")
-        )
+        candidates.append((blocked, _UNKNOWN))
     seconds, behind = max(candidates, default=(0.0, ""))
     seconds = max(0.0, seconds)
-    return Stall(feed, seconds, behind, after is not None and seconds > after)
+    unknown_for = oldest_unknown if behind == _UNKNOWN else None
+    return Stall(feed, seconds, behind, after is not None and seconds > after, unknown_for)
 
 
 async def read_stalls(

@@ -28,16 +28,18 @@ def test_a_feed_still_moving_is_not_stalled_behind_an_old_unknown() -> None:
 def test_a_feed_that_stopped_moving_is_stalled_behind_an_unknown_since_it_stopped() -> None:
     stall = stall_of("p", oldest_hold=None, oldest_unknown=7200.0, since_progress=3000.0, after=900)
     assert stall.flagged and stall.seconds == 3000.0
-    assert stall.behind == "an unknown external operation (unknown for 7200 s)"
+    assert stall.behind == "the external operation unknown the longest"
+    assert stall.unknown_for == 7200.0
     stall = stall_of("p", oldest_hold=None, oldest_unknown=1000.0, since_progress=None, after=900)
     assert stall.flagged and stall.seconds == 1000.0
 
 
 def test_the_longer_of_the_two_is_the_stall() -> None:
     stall = stall_of("p", oldest_hold=HOLD, oldest_unknown=9000.0, since_progress=5000.0, after=900)
-    assert stall.seconds == 5000.0 and stall.behind.startswith("an unknown")
+    assert stall.seconds == 5000.0 and stall.behind.startswith("the external operation")
     stall = stall_of("p", oldest_hold=HOLD, oldest_unknown=9000.0, since_progress=100.0, after=900)
     assert stall.seconds == 2520.0 and stall.behind.startswith("hold")
+    assert stall.unknown_for is None
 
 
 def test_nothing_blocking_or_no_setting_flags_nothing() -> None:
