@@ -142,7 +142,9 @@ class ProviderClient:
                 f"({type(exc).__name__})"
             ) from exc
         except httpx.RemoteProtocolError as exc:  # the answer was lost on its way
-            raise ProviderUnavailable(f"the provider closed the connection: {exc}") from exc
+            raise ProviderUnavailable(
+                f"answer lost: the provider closed the connection ({exc})"
+            ) from exc
         except httpx.HTTPError as exc:
             raise ProviderUnavailable(f"provider call failed: {exc!r}") from exc
         if response.status_code >= 500:
