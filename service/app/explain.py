@@ -43,7 +43,8 @@ def _last_error(view: OperationView) -> str | None:
 
 
 def explain(view: OperationView) -> Explanation:
-    """Why ``view`` is in its state, and what clients sending its key are answered."""
+    """Why ``view`` is in its state, and what clients sending its key are answered (its
+    ``sink_key``, set for an external route, is named in what a retry does)."""
     match view.state:
         case "unknown":
             return _unknown(view)
@@ -63,10 +64,14 @@ def explain(view: OperationView) -> Explanation:
 
 def _unknown(view: OperationView) -> Explanation:
     last, error = _last(view), _last_error(view)
-    retry = (
-        " A retry with the same key runs it again (a provider is sent the same sink key and "
-        "never pays twice); an operator may resolve it from the provider's record."
-    )
+    retry = " A retry with the same key runs it again"
+    if view.sink_key is not None:  # an external effect: the provider dedupes by its key
+        retry += (
+            f" (the provider is sent the same sink key, {view.sink_key}, and never pays "
+            "twice); an operator may resolve it from the provider's record."
+        )
+    else:
+        retry += "; an operator may resolve it."
     if last is None:
         why = "No attempt has run in this reservation epoch yet."
     elif last.finished_at is None:

@@ -159,3 +159,12 @@ def test_the_request_is_shown_field_by_field_with_amounts_in_minor_units() -> No
 
 def test_times_read_as_utc_to_the_second() -> None:
     assert readable_utc(NOW) == "2026-12-05 06:31:07 UTC"
+
+
+def test_only_an_external_operation_names_the_provider_and_its_sink_key() -> None:
+    local = explain(make_view(route="POST /v1/transfers", attempts=[attempt(1, error="busy")]))
+    assert "provider" not in local.why and "retry" in local.why
+    view = make_view(attempts=[attempt(1, error="provider answered 503")])
+    view.sink_key = f"{view.id}:1"
+    external = explain(view)
+    assert f"sink key, {view.id}:1, and never pays twice" in external.why
