@@ -193,12 +193,14 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
 # {before}: to know whether older ones exist) and the settling observation as JSON whose
 # keys are the views' fields, sent as text (the connections' json codec is SQLAlchemy's,
 # which would decode them to Python lists first) and decoded by msgspec into the views.
-# admin_name: of the admin an observation's detail names (a resolution's); its regex's
-# braces are doubled because _LISTS is str.format()ted
+# admin_name: of the admin an observation's detail names (a resolution's), cast only when it
+# has a UUID's shape (so no detail fails the answer); the regex's braces are doubled because
+# _LISTS is str.format()ted
 _OBSERVATION = """id, source, kind, verified, stage, disposition, reason, revision_before,
                   revision_after, detail, created_at, result_status, result_digest,
                   coalesce((SELECT p.name FROM principals p WHERE p.id = CASE
-                              WHEN observations.detail->>'admin_id' ~ '^[0-9a-f-]{{36}}$'
+                              WHEN observations.detail->>'admin_id'
+                                   ~ '^[0-9a-f]{{8}}(-[0-9a-f]{{4}}){{3}}-[0-9a-f]{{12}}$'
                               THEN (observations.detail->>'admin_id')::uuid END),
                            observations.detail->>'admin_name') AS admin_name"""
 _LISTS = f"""
