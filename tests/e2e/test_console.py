@@ -591,3 +591,17 @@ def test_a_refused_supersede_keeps_what_was_typed(server: ServerProcess) -> None
         assert ">the &lt;first&gt; try</textarea>" in refused.text
         assert 'value="nope"' in refused.text
         assert re.search(r'id="force" name="force"[^>]* checked>', refused.text)
+
+
+def test_a_timestamp_feed_is_closed_through_a_readable_utc_time(
+    server: ServerProcess, app_database: str
+) -> None:
+    """The feed contract's Unix seconds are shown as UTC (with the number the feed used)."""
+    execute(
+        app_database,
+        "INSERT INTO feed_checkpoints (name, kind, closed_through_timestamp) "
+        "VALUES ('closing', 'timestamp', 1764915331)",
+    )
+    with signed_in_client(server.base_url, ADMIN_KEY) as client:
+        page = client.get("/console/feeds").text
+        assert "closed through 2025-12-05 06:15:31 UTC (Unix 1764915331)" in page

@@ -69,6 +69,16 @@ def _when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _unix(seconds: int | None) -> str:
+    """A feed's Unix seconds (its contract's timestamps) as readable UTC."""
+    if seconds is None:
+        return ""
+    try:
+        return _when(datetime.fromtimestamp(seconds, UTC))
+    except (OverflowError, OSError, ValueError):  # out of any calendar: the number as it is
+        return str(seconds)
+
+
 def _instant(value: datetime) -> str:
     """A timeline's moment, to the millisecond (its entries are often the same second)."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
@@ -94,7 +104,9 @@ def _age(value: datetime | None) -> str:
 
 
 def _configure(engine: JinjaTemplateEngine) -> None:
-    engine.engine.filters.update(when=_when, instant=_instant, duration=_duration, age=_age)
+    engine.engine.filters.update(
+        when=_when, instant=_instant, duration=_duration, age=_age, unix=_unix
+    )
 
 
 def template_config() -> TemplateConfig[JinjaTemplateEngine]:
