@@ -108,7 +108,11 @@ def _u(k: int) -> str:
     return f"((hashint8extended(g.i, $6::bigint * 8 + {k}) & 2147483647)::float8 / 2147483648)"
 
 
-_ROWS = f"""
+def _rows(tenant: bool) -> str:
+    """The statement of one chunk; ``tenant``: attempts and observations have the column
+    (migration 0018; before it, the fill of a database at 0017 leaves it out)."""
+    into, of = ("tenant, ", "tenant, ") if tenant else ("", "")
+    return f"""
 WITH src AS MATERIALIZED (
     SELECT d.*,
            convert_to('{{"body":{{"amount":' || d.amount || ',"currency":"EUR","destination":"'
@@ -161,18 +165,18 @@ WITH src AS MATERIALIZED (
            settled_at + make_interval(secs => $4::float8)
       FROM settled
 ), begun AS (
-    INSERT INTO attempts (id, operation_id, fencing_token, binding_generation, lease_token,
-        lease_expires_at, started_at, finished_at, outcome, response_status, error)
-    SELECT att, op, 1, 1, lease_token, created_at + make_interval(secs => $8::float8),
+    INSERT INTO attempts ({into}id, operation_id, fencing_token, binding_generation,
+        lease_token, lease_expires_at, started_at, finished_at, outcome, response_status, error)
+    SELECT {of}att, op, 1, 1, lease_token, created_at + make_interval(secs => $8::float8),
            created_at, settled_at, CASE WHEN failed THEN 'failed' ELSE 'completed' END,
            status, NULL
       FROM settled
 ), recorded AS (
-    INSERT INTO observations (operation_id, source, kind, binding_generation,
+    INSERT INTO observations ({into}operation_id, source, kind, binding_generation,
         request_fingerprint, fencing_token, verified, result_status, result_digest,
         lease_expires_at, stage, disposition, reason, revision_before, revision_after,
         attempt_id, detail, created_at)
-    SELECT op, 'attempt', CASE WHEN failed THEN 'failed' ELSE 'completed' END, 1,
+    SELECT {of}op, 'attempt', CASE WHEN failed THEN 'failed' ELSE 'completed' END, 1,
            fingerprint, 1, true, status, digest, NULL, 'C', 'applied', 'terminal-applied',
            1, 2, att, NULL, settled_at
       FROM settled
@@ -241,17 +245,20 @@ async def fill(
     failed_share: float = FAILED_SHARE,
     chunk: int = CHUNK,
     progress: Callable[[int, int, float], None] | None = None,
+    tenant: bool = True,
 ) -> Filled:
     """Fill ``operations`` settled transfers (and their attempts, observations and transfer
     rows) in chunks of ``chunk``, one transaction each; ``progress(done, total, seconds)``
-    after each."""
+    after each. ``tenant=False``: a database before migration 0018, whose attempts and
+    observations have no tenant."""
+    rows = _rows(tenant)
     began = time.monotonic()
     slots = await _slots(conn, owners, seed)
     done = chunks = 0
     while done < operations:
         last = min(operations, done + chunk)
         await conn.execute(
-            _ROWS,
+            rows,
             done + 1,
             last,
             now,

@@ -202,9 +202,10 @@ def _operation_insert(*, settled: bool) -> Any:
     return values
 
 
-# an attempt's row as it begins
+# an attempt's row as it begins; its tenant is its operation's, as the insert of the row
+# returns it (every insert into a tenant's table sets ``tenant``: docs/scaling.md)
 _ATTEMPT_BEGUN: tuple[str, ...] = ("id", "operation_id", "fencing_token", "binding_generation")
-_ATTEMPT_BEGUN += ("lease_token", "lease_expires_at", "started_at")
+_ATTEMPT_BEGUN += ("lease_token", "lease_expires_at", "started_at", "tenant")
 
 CLAIM_NEW = Prepared(
     insert(attempts)
@@ -216,7 +217,7 @@ CLAIM_NEW = Prepared(
                 claimed := pg_insert(operations)
                 .values(_operation_insert(settled=False))
                 .on_conflict_do_nothing(constraint="uq_operations_scope")
-                .returning(operations.c.id)
+                .returning(operations.c.id, operations.c.tenant)
                 .cte("claimed")
             ).c.id,
             _typed(operations.c.fencing_token),
@@ -224,6 +225,7 @@ CLAIM_NEW = Prepared(
             _LEASE_TOKEN,
             _typed(operations.c.lease_expires_at),
             _NOW,
+            claimed.c.tenant,
         ),
     )
     .returning(attempts.c.operation_id)
@@ -278,12 +280,13 @@ RECORD_ALONE = Prepared(_recorded_alone())
 
 
 def _recorded(written: CTE) -> CTE:
-    """The observation, inserted when ``written`` wrote the row: revision before (the
-    CAS's) and after (the row's)."""
+    """The observation, inserted when ``written`` wrote the row (it returns the row's id and
+    tenant): revision before (the CAS's) and after (the row's)."""
     return (
         insert(observations)
         .from_select(
             [
+                "tenant",
                 "operation_id",
                 *OBSERVATION_COLUMNS,
                 "revision_before",
@@ -291,6 +294,7 @@ def _recorded(written: CTE) -> CTE:
                 "attempt_id",
             ],
             select(
+                written.c.tenant,
                 written.c.id,
                 *(_typed(observations.c[name], f"o_{name}") for name in OBSERVATION_COLUMNS),
                 _typed(observations.c.revision_before, "expected_revision"),
@@ -339,7 +343,7 @@ def _finish(effect: EffectSql) -> Select[Any]:
                 ),
             }
         )
-        .returning(operations.c.id)
+        .returning(operations.c.id, operations.c.tenant)
         .cte("written")
     )
     recorded = _recorded(written)
@@ -364,7 +368,7 @@ def _claim_settle(effect: EffectSql) -> Select[Any]:
         pg_insert(operations)
         .from_select(list(values), select(*values.values()).where(exists(select(effect_ok))))
         .on_conflict_do_nothing(constraint="uq_operations_scope")
-        .returning(operations.c.id)
+        .returning(operations.c.id, operations.c.tenant)
         .cte("written")
     )
     begun = (
@@ -379,6 +383,7 @@ def _claim_settle(effect: EffectSql) -> Select[Any]:
                 _LEASE_TOKEN,
                 _typed(attempts.c.lease_expires_at, "attempt_lease_expires_at"),
                 _NOW,
+                written.c.tenant,
                 _NOW,
                 _typed(attempts.c.outcome, "o_kind"),
                 _typed(attempts.c.response_status, "o_result_status"),

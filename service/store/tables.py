@@ -13,11 +13,13 @@ from sqlalchemy import (
     Column,
     DateTime,
     ForeignKey,
+    ForeignKeyConstraint,
     Identity,
     Index,
     Integer,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
     String,
     Table,
     Text,
@@ -125,7 +127,7 @@ CANONICAL_REQUEST_COMMENT = (
 operations = Table(
     "operations",
     metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("id", UUID(as_uuid=True), nullable=False),
     # scope: (tenant, principal, route, key)
     Column("tenant", String(128), nullable=False),
     Column(
@@ -165,6 +167,7 @@ operations = Table(
     _now(),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
     Column("expires_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("tenant", "id"),
     UniqueConstraint(
         "tenant", "principal_id", "route", "idempotency_key", name="uq_operations_scope"
     ),
@@ -185,6 +188,11 @@ operations = Table(
     info=citus("distributed"),
 )
 
+# Every key of a distributed table starts with its tenant (docs/scaling.md, "Keys"); a plain
+# index on ``id`` (or ``operation_id``) alone serves the statements that still look a row up
+# without its tenant (a server on migration 0017's code while 0018 runs, and the statements
+# not yet pinned): a later migration drops them once every statement pins its tenant.
+Index("ix_operations_id", operations.c.id)
 Index(
     "ix_operations_in_progress_lease",
     operations.c.lease_expires_at,
@@ -215,13 +223,9 @@ Index(
 operation_epochs = Table(
     "operation_epochs",
     metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
-    Column(
-        "operation_id",
-        UUID(as_uuid=True),
-        ForeignKey("operations.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("id", BigInteger, Identity(), nullable=False),
+    Column("tenant", String(128), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False, index=True),
     Column("binding_generation", Integer, nullable=False),
     Column("request_fingerprint", String(64), nullable=False),
     Column("bound_principal_id", UUID(as_uuid=True), nullable=False),
@@ -231,7 +235,11 @@ operation_epochs = Table(
     Column("reason", Text, nullable=False),
     Column("superseded_by", UUID(as_uuid=True), ForeignKey("principals.id")),
     Column("superseded_at", DateTime(timezone=True), nullable=False, server_default=text("now()")),
-    UniqueConstraint("operation_id", "binding_generation"),
+    PrimaryKeyConstraint("tenant", "id"),
+    UniqueConstraint("tenant", "operation_id", "binding_generation"),
+    ForeignKeyConstraint(
+        ["tenant", "operation_id"], ["operations.tenant", "operations.id"], ondelete="CASCADE"
+    ),
     CheckConstraint(one_of("final_state", OPERATION_STATES), name="final_state"),
     info=citus("distributed"),
 )
@@ -239,13 +247,9 @@ operation_epochs = Table(
 attempts = Table(
     "attempts",
     metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
-    Column(
-        "operation_id",
-        UUID(as_uuid=True),
-        ForeignKey("operations.id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("id", UUID(as_uuid=True), nullable=False, index=True),
+    Column("tenant", String(128), nullable=False),
+    Column("operation_id", UUID(as_uuid=True), nullable=False, index=True),
     Column("fencing_token", BigInteger, nullable=False),
     Column("binding_generation", Integer, nullable=False),
     Column("lease_token", String(64)),
@@ -255,7 +259,11 @@ attempts = Table(
     Column("outcome", String(16)),
     Column("response_status", Integer),
     Column("error", Text),
-    UniqueConstraint("operation_id", "fencing_token"),
+    PrimaryKeyConstraint("tenant", "id"),
+    UniqueConstraint("tenant", "operation_id", "fencing_token"),
+    ForeignKeyConstraint(
+        ["tenant", "operation_id"], ["operations.tenant", "operations.id"], ondelete="CASCADE"
+    ),
     CheckConstraint("outcome IS NULL OR " + one_of("outcome", OBSERVATION_KINDS), name="outcome"),
     info=citus("distributed"),
 )
@@ -263,7 +271,9 @@ attempts = Table(
 observations = Table(
     "observations",
     metadata,
-    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("id", BigInteger, Identity(), nullable=False),
+    # the operation's tenant; about no operation here: the observer's (app.evidence)
+    Column("tenant", String(128), nullable=False),
     # no foreign key: unknown operations' are kept too; null: refused evidence (app.evidence)
     Column("operation_id", UUID(as_uuid=True), index=True),
     Column("source", String(16), nullable=False),
@@ -283,6 +293,7 @@ observations = Table(
     Column("attempt_id", UUID(as_uuid=True)),
     Column("detail", JSONB(none_as_null=True)),
     _now(),
+    PrimaryKeyConstraint("tenant", "id"),
     CheckConstraint(one_of("source", OBSERVATION_SOURCES), name="source"),
     CheckConstraint(one_of("kind", OBSERVATION_KINDS), name="kind"),
     CheckConstraint("stage IN ('A', 'B', 'C')", name="stage"),
@@ -325,7 +336,7 @@ tombstones = Table(
 accounts = Table(
     "accounts",
     metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("id", UUID(as_uuid=True), nullable=False, index=True),
     Column("tenant", String(128), nullable=False, index=True),
     Column("currency", String(3), nullable=False),
     Column("balance", BigInteger, nullable=False),
@@ -334,7 +345,8 @@ accounts = Table(
     # the reservation epoch that opened it: one account per operation and epoch
     Column("binding_generation", Integer, nullable=False, server_default=text("1")),
     _now(),
-    UniqueConstraint("operation_id", "binding_generation"),
+    PrimaryKeyConstraint("tenant", "id"),
+    UniqueConstraint("tenant", "operation_id", "binding_generation"),
     CheckConstraint("balance >= 0", name="balance_non_negative"),
     CheckConstraint("currency ~ '^[A-Z]{3}$'", name="currency"),
     info=citus("distributed"),
@@ -343,20 +355,32 @@ accounts = Table(
 transfers = Table(
     "transfers",
     metadata,
-    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("id", UUID(as_uuid=True), nullable=False),
     Column("tenant", String(128), nullable=False),
     # kept after retention purges the operation (its tombstone keeps the id): no foreign key
     Column("operation_id", UUID(as_uuid=True), nullable=False),
     # one transfer per operation and reservation epoch: a forced supersede may run it again
     Column("binding_generation", Integer, nullable=False, server_default=text("1")),
-    Column("source_id", UUID(as_uuid=True), ForeignKey("accounts.id"), nullable=False),
-    Column("destination_id", UUID(as_uuid=True), ForeignKey("accounts.id"), nullable=False),
+    Column("source_id", UUID(as_uuid=True), nullable=False),
+    Column("destination_id", UUID(as_uuid=True), nullable=False),
     Column("amount", BigInteger, nullable=False),
     Column("currency", String(3), nullable=False),
     Column("memo", String(512)),
     _now(),
     Column("refunded", BigInteger, nullable=False, server_default=text("0")),  # refunds' sum
-    UniqueConstraint("operation_id", "binding_generation"),
+    PrimaryKeyConstraint("tenant", "id"),
+    UniqueConstraint("tenant", "operation_id", "binding_generation"),
+    # named: both start with tenant, which the convention would name them by
+    ForeignKeyConstraint(
+        ["tenant", "source_id"],
+        ["accounts.tenant", "accounts.id"],
+        name="fk_transfers_source_id_accounts",
+    ),
+    ForeignKeyConstraint(
+        ["tenant", "destination_id"],
+        ["accounts.tenant", "accounts.id"],
+        name="fk_transfers_destination_id_accounts",
+    ),
     CheckConstraint("amount > 0", name="amount_positive"),
     CheckConstraint("refunded >= 0 AND refunded <= amount", name="refunded_within_amount"),
     CheckConstraint("source_id <> destination_id", name="distinct_accounts"),

@@ -15,57 +15,24 @@ __all__ = ["EXECUTED", "KEYS", "STATEMENTS"]
 Entry = tuple[str, str, str]
 
 # the schema's keys (tests.citus_rules.key_findings)
-KEYS: frozenset[Entry] = frozenset(
-    {
-        ("accounts", "primary-key-without-tenant", "(id)"),
-        ("accounts", "unique-without-tenant", "(operation_id, binding_generation)"),
-        ("attempts", "foreign-key-without-tenant", "(operation_id) -> operations"),
-        ("attempts", "no-tenant-column", "tenant"),
-        ("attempts", "primary-key-without-tenant", "(id)"),
-        ("attempts", "unique-without-tenant", "(operation_id, fencing_token)"),
-        ("observations", "no-tenant-column", "tenant"),
-        ("observations", "primary-key-without-tenant", "(id)"),
-        ("operation_epochs", "foreign-key-without-tenant", "(operation_id) -> operations"),
-        ("operation_epochs", "no-tenant-column", "tenant"),
-        ("operation_epochs", "primary-key-without-tenant", "(id)"),
-        ("operation_epochs", "unique-without-tenant", "(operation_id, binding_generation)"),
-        ("operations", "primary-key-without-tenant", "(id)"),
-        ("transfers", "foreign-key-without-tenant", "(destination_id) -> accounts"),
-        ("transfers", "foreign-key-without-tenant", "(source_id) -> accounts"),
-        ("transfers", "primary-key-without-tenant", "(id)"),
-        ("transfers", "unique-without-tenant", "(operation_id, binding_generation)"),
-    }
-)
+KEYS: frozenset[Entry] = frozenset()
 
 # the hot statements (a) and the cold ones collected statically (b)
 STATEMENTS: frozenset[Entry] = frozenset(
     {
-        ("hot_sql.CLAIM_NEW", "insert-without-tenant", "attempts"),
         ("hot_sql.IDENTIFY", "unpinned", "operations"),
         ("hot_sql.IDENTIFY", "unpinned", "tombstones"),
         ("hot_sql.LOCK", "for-update-unpinned", "operations"),
         ("hot_sql.LOCK", "unpinned", "operations"),
         ("hot_sql.RECORD_ALONE", "insert-without-tenant", "observations"),
         ("hot_sql.RECORD_ALONE", "unpinned", "attempts"),
-        ("claim_settle_with(no-effect)", "insert-without-tenant", "attempts"),
-        ("claim_settle_with(no-effect)", "insert-without-tenant", "observations"),
-        ("finish_with(no-effect)", "insert-without-tenant", "observations"),
         ("finish_with(no-effect)", "unpinned", "attempts"),
         ("finish_with(no-effect)", "unpinned", "operations"),
-        ("claim_settle_with(open-account)", "insert-without-tenant", "attempts"),
-        ("claim_settle_with(open-account)", "insert-without-tenant", "observations"),
-        ("finish_with(open-account)", "insert-without-tenant", "observations"),
         ("finish_with(open-account)", "unpinned", "attempts"),
         ("finish_with(open-account)", "unpinned", "operations"),
-        ("claim_settle_with(refund)", "insert-without-tenant", "attempts"),
-        ("claim_settle_with(refund)", "insert-without-tenant", "observations"),
-        ("finish_with(refund)", "insert-without-tenant", "observations"),
         ("finish_with(refund)", "unpinned", "attempts"),
         ("finish_with(refund)", "unpinned", "operations"),
-        ("claim_settle_with(transfer)", "insert-without-tenant", "attempts"),
-        ("claim_settle_with(transfer)", "insert-without-tenant", "observations"),
         ("claim_settle_with(transfer)", "unpinned", "accounts"),
-        ("finish_with(transfer)", "insert-without-tenant", "observations"),
         ("finish_with(transfer)", "unpinned", "accounts"),
         ("finish_with(transfer)", "unpinned", "attempts"),
         ("finish_with(transfer)", "unpinned", "operations"),
