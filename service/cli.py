@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the table of every setting instead (docs/operations.md)",
     )
+    config.add_argument(
+        "--role-sql",
+        metavar="ROLE",
+        help="the per-connection settings as ALTER ROLE statements for ROLE instead (on Citus, "
+        "what reaches the workers' connections: docs/scaling.md)",
+    )
     config.set_defaults(run=_config)
 
     serve = sub.add_parser("serve", help="run the HTTP server")
@@ -113,7 +119,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace, settings: Settings) -> int:
     """One line per setting: VARIABLE=value, then its reason (secrets masked); or the
-    table of every setting, its default and what it takes (docs/operations.md's)."""
+    table of every setting, its default and what it takes (docs/operations.md's); or the
+    per-connection settings as one role's (``--role-sql``)."""
+    if args.role_sql is not None:
+        from service.store.db import role_settings_sql
+
+        print("\n".join(role_settings_sql(settings, args.role_sql)))
+        return 0
     print(markdown_table(SETTINGS) if args.markdown else config_lines(settings.described()))
     return 0
 

@@ -259,6 +259,12 @@ class Settings:
         "failover) retries for this long before it exits with the error; 0: exits at once.",
         rule=NOT_NEGATIVE,
     )
+    db_plan_cache_mode: str = setting(
+        "force_generic_plan",
+        "PostgreSQL's plan_cache_mode on every connection: one generic plan per statement saves "
+        "planning on the hot path; on Citus use auto (docs/scaling.md).",
+        rule=one_of("force_generic_plan", "auto", "force_custom_plan"),
+    )
     db_statement_timeout: float = setting(
         15.0,
         "no single statement may hold a connection and its locks longer than this.",

@@ -34,6 +34,7 @@ __all__ = [
     "make_engine",
     "ping",
     "reader",
+    "role_settings_sql",
     "server_settings",
     "unavailable",
 ]
@@ -185,11 +186,23 @@ def server_settings(settings: Settings) -> dict[str, str]:
         # generic plan cannot prove a partial index's predicate from a parameter, so a cold
         # statement filtering on a state a partial index names writes that state inline
         # (service.store.tables.inline).
-        "plan_cache_mode": "force_generic_plan",
+        "plan_cache_mode": settings.db_plan_cache_mode,
         # timestamps PostgreSQL writes into JSON (the status views' lists) end in +00:00,
         # as asyncpg's own timestamps are in UTC
         "timezone": "UTC",
     }
+
+
+def role_settings_sql(settings: Settings, role: str) -> list[str]:
+    """:func:`server_settings` as ``ALTER ROLE`` statements for ``role``. What a connection
+    sends when it opens reaches that server only: on Citus, the connections the coordinator
+    opens to the workers run with the role's settings, which Citus propagates to every node."""
+    quoted_role = '"' + role.replace('"', '""') + '"'
+    return [
+        f"ALTER ROLE {quoted_role} SET {name} = '{value.replace(chr(39), chr(39) * 2)}';"
+        for name, value in server_settings(settings).items()
+        if name != "application_name"  # each connection names itself
+    ]
 
 
 def _ms(seconds: float) -> str:
