@@ -429,6 +429,12 @@ def test_the_console_resolve_form_keeps_the_form_token_and_tenant_rules(
         assert wrong.status_code == 403
         assert status(base, client_key, operation_id) == before
         token = form_token(page.text, "resolve-form")
+        for status_typed in ("abc", "²01", "2_01", "2010", ""):
+            bad = client.post(path, data={"csrf": token, **fields, "status": status_typed})
+            assert bad.status_code == 400, status_typed
+            assert "the status must be an HTTP status code, three digits" in bad.text
+            assert "invalid literal" not in bad.text
+        assert status(base, client_key, operation_id) == before
         done = client.post(path, data={"csrf": token, **fields})
         assert done.status_code == 200, done.text
         assert "Resolved as completed (applied)" in done.text

@@ -5,6 +5,7 @@ refusal is a page naming what was refused, with nothing done."""
 from __future__ import annotations
 
 import math
+import re
 import uuid
 from typing import Any
 
@@ -172,6 +173,8 @@ async def supersede(
 
 # the fields of the resolve form, kept and shown again when it is refused
 _RESOLVE_FIELDS = ("outcome", "status", "body", "provider_reference", "reason")
+# A resolution's status as typed: three ASCII digits (int() takes "²" and " 2_0_1 ").
+_STATUS = re.compile(r"[1-5][0-9]{2}")
 
 
 @post("/operations/{operation_id:uuid}/resolve", include_in_schema=False, status_code=200)
@@ -187,6 +190,8 @@ async def resolve(
     typed = {name: form.get(name, "").strip() for name in _RESOLVE_FIELDS}
     error = None
     try:
+        if not _STATUS.fullmatch(typed["status"]):
+            raise ValueError("the status must be an HTTP status code, three digits")
         body = msgspec.convert(
             {
                 "outcome": typed["outcome"],
