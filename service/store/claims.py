@@ -80,13 +80,14 @@ def claim_phase(
                     revision_before=record.revision,
                     revision_after=claimed.revision,
                     attempt_id=attempt_id,
+                    tenant=scope.tenant,
                     detail={
                         "written_with_claim": True,
                         "state_after": claimed.state.value,
                         "fencing_token_after": claimed.fencing_token,
                     },
                 )
-        await uow.insert_attempt(attempt_id, claimed, lease_token, stamp)
+        await uow.insert_attempt(attempt_id, claimed, lease_token, stamp, tenant=scope.tenant)
         return ClaimOutcome(decision=decision, record=claimed, attempt_id=attempt_id)
 
     return phase

@@ -77,7 +77,9 @@ def supersede_phase(
             current_attempt_id=None,
             **_edited(request, canonical_request),
         )
-        await uow.archive_epoch(operation_id, decision.archived, reason, admin_id, at(now))
+        await uow.archive_epoch(
+            operation_id, decision.archived, reason, admin_id, at(now), tenant=scope.tenant
+        )
         return decision
 
     return phase

@@ -66,6 +66,7 @@ def settle_phase(
             attempt_id=attempt_id,
             detail=detail,
             finish_attempt=finish,
+            tenant=scope.tenant,
         )
         settled = Settled(
             decision=decision, record=after, observation=observation, observation_id=observation_id

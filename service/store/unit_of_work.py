@@ -140,9 +140,13 @@ class UnitOfWork:
         reason: str,
         admin_id: uuid.UUID,
         now: datetime,
+        *,
+        tenant: str,
     ) -> None:
+        """The epoch ``archived`` of ``tenant``'s operation ``operation_id``."""
         await self.connection.execute(
             insert(operation_epochs).values(
+                tenant=tenant,
                 operation_id=operation_id,
                 binding_generation=archived.reservation.binding_generation,
                 request_fingerprint=archived.reservation.request_fingerprint,
@@ -242,11 +246,15 @@ class UnitOfWork:
         record: Record,
         lease_token: str | None,
         now: datetime,
+        *,
+        tenant: str,
     ) -> None:
-        """The per-attempt row: what this attempt holds (never read as authority)."""
+        """The per-attempt row of ``tenant``'s operation: what this attempt holds (never read
+        as authority)."""
         operation_id = uuid.UUID(record.reservation.operation_id)
         await self.connection.execute(
             insert(attempts).values(
+                tenant=tenant,
                 id=attempt_id,
                 operation_id=operation_id,
                 fencing_token=record.fencing_token,
@@ -270,14 +278,20 @@ class UnitOfWork:
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
         finish_attempt: AttemptEnd | None = None,
+        tenant: str | None = None,
     ) -> int:
         """Insert the observation row with the stage and disposition that decided it.
+
+        ``tenant``: the operation's (or, about no operation here, the observer's). None only
+        where a caller does not have it at hand yet (a refused observation, the sweep): the
+        trigger of migration 0018 fills it from the operation's row, or the observer's.
 
         In the same statement (one round trip): close the attempt row (``finish_attempt``).
         """
         inserted = (
             insert(observations)
             .values(
+                **({} if tenant is None else {"tenant": tenant}),
                 operation_id=operation_id,
                 **observation_values(observation),
                 stage=stage,

@@ -68,10 +68,7 @@ STATEMENTS: frozenset[Entry] = frozenset(
 # their shape: "executed <VERB> <tables>" (tests/integration/test_citus_routing_run.py)
 EXECUTED: frozenset[Entry] = frozenset(
     {
-        ("executed INSERT operation_epochs", "insert-without-tenant", "operation_epochs"),
-        ("executed SELECT attempts+observations", "insert-without-tenant", "observations"),
         ("executed SELECT attempts+observations", "unpinned", "attempts"),
-        ("executed SELECT observations", "insert-without-tenant", "observations"),
         ("executed SELECT operations", "for-update-unpinned", "operations"),
         ("executed SELECT operations", "unpinned", "operations"),
         ("executed UPDATE operations", "unpinned", "operations"),
