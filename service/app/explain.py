@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.core import ReservationTuple
+from service.domain.payouts import sink_key
 from service.problem_types import PROBLEM_TYPES
 from service.store.status import (
     AttemptView,
@@ -32,14 +34,38 @@ def _answered(slug: str) -> ClientAnswer:
     return ClientAnswer(status=problem.status, type=f"/problems/{slug}", title=problem.title)
 
 
+def _current(view: OperationView) -> list[AttemptView]:
+    """The attempts of the current reservation epoch: an earlier epoch's ran under another
+    sink key, and say nothing of what a retry does now."""
+    return [a for a in view.attempts if a.binding_generation == view.binding_generation]
+
+
 def _last(view: OperationView) -> AttemptView | None:
-    return max(view.attempts, key=lambda attempt: attempt.fencing_token, default=None)
+    return max(_current(view), key=lambda attempt: attempt.fencing_token, default=None)
 
 
 def _last_error(view: OperationView) -> str | None:
-    """The error of the newest attempt that ended with one."""
-    ended = [attempt for attempt in view.attempts if attempt.error]
+    """The error of the current epoch's newest attempt that ended with one."""
+    ended = [attempt for attempt in _current(view) if attempt.error]
     return max(ended, key=lambda attempt: attempt.fencing_token).error if ended else None
+
+
+def _earlier_unknown(view: OperationView) -> str:
+    """For an external effect, what an earlier epoch that ended ``unknown`` may have done:
+    its sink key may have been paid, and a retry now sends another one."""
+    if view.sink_key is None:
+        return ""
+    unknown = [e for e in view.epochs if e.final_state == "unknown"]
+    if not unknown:
+        return ""
+    epoch = max(unknown, key=lambda e: e.binding_generation)
+    previous = epoch.binding_generation
+    key = sink_key(ReservationTuple(str(view.id), epoch.request_fingerprint, previous))
+    return (
+        f" Epoch {previous} ended unknown: its sink key {key} may have been paid, and the "
+        f"provider does not match {view.sink_key} against it, so check the provider's record "
+        f"of {key} before a retry runs this epoch."
+    )
 
 
 def explain(view: OperationView) -> Explanation:
@@ -85,7 +111,7 @@ def _unknown(view: OperationView) -> Explanation:
         why = f"Attempt {last.fencing_token} got no definitive answer: {last.error}."
     else:
         why = f"Attempt {last.fencing_token} ended without an outcome."
-    return Explanation(why=why + retry, last_error=error)
+    return Explanation(why=why + retry + _earlier_unknown(view), last_error=error)
 
 
 def _in_progress(view: OperationView) -> Explanation:

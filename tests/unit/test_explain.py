@@ -11,6 +11,7 @@ from service.app.explain import explain
 from service.http.console.timeline import readable_utc, request_facts
 from service.store.status import (
     AttemptView,
+    EpochView,
     LeaseView,
     ObservationView,
     OperationView,
@@ -20,11 +21,13 @@ from service.store.status import (
 NOW = datetime(2026, 12, 5, 6, 31, 7, 250_000, tzinfo=UTC)
 
 
-def attempt(token: int, *, error: str | None = None, finished: bool = True) -> AttemptView:
+def attempt(
+    token: int, *, error: str | None = None, finished: bool = True, epoch: int = 1
+) -> AttemptView:
     return AttemptView(
         id=uuid.uuid4(),
         fencing_token=token,
-        binding_generation=1,
+        binding_generation=epoch,
         started_at=NOW,
         finished_at=NOW if finished else None,
         outcome="unknown" if finished else None,
@@ -85,6 +88,36 @@ def test_an_unknown_operation_gives_its_last_attempts_error_with_the_figure() ->
     assert said.last_error == "timed out after 2 s"
     assert said.why.startswith("Attempt 2 got no definitive answer: timed out after 2 s.")
     assert "retry" in said.why and said.clients_answered is None
+
+
+def test_after_a_supersede_only_the_current_epochs_attempts_explain_it() -> None:
+    """An earlier epoch's attempt ran under another sink key: it neither explains the
+    current epoch nor is covered by "the provider never pays twice"; its possible payment is
+    named instead."""
+    view = make_view(
+        binding_generation=2,
+        sink_key="op:2",
+        attempts=[attempt(1, error="provider answered 503", epoch=1)],
+        epochs=[
+            EpochView(
+                binding_generation=1,
+                request_fingerprint="f" * 64,
+                final_state="unknown",
+                result_digest=None,
+                reason="supersede",
+                superseded_by=None,
+                superseded_at=NOW,
+            )
+        ],
+    )
+    said = explain(view)
+    assert said.why.startswith("No attempt has run in this reservation epoch yet.")
+    assert said.last_error is None
+    earlier = f"{view.id}:1"
+    assert f"Epoch 1 ended unknown: its sink key {earlier} may have been paid" in said.why
+    assert "does not match op:2 against it" in said.why
+    local = explain(make_view(binding_generation=2, epochs=view.epochs))
+    assert "Epoch 1" not in local.why  # a local effect has no provider to have paid
 
 
 def test_an_attempt_that_never_reported_is_explained_by_its_lease_and_the_sweeper() -> None:
