@@ -82,13 +82,15 @@ class EvidenceIntake:
         observation = observation_of(signed.evidence, Source.EVIDENCE, verified=verified)
         detail = {"principal_id": str(observer.id)}
         if not await self._is_ours(observer, operation_id):
-            await self._store.record_refused(None, observation, "unknown-operation", detail)
+            await self._store.record_refused(
+                None, observation, "unknown-operation", detail, tenant=observer.tenant
+            )
             if not verified:
                 return _unverified()
             return Problem("not-found", f"no operation {operation_id} with external evidence")
         if not verified:
             await self._store.record_refused(
-                operation_id, observation, "unverified-evidence", detail
+                operation_id, observation, "unverified-evidence", detail, tenant=observer.tenant
             )
             return _unverified()
         try:

@@ -108,7 +108,7 @@ def sweep_phase(
         rows = await uow.expired_in_progress(at(now), batch, after)
         remaining = await lease_remaining([scope for scope, _, _ in rows])
         demoted: list[uuid.UUID] = []
-        for (_, stored, _), left in zip(rows, remaining, strict=True):
+        for (scope, stored, _), left in zip(rows, remaining, strict=True):
             record = with_lease(stored, left, now)
             operation_id = uuid.UUID(record.reservation.operation_id)
             observation = Observation(
@@ -124,7 +124,9 @@ def sweep_phase(
                     "sweep CAS refused; row skipped", extra={"operation_id": str(operation_id)}
                 )
                 continue
-            await uow.record_decision(operation_id, observation, decision, record.revision)
+            await uow.record_decision(
+                operation_id, observation, decision, record.revision, tenant=scope.tenant
+            )
             demoted.append(operation_id)
         last = rows[-1][2] if len(rows) == batch else None
         return SweepPage(demoted=demoted, next=last)

@@ -115,9 +115,12 @@ class SettlementStore:
         reason: str,
         detail: dict[str, Any] | None = None,
         attempt_id: uuid.UUID | None = None,
+        *,
+        tenant: str | None = None,
     ) -> None:
         """Keep an observation that never reached a row (quarantined, stage A); without an
-        ``operation_id``, it is listed under no operation."""
+        ``operation_id``, it is listed under no operation. ``tenant``: the operation's, or
+        the observer's (None: not at hand, see ``UnitOfWork.record_observation``)."""
         async with self.unit_of_work() as uow:
             await uow.record_observation(
                 operation_id,
@@ -129,6 +132,7 @@ class SettlementStore:
                 revision_after=None,
                 attempt_id=attempt_id,
                 detail=detail,
+                tenant=tenant,
             )
             await uow.commit()
         self.reports.refused(observation)

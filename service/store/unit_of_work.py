@@ -283,8 +283,9 @@ class UnitOfWork:
         """Insert the observation row with the stage and disposition that decided it.
 
         ``tenant``: the operation's (or, about no operation here, the observer's). None only
-        where a caller does not have it at hand yet (a refused observation, the sweep): the
-        trigger of migration 0018 fills it from the operation's row, or the observer's.
+        where a caller does not have it at hand yet (a settle's observation about an
+        operation gone meanwhile, a feed's refused event): the trigger of migration 0018
+        fills it from the operation's row, or the observer's.
 
         In the same statement (one round trip): close the attempt row (``finish_attempt``).
         """
