@@ -6,9 +6,10 @@ and ``/metrics`` has a gauge per feed (``settlement_feed_stalled_seconds``), bot
 * **Behind a hold**: a held event blocks its page's barrier, so the feed cannot pass it
   until it is decided. It has been stalled as long as its oldest open hold is old.
 * **Behind an unknown**: the external operation unknown the longest is what the feeds
-  exist to settle. A feed that has not moved its checkpoint while that operation stayed
-  unknown has been stalled for the shorter of the two times (a feed still moving is not
-  stalled: its source has simply not told of that operation yet).
+  exist to settle. A feed that has made no progress (its checkpoint has not moved, nor has
+  it read its source to the end) while that operation stayed unknown has been stalled for
+  the shorter of the two times (a feed still moving, or caught up, is not stalled: its
+  source has simply not told of that operation yet).
 
 The longer of the two is the feed's stall; past the setting it is flagged.
 """
@@ -16,13 +17,14 @@ The longer of the two is the feed's stall; past the setting it is flagged.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 
 import msgspec
 
 from service.store.feed_checkpoints import Checkpoint
 from service.store.feeds import FeedStore
 
-__all__ = ["Stall", "read_stalls", "stall_of"]
+__all__ = ["Stall", "read_stalls", "since_progress", "stall_of"]
 
 _UNKNOWN = "the external operation unknown the longest"
 
@@ -66,6 +68,14 @@ def stall_of(
     return Stall(feed, seconds, behind, after is not None and seconds > after, unknown_for)
 
 
+def since_progress(updated_at: datetime, caught_up_at: datetime | None, now: float) -> float:
+    """Seconds since the feed last made progress: its checkpoint moved (or was created), or
+    it read its source to the end. A feed caught up a moment ago is not stalled behind an
+    unknown operation: its source has not told of that operation yet."""
+    last = updated_at if caught_up_at is None else max(updated_at, caught_up_at)
+    return max(0.0, now - last.timestamp())
+
+
 async def read_stalls(
     store: FeedStore,
     external_routes: Sequence[str],
@@ -85,8 +95,7 @@ async def read_stalls(
     for checkpoint in sorted(checkpoints, key=lambda c: c.name):
         held, _, _ = await store.receipts.holds(checkpoint.name, 1)
         oldest_hold = None if not held else (held[0].event_id, held[0].reason, held[0].age)
-        # the checkpoint's last move (or its creation: the feed's start)
-        since = max(0.0, now - checkpoint.updated_at.timestamp())
+        since = since_progress(checkpoint.updated_at, checkpoint.caught_up_at, now)
         stalls.append(
             stall_of(
                 checkpoint.name,

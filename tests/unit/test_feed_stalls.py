@@ -3,7 +3,9 @@ hold is old; behind an unknown only while the feed has not moved; flagged past t
 
 from __future__ import annotations
 
-from service.app.feed_stalls import stall_of
+from datetime import UTC, datetime, timedelta
+
+from service.app.feed_stalls import since_progress, stall_of
 
 HOLD = ("evt-7", "bad-signature", 2520.0)
 
@@ -47,3 +49,22 @@ def test_nothing_blocking_or_no_setting_flags_nothing() -> None:
     assert not idle.flagged and idle.seconds == 0.0 and idle.behind == ""
     unset = stall_of("p", oldest_hold=HOLD, oldest_unknown=None, since_progress=None, after=None)
     assert not unset.flagged
+
+
+def test_progress_is_the_checkpoints_move_or_reading_the_source_to_its_end() -> None:
+    """An idle feed, caught up at every poll, makes progress though its checkpoint stays:
+    one unknown payout its source never carries does not flag it (review T M4)."""
+    moved = datetime(2026, 12, 5, 6, 0, tzinfo=UTC)
+    caught_up = moved + timedelta(minutes=29)
+    now = (moved + timedelta(minutes=30)).timestamp()
+    assert since_progress(moved, caught_up, now) == 60.0
+    assert since_progress(moved, None, now) == 1800.0
+    assert since_progress(caught_up, moved, now) == 60.0  # whichever is later
+    idle = stall_of(
+        "payments",
+        oldest_hold=None,
+        oldest_unknown=3600.0,
+        since_progress=since_progress(moved, caught_up, now),
+        after=900.0,
+    )
+    assert not idle.flagged and idle.seconds == 60.0
