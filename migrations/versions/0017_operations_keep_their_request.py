@@ -3,8 +3,9 @@
 ``operations.canonical_request`` holds the canonical JSON text the request fingerprint is
 the SHA-256 of (service.evidence.canonical_request), written by the statements that write
 the fingerprint (a claim's insert, a supersede that edits the request). The column is
-nullable with no default, so adding it rewrites nothing and takes the table's lock for a
-moment only; rows claimed before stay NULL ("request not recorded"). A server still on the
+nullable with no default, so adding it rewrites nothing; the table's lock is waited for
+briefly and given way to (service.store.online_ddl.briefly), so a long reader never makes
+every statement on operations queue behind the ALTER; rows claimed before stay NULL ("request not recorded"). A server still on the
 previous revision keeps working: it never names the column, and its inserts leave it NULL.
 
 Revision ID: 0017
@@ -16,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import sqlalchemy as sa
 from alembic import op
+
+from service.store.online_ddl import briefly
 
 revision: str = "0017"
 down_revision: str | None = "0016"
@@ -34,10 +36,26 @@ COMMENT = (
 
 
 def upgrade() -> None:
-    op.add_column(
-        "operations", sa.Column("canonical_request", sa.Text(), nullable=True, comment=COMMENT)
-    )
+    with op.get_context().autocommit_block():
+        briefly(
+            op.get_bind(),
+            ["operations"],
+            [
+                "ALTER TABLE operations ADD COLUMN canonical_request text",
+                f"COMMENT ON COLUMN operations.canonical_request IS '{_quoted(COMMENT)}'",
+            ],
+        )
 
 
 def downgrade() -> None:
-    op.drop_column("operations", "canonical_request")
+    """Run only once no server of this revision runs: they write the column."""
+    with op.get_context().autocommit_block():
+        briefly(
+            op.get_bind(),
+            ["operations"],
+            ["ALTER TABLE operations DROP COLUMN canonical_request"],
+        )
+
+
+def _quoted(text: str) -> str:
+    return text.replace("'", "''")
