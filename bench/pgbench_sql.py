@@ -116,6 +116,7 @@ def _identify(key: str) -> str:
         "route": ROUTE,
         "idempotency_key": key,
         "now": "now()",
+        "tenant": ":tenant::varchar",  # the key's tenant, which the server remembers
     }
     return _bound(IDENTIFY, values)
 

@@ -282,6 +282,14 @@ class Settings:
         "effects, status views and the cold paths (admin, sweeps, observations, retries).",
         rule=AT_LEAST_ONE,
     )
+    key_tenants: int = setting(
+        10_000,
+        "API keys whose tenant one worker remembers (least recently used forgotten first; 0: "
+        "none), so a request's first statement is given its tenant (one shard on Citus); a key "
+        "not remembered costs one indexed read more. A tenant never changes, and whether the "
+        "key is still live is read anew by every request.",
+        rule=NOT_NEGATIVE,
+    )
     max_running_per_principal: int = setting(
         8,
         "idempotent requests one principal runs at once per worker, so one client cannot take "

@@ -206,6 +206,7 @@ class LocalAttempts:
                     context.operation_id,
                     attempt,
                     statement,
+                    tenant=context.principal.tenant,
                     route=spec.route,
                     before_commit=lambda: self._failpoints.hit("effect.before_commit"),
                 )

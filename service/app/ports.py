@@ -89,6 +89,7 @@ class SettlementPort(Protocol):
         attempt: AttemptRef,
         statement: EffectStatement,
         *,
+        tenant: str,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled: ...

@@ -116,6 +116,7 @@ class Settlement:
             max_retries=settings.settle_max_retries,
             clock=clock,
             pool=pool,
+            key_tenants=settings.key_tenants,
         )
         self.principals = PrincipalStore(engine, pool=pool)
         self.leases = LeaseManager(

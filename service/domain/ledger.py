@@ -234,13 +234,13 @@ def _transfer_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
     settled = exists(select(written.c.id))
     debit = (
         update(accounts)
-        .where(accounts.c.id == _SOURCE, settled)
+        .where(accounts.c.id == _SOURCE, accounts.c.tenant == _TENANT, settled)
         .values(balance=select(effect_ok.c.source_after).scalar_subquery())
         .cte("debit")
     )
     credit = (
         update(accounts)
-        .where(accounts.c.id == _DESTINATION, settled)
+        .where(accounts.c.id == _DESTINATION, accounts.c.tenant == _TENANT, settled)
         .values(balance=select(effect_ok.c.destination_after).scalar_subquery())
         .cte("credit")
     )

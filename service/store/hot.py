@@ -1,7 +1,10 @@
 """The statements every request sends, prepared on asyncpg (:mod:`service.store.pool`).
 
 * :meth:`HotPath.identify`: the caller's principal and its scope's row in one statement, no
-  transaction around it: a replay needs nothing else from PostgreSQL.
+  transaction around it: a replay needs nothing else from PostgreSQL. The statement is given
+  the key's tenant, which the process remembers once a request found it
+  (:class:`service.store.principals.KeyTenants`); a key not remembered costs one statement
+  more, the first time.
 * :meth:`HotPath.claim_new`: a new operation row and its attempt row in one statement (its
   own transaction), for a scope that had no row; None when another claimer inserted first.
 
@@ -57,12 +60,13 @@ from service.store.hot_sql import (
     LOCK,
     NO_EFFECT,
     RECORD_ALONE,
+    TENANT_OF,
     claim_settle_with,
     finish_with,
 )
 from service.store.outcomes import AttemptRef, EffectSql, EffectStatement, Settled
 from service.store.phase import database_refusals
-from service.store.principals import live_principal
+from service.store.principals import KeyTenants, live_principal
 from service.store.retention import Tombstone
 from service.store.rows import at, record_from_row, record_values
 from service.store.unit_of_work import StaleRevision
@@ -71,8 +75,10 @@ __all__ = ["HotPath"]
 
 
 class HotPath:
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, tenants: KeyTenants | None = None) -> None:
+        """``tenants``: the tenants of the keys remembered (default: a new one, default size)."""
         self._pool = pool
+        self._tenants = KeyTenants() if tenants is None else tenants
 
     async def identify(
         self, key_hash: bytes, route: str, idempotency_key: str, now: datetime
@@ -80,18 +86,29 @@ class HotPath:
         """The live principal holding the key whose hash is ``key_hash``, the row of its
         scope (route, key) if there is one, and the scope's tombstone if it stands at ``now``
         (one snapshot: a purge's delete and tombstone are seen together); None for an unknown
-        or revoked key."""
+        or revoked key.
+
+        One statement for a key whose tenant is remembered, which still asks ``principals``
+        whether the key is live; one more, before it, for a key that is not (None: an unknown
+        key, remembered by nobody)."""
         values = {
             "key_hash": key_hash,
             "route": route,
             "idempotency_key": idempotency_key,
             "now": now,
+            "tenant": self._tenants.get(key_hash),
         }
         async with self._pool.acquire() as conn:
+            if values["tenant"] is None:
+                values["tenant"] = await conn.fetchval(TENANT_OF.sql, *TENANT_OF.args(values))
+                if values["tenant"] is None:
+                    return None
             row = await conn.fetchrow(IDENTIFY.sql, *IDENTIFY.args(values))
         principal = live_principal(row, key_hash, prefix="p_")
-        if principal is None:
+        if principal is None:  # revoked or rotated out since it was remembered
+            self._tenants.forget(key_hash)
             return None
+        self._tenants.remember(key_hash, principal.tenant)
         record = None if row["id"] is None else record_from_row(row)
         tombstone = None
         if row["t_operation_id"] is not None:
@@ -210,6 +227,7 @@ class HotPath:
 
     async def settle_locked(
         self,
+        tenant: str,
         operation_id: uuid.UUID,
         attempt: AttemptRef,
         statement: EffectStatement,
@@ -219,7 +237,8 @@ class HotPath:
         retention: float,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Record, Settled] | None:
-        """Run ``statement``'s effect for ``attempt`` and settle its outcome, in one
+        """Run ``statement``'s effect for ``attempt`` on ``tenant``'s operation
+        ``operation_id`` and settle its outcome, in one
         transaction: lock the row, ask the core, then one statement writes the effect (if its
         guard lets it through), the row (CAS on tuple + revision), the observation and the
         attempt's end. Should the guard refuse, its refusal is settled in the same
@@ -237,7 +256,9 @@ class HotPath:
             now = clock()
             decision = settle(record, observation, now, policy)
             if not isinstance(decision, Apply):  # recorded, the row and the effect unwritten
-                values = recorded_params(record, decision, observation, attempt.attempt_id, at(now))
+                values = recorded_params(
+                    tenant, record, decision, observation, attempt.attempt_id, at(now)
+                )
                 return (
                     await conn.fetchval(RECORD_ALONE.sql, *RECORD_ALONE.args(values)),
                     None,
@@ -249,14 +270,16 @@ class HotPath:
             sql, params = effect
             prepared = finish_with(sql)
             values = finish_params(
-                record, decision, observation, attempt.attempt_id, at(now), expires
+                tenant, record, decision, observation, attempt.attempt_id, at(now), expires
             )
             row = await conn.fetchrow(prepared.sql, *prepared.args({**values, **params}))
             return row["observation_id"], row["refusal"], decision
 
         with database_refusals():
             async with self._pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
+                locked = await conn.fetchrow(
+                    LOCK.sql, *LOCK.args({"id": operation_id, "tenant": tenant})
+                )
                 if locked is None:
                     return None
                 record = record_from_row(locked)

@@ -36,6 +36,7 @@ def _observed(observation: Observation, decision: Decision) -> dict[str, Any]:
 
 
 def finish_params(
+    tenant: str,
     before: Record,
     decision: Apply,
     observation: Observation,
@@ -43,10 +44,11 @@ def finish_params(
     now: datetime,
     expires: datetime | None,
 ) -> dict[str, Any]:
-    """The finishing CAS (the row as read, as written), the observation, the attempt's end;
-    ``expires``: the row's new ``expires_at`` (None keeps it)."""
+    """The finishing CAS (the row of ``tenant`` as read, as written), the observation, the
+    attempt's end; ``expires``: the row's new ``expires_at`` (None keeps it)."""
     reservation = before.reservation
     return {
+        "tenant": tenant,
         "id": uuid.UUID(reservation.operation_id),
         "expected_fingerprint": reservation.request_fingerprint,
         "expected_generation": reservation.binding_generation,
@@ -90,15 +92,17 @@ def claim_settle_params(
 
 
 def recorded_params(
+    tenant: str,
     record: Record,
     decision: Decision,
     observation: Observation,
     attempt_id: uuid.UUID,
     now: datetime,
 ) -> dict[str, Any]:
-    """An observation the core did not apply (the row stays at ``record``'s revision), and
-    the attempt's end with the decision's reason."""
+    """An observation the core did not apply (the row of ``tenant`` stays at ``record``'s
+    revision), and the attempt's end with the decision's reason."""
     return {
+        "tenant": tenant,
         "id": uuid.UUID(record.reservation.operation_id),
         "revision": record.revision,
         **_observed(observation, decision),

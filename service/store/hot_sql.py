@@ -1,8 +1,10 @@
 """The SQL of the hot path (:mod:`service.store.hot`), built from :mod:`service.store.tables`
 with SQLAlchemy Core, compiled once for asyncpg and prepared on its connections.
 
+* ``TENANT_OF``: the tenant of a live principal's key (once per key and process: the
+  caller remembers it, :class:`service.store.principals.KeyTenants`).
 * ``IDENTIFY``: the caller's principal, its scope's row and the scope's tombstone if it
-  still stands at ``now``.
+  still stands at ``now``, the tenant given (``tenant``).
 * ``CLAIM_NEW``: a new operation row and its attempt row (its own transaction).
 * ``LOCK``: the operation row under its lock; ``BY_SCOPE``: the scope's row, no lock.
 * :func:`finish_with`: a local effect's SQL (an :class:`EffectSql`), the row's CAS, the
@@ -12,6 +14,10 @@ with SQLAlchemy Core, compiled once for asyncpg and prepared on its connections.
 Both answer the observation's id (NULL: nothing was written) and the guard's ``refusal``
 (NULL: the effect applied, or would have). :data:`NO_EFFECT` is the effect of nothing, whose
 guard never refuses: with it, either statement settles an outcome without an effect.
+
+Every reference to a tenant's table is pinned by ``tenant = $n`` (docs/scaling.md, the hot
+path), so that on Citus each statement goes to the one node of its tenant; ``principals`` is
+a reference table, its ``tenant`` pins nothing.
 
 Every parameter is named (``bindparam``): a :class:`Prepared` statement takes a mapping of
 names to values and puts them in the order of the compiled ``$n`` (``positiontup``). The
@@ -26,7 +32,6 @@ fails such an insert with SQLSTATE SK410, which
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -40,14 +45,13 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql import sqltypes, visitors
+from sqlalchemy.sql import visitors
 from sqlalchemy.sql.elements import BindParameter, ColumnElement
 from sqlalchemy.sql.selectable import CTE
 
-from service.store.db import json_text
 from service.store.outcomes import EffectSql, never_refused
+from service.store.prepared import Prepared
 from service.store.tables import attempts, observations, operations, principals, tombstones
 
 __all__ = [
@@ -58,48 +62,15 @@ __all__ = [
     "NO_EFFECT",
     "RECORD_ALONE",
     "ROW_COLUMNS",
+    "TENANT_OF",
     "Prepared",
     "claim_settle_with",
     "effect_ok_of",
     "finish_with",
 ]
 
-_DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
 # the prefix of an effect's parameter names, so they never meet the store's
 EFFECT_PREFIX = "e_"
-
-
-class Prepared:
-    """A statement compiled once for asyncpg: ``sql`` with ``$n`` placeholders, and
-    :meth:`args`, the values of a mapping of parameter names in their order.
-
-    A parameter of a JSON type (the row's ``conflict``) is given as its value, the shape
-    :func:`service.store.rows.record_values` makes for both write paths, and sent as JSON
-    text (:func:`service.store.db.json_text`), as SQLAlchemy's own JSON types send it: the
-    connections' json/jsonb codecs are SQLAlchemy's (text in, the decoded value out)."""
-
-    __slots__ = ("_json", "names", "sql")
-
-    def __init__(self, statement: Any) -> None:
-        compiled = statement.compile(dialect=_DIALECT)
-        self.sql: str = compiled.string
-        self.names: tuple[str, ...] = tuple(compiled.positiontup or ())
-        literals = [name for name in self.names if not compiled.binds[name].required]
-        if literals:  # a value in the SQL's text would be sent anew with every call
-            raise ValueError(f"parameters without a name: {literals}; write constants inline")
-        self._json = tuple(
-            at
-            for at, name in enumerate(self.names)
-            if isinstance(compiled.binds[name].type, sqltypes.JSON)
-        )
-
-    def args(self, values: Mapping[str, object]) -> list[object]:
-        """The positional arguments for ``values``; KeyError names a missing parameter."""
-        args = [values[name] for name in self.names]
-        for at in self._json:
-            if args[at] is not None:
-                args[at] = json_text(args[at])
-        return args
 
 
 def _typed(column: Any, name: str | None = None) -> BindParameter[Any]:
@@ -133,6 +104,10 @@ ROW_COLUMNS = tuple(column.name for column in _RECORD[1:])
 _SCOPE = ("tenant", "principal_id", "route", "idempotency_key")
 
 
+# the tenant every statement pins (the scope's own, a parameter)
+_TENANT = _typed(operations.c.tenant)
+
+
 def _scope_is_given(table: Any) -> ColumnElement[bool]:
     return and_(*(table.c[name] == _typed(operations.c[name]) for name in _SCOPE))
 
@@ -142,9 +117,10 @@ _TOMBSTONE = ("operation_id", "request_fingerprint", "final_state", "expired_at"
 
 
 def _same_scope(table: Any, *more: ColumnElement[bool]) -> ColumnElement[bool]:
-    """``table``'s row of the caller's scope: its principal's, at the route and key given."""
+    """``table``'s row of the caller's scope: its principal's, at the route and key given,
+    in the tenant given."""
     return and_(
-        table.c.tenant == principals.c.tenant,
+        table.c.tenant == _TENANT,
         table.c.principal_id == principals.c.id,
         table.c.route == _typed(operations.c.route),
         table.c.idempotency_key == _typed(operations.c.idempotency_key),
@@ -173,11 +149,22 @@ IDENTIFY = Prepared(
     .where(
         principals.c.key_hash == _typed(principals.c.key_hash),
         principals.c.revoked_at.is_(None),
+        principals.c.tenant == _TENANT,
+    )
+)
+
+# the tenant of a live principal's key: what IDENTIFY is given, looked up once per key
+TENANT_OF = Prepared(
+    select(principals.c.tenant).where(
+        principals.c.key_hash == _typed(principals.c.key_hash),
+        principals.c.revoked_at.is_(None),
     )
 )
 
 LOCK = Prepared(
-    select(*_RECORD).where(operations.c.id == _typed(operations.c.id)).with_for_update()
+    select(*_RECORD)
+    .where(operations.c.id == _typed(operations.c.id), operations.c.tenant == _TENANT)
+    .with_for_update()
 )
 
 # the scope's row, no lock (a 409's re-read, Prefer: wait's)
@@ -238,7 +225,7 @@ def _recorded_alone() -> Select[Any]:
     recorded = (
         insert(observations)
         .values(
-            {"operation_id": _typed(operations.c.id)}
+            {"tenant": _TENANT, "operation_id": _typed(operations.c.id)}
             | {name: _typed(observations.c[name], f"o_{name}") for name in OBSERVATION_COLUMNS}
             | {
                 "revision_before": _typed(observations.c.revision_before, "revision"),
@@ -251,7 +238,7 @@ def _recorded_alone() -> Select[Any]:
     )
     closed = (
         update(attempts)
-        .where(attempts.c.id == _ATTEMPT_ID)
+        .where(attempts.c.id == _ATTEMPT_ID, attempts.c.tenant == _TENANT)
         .values(
             finished_at=_NOW,
             outcome=_typed(attempts.c.outcome, "o_kind"),
@@ -327,6 +314,7 @@ def _finish(effect: EffectSql) -> Select[Any]:
         update(operations)
         .where(
             operations.c.id == _typed(operations.c.id),
+            operations.c.tenant == _TENANT,
             operations.c.request_fingerprint
             == _typed(operations.c.request_fingerprint, "expected_fingerprint"),
             operations.c.binding_generation
@@ -349,7 +337,7 @@ def _finish(effect: EffectSql) -> Select[Any]:
     recorded = _recorded(written)
     closed = (
         update(attempts)
-        .where(attempts.c.id == _ATTEMPT_ID, _written_exists(written))
+        .where(attempts.c.id == _ATTEMPT_ID, attempts.c.tenant == _TENANT, _written_exists(written))
         .values(
             finished_at=_NOW,
             outcome=_typed(attempts.c.outcome, "o_kind"),

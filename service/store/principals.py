@@ -12,6 +12,7 @@ import hmac
 import logging
 import secrets
 import uuid
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,8 @@ from service.store.tables import principals
 
 __all__ = [
     "KEY_PREFIX",
+    "KEY_TENANTS",
+    "KeyTenants",
     "PrincipalExists",
     "PrincipalLimit",
     "PrincipalStore",
@@ -98,6 +101,49 @@ def live_principal(
         credential_generation=row[prefix + "credential_generation"],
         all_tenants=row[prefix + "all_tenants"],
     )
+
+
+# API keys whose tenant one process remembers by default (SETTLEMENT_KEY_TENANTS): about
+# 0.3 KB each, so 10,000 keys stay within a few MB
+KEY_TENANTS = 10_000
+
+
+class KeyTenants:
+    """The tenant of each API key (by its hash) a request was authenticated with lately: at
+    most ``size`` keys, the least recently used forgotten first (0: none kept).
+
+    Safe to remember: a principal's tenant is written once, when it is created, and never
+    changed (:class:`PrincipalStore` has no such write, nor has any migration), and
+    ``key_hash`` is unique. The tenant is all that is kept: whether the key is still live
+    (revoked, rotated out) is asked of ``principals`` by every request, in the statement the
+    tenant is given to. Only keys found live are remembered (:meth:`remember`), so unknown
+    keys, however many, leave nothing here; a key found dead is dropped (:meth:`forget`)."""
+
+    __slots__ = ("_size", "_tenants")
+
+    def __init__(self, size: int = KEY_TENANTS) -> None:
+        self._size = size
+        self._tenants: OrderedDict[bytes, str] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._tenants)
+
+    def get(self, key_hash: bytes) -> str | None:
+        tenant = self._tenants.get(key_hash)
+        if tenant is not None:
+            self._tenants.move_to_end(key_hash)
+        return tenant
+
+    def remember(self, key_hash: bytes, tenant: str) -> None:
+        if self._size <= 0:
+            return
+        self._tenants[key_hash] = tenant
+        self._tenants.move_to_end(key_hash)
+        if len(self._tenants) > self._size:
+            self._tenants.popitem(last=False)
+
+    def forget(self, key_hash: bytes) -> None:
+        self._tenants.pop(key_hash, None)
 
 
 # One prepared statement on the hot path's connections: every authenticated request sends it.

@@ -55,6 +55,7 @@ from service.store.outcomes import (
     SweepPage,
 )
 from service.store.phase import Phase, PhaseRunner, RowLocked, SettlementContention
+from service.store.principals import KEY_TENANTS, KeyTenants
 from service.store.retention import Retention
 from service.store.rows import at
 from service.store.settlement_reads import SettlementReads
@@ -89,11 +90,13 @@ class SettlementStore:
         max_retries: int = 16,
         clock: Callable[[], float] = time.time,
         pool: Any = None,
+        key_tenants: int = KEY_TENANTS,
     ) -> None:
         """``pool``: the hot path's :class:`service.store.pool.HotPool`; local
-        effects need it, and with it a new operation is claimed in one statement."""
+        effects need it, and with it a new operation is claimed in one statement.
+        ``key_tenants``: how many API keys' tenants the hot path remembers."""
         self._engine = engine
-        self._hot = None if pool is None else HotPath(pool)
+        self._hot = None if pool is None else HotPath(pool, KeyTenants(key_tenants))
         self._policy = policy
         self._retention = retention or Retention(default=86_400.0, tombstone=2_592_000.0)
         self._clock = clock
@@ -175,12 +178,13 @@ class SettlementStore:
         attempt: AttemptRef,
         statement: EffectStatement,
         *,
+        tenant: str,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled:
         """Run a local effect (``statement``, its SQL) and settle its outcome in one
-        transaction under the row's lock (:meth:`HotPath.settle_locked`). ``route``: the
-        operation's route, whose retention starts if the row becomes terminal.
+        transaction under the row's lock (:meth:`HotPath.settle_locked`). ``tenant`` and
+        ``route``: the operation's (its retention starts if the row becomes terminal).
 
         The effect runs only while ``attempt`` holds the current fencing token of a
         non-terminal row, and commits only if the core applies its outcome. A fenced-out or
@@ -192,6 +196,7 @@ class SettlementStore:
             raise RuntimeError("local effects need the store's HotPool")
         started = time.perf_counter()
         done = await self._hot.settle_locked(
+            tenant,
             operation_id,
             attempt,
             statement,

@@ -83,6 +83,7 @@ async def _locked_phase(
         uuid.UUID(attempt.reservation.operation_id),
         attempt,
         moving(attempt, record, ids, amount),
+        tenant="acme",
         route=ROUTE,
     )
     return settled.record.state.value

@@ -155,7 +155,7 @@ async def test_a_claimed_row_is_settled_with_its_effect_under_its_lock(
     attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     statement, account = opening(attempt, record)
-    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    settled = await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
     (opened,) = await rows(engine, accounts, accounts.c.operation_id == op)
     assert (opened["id"], opened["balance"], opened["binding_generation"]) == (account.id, 7, 1)
@@ -181,7 +181,7 @@ async def test_a_row_demoted_meanwhile_is_settled_on_its_current_revision_and_wr
     )
     assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
     statement, _ = opening(attempt, record)
-    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    settled = await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
     # decided on the row as locked (revision 2): the completed outcome applied over unknown
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
@@ -208,7 +208,7 @@ async def test_an_attempt_of_a_superseded_epoch_commits_nothing(
     )
     assert isinstance(superseded, Supersede)
     statement, _ = opening(attempt, record)
-    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    settled = await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
     # the locked row is of another epoch: the attempt's probe is settled (ignored) and the
     # effect never runs
     assert await count(engine, accounts, accounts.c.operation_id == op) == 0
@@ -235,11 +235,15 @@ async def test_a_late_attempt_of_a_taken_over_operation_is_ignored_and_writes_no
         reservation=taken.record.reservation,
         fencing_token=taken.record.fencing_token,
     )
-    done = await store.settle_local(op, owner, opening(owner, taken.record)[0], route=ROUTE)
+    done = await store.settle_local(
+        op, owner, opening(owner, taken.record)[0], tenant="acme", route=ROUTE
+    )
     assert done.record.state is OperationState.COMPLETED
     # the stale attempt finds the row not its own under the lock: its report is settled
     # (and ignored), its effect never runs, and the row stays the owner's
-    late = await store.settle_local(op, stale, opening(stale, stale_row)[0], route=ROUTE)
+    late = await store.settle_local(
+        op, stale, opening(stale, stale_row)[0], tenant="acme", route=ROUTE
+    )
     assert late.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
     current = await store.reads.get(op)
@@ -311,7 +315,7 @@ async def test_a_transfer_and_its_settlement_are_one_statement_under_the_row_loc
     ids = await two_accounts(engine, 100)
     said: list[tuple[str, str]] = []
     settled = await store.settle_local(
-        op, attempt, moving(attempt, record, ids, 10, said), route=ROUTE
+        op, attempt, moving(attempt, record, ids, 10, said), tenant="acme", route=ROUTE
     )
     assert said == []
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 2
@@ -412,7 +416,7 @@ async def test_a_transfer_the_guard_refuses_is_settled_failed_with_its_reason_mo
         target[index] = uuid.uuid4()
     said: list[tuple[str, str]] = []
     settled = await store.settle_local(
-        op, attempt, moving(attempt, record, target, amount, said), route=ROUTE
+        op, attempt, moving(attempt, record, target, amount, said), tenant="acme", route=ROUTE
     )
     assert said == [(refusal[0], refusal[1].format(*target))]
     assert settled.record.state is OperationState.FAILED
@@ -435,7 +439,9 @@ async def test_a_demoted_row_is_settled_under_its_lock_and_the_transfer_made_onc
     )
     assert (await store.settle(op, demotion)).record.state is OperationState.UNKNOWN
     ids = await two_accounts(engine, 100)
-    settled = await store.settle_local(op, attempt, moving(attempt, record, ids, 10), route=ROUTE)
+    settled = await store.settle_local(
+        op, attempt, moving(attempt, record, ids, 10), tenant="acme", route=ROUTE
+    )
     assert settled.record.state is OperationState.COMPLETED and settled.record.revision == 3
     assert await balances(engine, ids) == [90, 10]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 1
@@ -462,7 +468,9 @@ async def test_a_superseded_attempt_statement_moves_no_money(
     )
     assert isinstance(superseded, Supersede)
     ids = await two_accounts(engine, 100)
-    settled = await store.settle_local(op, attempt, moving(attempt, record, ids, 10), route=ROUTE)
+    settled = await store.settle_local(
+        op, attempt, moving(attempt, record, ids, 10), tenant="acme", route=ROUTE
+    )
     assert settled.decision.disposition.value in ("ignored", "quarantined")
     assert await balances(engine, ids) == [100, 0]
     assert await count(engine, transfers, transfers.c.operation_id == op) == 0
@@ -480,7 +488,7 @@ async def test_concurrent_statements_over_one_pair_both_ways_neither_deadlock_no
 
     async def settle_one(attempt: AttemptRef, statement: EffectStatement) -> Any:
         op = uuid.UUID(attempt.reservation.operation_id)
-        return await store.settle_local(op, attempt, statement, route=ROUTE)
+        return await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
 
     done = await asyncio.gather(*(settle_one(*plan) for plan in plans))
     assert all(s.record.state is OperationState.COMPLETED for s in done)
@@ -496,12 +504,12 @@ async def test_an_account_is_opened_once_per_epoch(
     attempt, record = await claimed(store, scope, clock)
     op = uuid.UUID(attempt.reservation.operation_id)
     statement, account = opening(attempt, record)
-    settled = await store.settle_local(op, attempt, statement, route=ROUTE)
+    settled = await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
     assert settled.record.state is OperationState.COMPLETED
     (opened,) = await rows(engine, accounts, accounts.c.operation_id == op)
     assert (opened["id"], opened["balance"], opened["binding_generation"]) == (account.id, 7, 1)
     # the same statement again (a stale duplicate of this attempt): nothing more is written
-    again = await store.settle_local(op, attempt, statement, route=ROUTE)
+    again = await store.settle_local(op, attempt, statement, tenant="acme", route=ROUTE)
     assert again.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.operation_id == op) == 1
 
@@ -751,7 +759,7 @@ async def test_a_conflict_is_one_shape_on_both_write_paths(
             .values(conflict=record_values(written)["conflict"])
         )
     async with pool.acquire() as conn:
-        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
+        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id, "tenant": "acme"}))
     assert record_from_row(row).conflict == conflict
     statement = Prepared(
         update(operations)
@@ -769,5 +777,5 @@ async def test_a_conflict_is_one_shape_on_both_write_paths(
         )
     assert stored == {"digests": ["d3"], "kinds": ["failed"]}
     async with pool.acquire() as conn:
-        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id}))
+        row = await conn.fetchrow(LOCK.sql, *LOCK.args({"id": operation_id, "tenant": "acme"}))
     assert record_from_row(row).conflict == again

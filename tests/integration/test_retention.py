@@ -66,7 +66,11 @@ async def settled_transfer(
     attempt, record = await claimed(store, scope, clock)
     statement, account = opening(attempt, record)
     done = await store.settle_local(
-        uuid.UUID(attempt.reservation.operation_id), attempt, statement, route=scope.route
+        uuid.UUID(attempt.reservation.operation_id),
+        attempt,
+        statement,
+        tenant=scope.tenant,
+        route=scope.route,
     )
     assert done.record.state is OperationState.COMPLETED
     return uuid.UUID(attempt.reservation.operation_id), account.id

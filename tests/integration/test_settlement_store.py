@@ -316,7 +316,11 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
     # the database refuses the effect's write: nothing of the settlement commits either
     with pytest.raises(EffectRefused) as refused_by_check:
         await store.settle_local(
-            operation_id, attempt, writes_account(record, account_id, -1), route=ROUTE
+            operation_id,
+            attempt,
+            writes_account(record, account_id, -1),
+            tenant="acme",
+            route=ROUTE,
         )
     assert refused_by_check.value.constraint == "ck_accounts_balance_non_negative"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
@@ -326,16 +330,16 @@ async def test_local_effect_commits_with_the_settlement_or_not_at_all(
 
     stale = AttemptRef(attempt_id=uuid.uuid4(), reservation=record.reservation, fencing_token=7)
     effect = writes_account(record, account_id, 5)
-    refused = await store.settle_local(operation_id, stale, effect, route=ROUTE)
+    refused = await store.settle_local(operation_id, stale, effect, tenant="acme", route=ROUTE)
     assert refused.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.id == account_id) == 0
 
-    done = await store.settle_local(operation_id, attempt, effect, route=ROUTE)
+    done = await store.settle_local(operation_id, attempt, effect, tenant="acme", route=ROUTE)
     assert done.record.state is OperationState.COMPLETED
     assert await count(engine, accounts, accounts.c.id == account_id) == 1
 
     # A second run of the same attempt finds the row terminal: nothing is written twice.
-    again = await store.settle_local(operation_id, attempt, effect, route=ROUTE)
+    again = await store.settle_local(operation_id, attempt, effect, tenant="acme", route=ROUTE)
     assert again.decision.disposition.value == "ignored"
     assert await count(engine, accounts, accounts.c.id == account_id) == 1
 

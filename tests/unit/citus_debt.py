@@ -20,22 +20,6 @@ KEYS: frozenset[Entry] = frozenset()
 # the hot statements (a) and the cold ones collected statically (b)
 STATEMENTS: frozenset[Entry] = frozenset(
     {
-        ("hot_sql.IDENTIFY", "unpinned", "operations"),
-        ("hot_sql.IDENTIFY", "unpinned", "tombstones"),
-        ("hot_sql.LOCK", "for-update-unpinned", "operations"),
-        ("hot_sql.LOCK", "unpinned", "operations"),
-        ("hot_sql.RECORD_ALONE", "insert-without-tenant", "observations"),
-        ("hot_sql.RECORD_ALONE", "unpinned", "attempts"),
-        ("finish_with(no-effect)", "unpinned", "attempts"),
-        ("finish_with(no-effect)", "unpinned", "operations"),
-        ("finish_with(open-account)", "unpinned", "attempts"),
-        ("finish_with(open-account)", "unpinned", "operations"),
-        ("finish_with(refund)", "unpinned", "attempts"),
-        ("finish_with(refund)", "unpinned", "operations"),
-        ("claim_settle_with(transfer)", "unpinned", "accounts"),
-        ("finish_with(transfer)", "unpinned", "accounts"),
-        ("finish_with(transfer)", "unpinned", "attempts"),
-        ("finish_with(transfer)", "unpinned", "operations"),
         ("store.open_work._FIRST_EXPIRY", "unpinned", "operations"),
         ("store.open_work._OPEN_WORK", "unpinned", "operations"),
         ("store.retention._BY_ID", "unpinned", "tombstones"),

@@ -59,9 +59,9 @@ def test_every_settling_statement_compiles_to_one_placeholder_per_name(effect: E
 
 
 def test_the_reads_and_the_claim_take_their_names() -> None:
-    assert set(IDENTIFY.names) == {"key_hash", "route", "idempotency_key", "now"}
+    assert set(IDENTIFY.names) == {"key_hash", "route", "idempotency_key", "now", "tenant"}
     assert "tombstone_stands(tombstones.forget_at" in IDENTIFY.sql  # the schema's one rule
-    assert LOCK.names == ("id",) and "FOR UPDATE" in LOCK.sql
+    assert set(LOCK.names) == {"id", "tenant"} and "FOR UPDATE" in LOCK.sql
     assert set(BY_SCOPE.names) == {"tenant", "principal_id", "route", "idempotency_key"}
     assert {"attempt_id", "lease_token", "now", "id"} <= set(CLAIM_NEW.names)
 
@@ -81,4 +81,6 @@ def test_a_constant_sent_as_a_parameter_is_refused() -> None:
 
 def test_a_missing_value_is_named() -> None:
     with pytest.raises(KeyError, match="key_hash"):
-        IDENTIFY.args({"route": "POST /v1/transfers", "idempotency_key": "k", "now": None})
+        IDENTIFY.args(
+            {"route": "POST /v1/transfers", "idempotency_key": "k", "now": None, "tenant": "t"}
+        )

@@ -399,6 +399,7 @@ class FakeStore:
         attempt: AttemptRef,
         statement: EffectStatement,
         *,
+        tenant: str,
         route: str,
         before_commit: Callable[[], Awaitable[None]] | None = None,
     ) -> Settled:
