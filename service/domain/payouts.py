@@ -104,6 +104,16 @@ class ProviderClient:
     async def close(self) -> None:
         await self._client.aclose()
 
+    @staticmethod
+    def _failed(said: str, key: str, exc: Exception) -> ProviderUnavailable:
+        """``said`` for the attempt's record; the exception's own text for the log only."""
+        log.warning(
+            "provider call failed: %s",
+            said,
+            extra={"sink_key": key, "error": f"{type(exc).__name__}: {exc}"[:1000]},
+        )
+        return ProviderUnavailable(said)
+
     async def pay(self, reservation: ReservationTuple, request: PayoutRequest) -> SignedEvidence:
         """Send the payout under its sink key; the verified evidence of a definitive answer."""
         body = {
@@ -132,21 +142,25 @@ class ProviderClient:
                 now=time.time(),
             )
         )
+        # What the attempt records is shown to the operation's client (its status resource):
+        # one fixed sentence per kind of failure, never the exception's text (a provider's
+        # raw bytes, a host name, a certificate's); the detail goes to the server's log.
         try:
             response = await self._client.send(call)
         except httpx.ConnectError as exc:  # refused, unreachable, no such host
-            raise ProviderUnavailable(f"connection refused or provider unreachable: {exc}") from exc
+            raise self._failed("connection refused or provider unreachable", key, exc) from exc
         except httpx.TimeoutException as exc:
-            raise ProviderUnavailable(
-                f"timed out after {self._timeout:g} s waiting for the provider "
-                f"({type(exc).__name__})"
+            raise self._failed(
+                f"timed out after {self._timeout:g} s waiting for the provider", key, exc
             ) from exc
         except httpx.RemoteProtocolError as exc:  # the answer was lost on its way
-            raise ProviderUnavailable(
-                f"answer lost: the provider closed the connection ({exc})"
+            raise self._failed(
+                "answer lost: the provider closed the connection or sent a malformed answer",
+                key,
+                exc,
             ) from exc
         except httpx.HTTPError as exc:
-            raise ProviderUnavailable(f"provider call failed: {exc!r}") from exc
+            raise self._failed("provider call failed", key, exc) from exc
         if response.status_code >= 500:
             raise ProviderUnavailable(f"provider answered {response.status_code}")
         if response.status_code not in (201, 402) or len(response.content) > MAX_PROVIDER_ANSWER:
@@ -159,7 +173,7 @@ class ProviderClient:
             answer = msgspec.json.decode(response.content, type=_Answer)
             signed = SignedEvidence(evidence=answer.evidence, signature=answer.signature)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise ProviderUnavailable(f"provider evidence malformed: {exc}") from exc
+            raise self._failed("provider evidence malformed", key, exc) from exc
         if not verify(signed, self._secret):
             log.error(
                 "provider evidence does not verify", extra={"sink_key": sink_key(reservation)}

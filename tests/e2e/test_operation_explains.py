@@ -112,6 +112,7 @@ def test_an_unknown_payout_says_why_and_under_which_sink_key(
     assert view["sink_key"] == sink(view) == f"{view['id']}:1"
     explanation = view["explanation"]
     assert said in explanation["last_error"], explanation
+    assert "Error" not in explanation["last_error"]  # a fixed sentence, no exception's text
     assert said in explanation["why"] and "retry" in explanation["why"]
     (attempt,) = view["attempts"]
     assert attempt["error"] == explanation["last_error"]
