@@ -589,7 +589,8 @@ def test_a_refused_supersede_keeps_what_was_typed(server: ServerProcess) -> None
         )
         assert refused.status_code == 409 and "Force was not confirmed" in refused.text
         assert ">the &lt;first&gt; try</textarea>" in refused.text
-        assert 'value="nope"' in refused.text
+        assert 'value="nope"' not in refused.text  # force is confirmed anew, never re-filled
+        assert re.search(r'id="confirm" name="confirm"[^>]* value=""', refused.text)
         assert re.search(r'id="force" name="force"[^>]* checked>', refused.text)
 
 

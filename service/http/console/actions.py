@@ -161,10 +161,11 @@ async def supersede(
     if isinstance(view, Problem):
         return problem_page(session, view)
     context = await operation_context(settlement, session, view)
-    superseding = {  # the refused form, as typed
+    superseding = {  # the refused form, as typed, but for the confirmation of force: the
+        # page now shows the advice as it is now, and forcing must be confirmed against it
         "reason": form.get("reason", ""),
         "force": force,
-        "confirm": form.get("confirm", "")[:36],
+        "confirm": "",
     }
     return page(
         "operation.html", session, status=409, error=error, superseding=superseding, **context
