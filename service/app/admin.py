@@ -16,6 +16,7 @@ from service.app.answers import Problem
 from service.app.effects import IdempotentRoute
 from service.app.fingerprint import canonical_request, fingerprint_of
 from service.app.resolve import ResolveBody, Resolved, resolve
+from service.app.status import pinned_tenant
 from service.core import Refuse, RefuseReason, Scope
 from service.domain.principals import Principal, Role
 from service.leases import LeaseManager
@@ -204,7 +205,7 @@ class Admin:
         self, admin: Principal, operation_id: uuid.UUID, body: SupersedeBody
     ) -> Superseded | Problem:
         """Start a new reservation epoch (the store decides under the row lock)."""
-        view = await operation_view(self._views, operation_id)
+        view = await operation_view(self._views, operation_id, tenant=pinned_tenant(admin))
         if view is None or not admin.may_act_in(view.tenant):
             return Problem("not-found", f"no operation {operation_id}")
         edited = canonical = None
@@ -229,6 +230,7 @@ class Admin:
             force=body.force,
             external=spec is not None and spec.external is not None,
             lease_remaining=self._lease_remaining,
+            tenant=view.tenant,
         )
         if isinstance(decision, Refuse):
             slug, detail, state = _REFUSALS[decision.reason]
@@ -236,7 +238,7 @@ class Admin:
         if decision.fenced_live_attempt:
             scope = Scope(view.tenant, view.principal_id, view.route, view.key)
             await self._leases.revoke(scope.lease_name())
-        after = await operation_view(self._views, operation_id)
+        after = await operation_view(self._views, operation_id, tenant=pinned_tenant(admin))
         assert after is not None
         return Superseded(
             operation=after,

@@ -81,7 +81,8 @@ class EvidenceIntake:
         operation_id = signed.evidence.operation_id
         observation = observation_of(signed.evidence, Source.EVIDENCE, verified=verified)
         detail = {"principal_id": str(observer.id)}
-        if not await self._is_ours(observer, operation_id):
+        tenant = await self._tenant_of(observer, operation_id)
+        if tenant is None:
             await self._store.record_refused(
                 None, observation, "unknown-operation", detail, tenant=observer.tenant
             )
@@ -90,11 +91,13 @@ class EvidenceIntake:
             return Problem("not-found", f"no operation {operation_id} with external evidence")
         if not verified:
             await self._store.record_refused(
-                operation_id, observation, "unverified-evidence", detail, tenant=observer.tenant
+                operation_id, observation, "unverified-evidence", detail, tenant=tenant
             )
             return _unverified()
         try:
-            settled = await self._store.settle(operation_id, observation, detail=detail)
+            settled = await self._store.settle(
+                operation_id, observation, detail=detail, tenant=tenant
+            )
         except OperationNotFound:  # purged since its owner was read: the store kept it as
             # an orphan of that id (the observer's own tenant's), gone with the orphans
             return Problem("not-found", f"no operation {operation_id}")
@@ -110,20 +113,29 @@ class EvidenceIntake:
             ),
         )
 
-    async def _is_ours(self, observer: Principal, operation_id: uuid.UUID) -> bool:
-        """An external effect of the observer's tenant (rule 2)."""
-        owner = await self._store.reads.owner_of(operation_id)
-        return (
+    async def _tenant_of(self, observer: Principal, operation_id: uuid.UUID) -> str | None:
+        """The tenant of an external effect of the observer's tenant (rule 2), read pinned to
+        the observer's own; None: not one."""
+        own = None if observer.all_tenants else observer.tenant
+        owner = await self._store.reads.owner_of(operation_id, own)
+        if (
             owner is not None
             and observer.may_act_in(owner[0])
             and owner[1] in self._external_routes  # evidence speaks only of external effects
-        )
+        ):
+            return owner[0]
+        return None
 
     async def _over_cap(self, observer: Principal) -> Problem | None:
         """Rule 1: the problem to answer, or None while the observer is under its cap."""
         now = datetime.fromtimestamp(self._clock(), UTC)
         window = timedelta(seconds=self._window)
-        seen = await self._store.reads.quarantined_evidence(observer.id, now - window, self._limit)
+        seen = await self._store.reads.quarantined_evidence(
+            observer.id,
+            now - window,
+            self._limit,
+            None if observer.all_tenants else observer.tenant,
+        )
         if seen.count < self._limit or seen.oldest is None:
             return None
         # until the oldest counted one leaves the window (the database's clock wrote it:

@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from service.app.answers import Problem
+from service.app.status import pinned_tenant
 from service.core import (
     Apply,
     Observation,
@@ -119,7 +120,7 @@ async def resolve(
     operation_id: uuid.UUID,
     body: ResolveBody,
 ) -> Resolved | Problem:
-    view = await operation_view(views, operation_id)
+    view = await operation_view(views, operation_id, tenant=pinned_tenant(admin))
     if view is None or not admin.may_act_in(view.tenant):
         return Problem("not-found", f"no operation {operation_id}")
     if view.state == "in_progress":
@@ -147,13 +148,13 @@ async def resolve(
         "state_before": view.state,
     }
     try:
-        settled = await store.settle(operation_id, observation, detail=detail)
+        settled = await store.settle(operation_id, observation, detail=detail, tenant=view.tenant)
     except OperationNotFound:
         return Problem("not-found", f"no operation {operation_id}")
     decision = settled.decision
     if not isinstance(decision, Apply | Strengthen):
         return _refused(decision.reason.value, view, settled.record.state.value)
-    after = await operation_view(views, operation_id)
+    after = await operation_view(views, operation_id, tenant=pinned_tenant(admin))
     assert after is not None  # a settled operation is not purged within one request
     return Resolved(
         operation=after, disposition=decision.disposition.value, reason=decision.reason.value

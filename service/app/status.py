@@ -21,7 +21,7 @@ from service.store.retention import RetentionStore
 from service.store.status import MAX_OBSERVATION_ID, OperationView, find_by_key, operation_view
 
 # the view HTTP renders and the bound of its page parameter, named where HTTP reaches them
-__all__ = ["MAX_OBSERVATION_ID", "OperationView", "StatusQueries"]
+__all__ = ["MAX_OBSERVATION_ID", "OperationView", "StatusQueries", "pinned_tenant"]
 
 # A lease key without an expiry would read as infinite; no lease is shown as longer than a day.
 MAX_SHOWN_LEASE = 86_400.0
@@ -50,9 +50,10 @@ class StatusQueries:
         observations_before: int | None = None,
     ) -> OperationView | Problem:
         """``observations_before``: list the page of observations older than this id."""
-        view = await operation_view(self._views, operation_id, observations_before)
+        tenant = pinned_tenant(principal)
+        view = await operation_view(self._views, operation_id, observations_before, tenant=tenant)
         if view is None:
-            tombstone = await self._tombstones.by_operation(operation_id)
+            tombstone = await self._tombstones.by_operation(operation_id, tenant)
             if tombstone is not None and _may_see(
                 principal, tombstone.tenant, tombstone.principal_id
             ):
@@ -109,3 +110,10 @@ def _may_see(principal: Principal, tenant: str, owner: uuid.UUID) -> bool:
     if owner == principal.id:
         return True
     return principal.role is Role.ADMIN and principal.may_act_in(tenant)
+
+
+def pinned_tenant(principal: Principal) -> str | None:
+    """The tenant a principal's reads by operation id are pinned to: its own (it sees no
+    other: another tenant's operation is not found either way); None for an all-tenant
+    admin, who may read any tenant's, and whose read first finds the operation's tenant."""
+    return None if principal.all_tenants else principal.tenant

@@ -1,4 +1,4 @@
-"""The phases that are not one observation of one row: supersede and sweep.
+"""The phases that are not one observation of one row: supersede and sweep (tenant by tenant).
 
 Each builds a phase for :class:`~service.store.phase.PhaseRunner`: lock, ask the core (with
 the lease's liveness through ``with_lease``), CAS, record.
@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import msgspec
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core import (
     Apply,
@@ -28,12 +31,12 @@ from service.core import (
     settle,
     with_lease,
 )
-from service.store.outcomes import LeaseProbe, OperationNotFound, SweepCursor, SweepPage
+from service.store.outcomes import LeaseProbe, OperationNotFound, SweepCursor
 from service.store.phase import Phase
 from service.store.rows import at
 from service.store.unit_of_work import StaleRevision, UnitOfWork
 
-__all__ = ["supersede_phase", "sweep_phase"]
+__all__ = ["by_tenant", "expired_leases", "supersede_phase", "sweep_phase"]
 
 log = logging.getLogger("settlement.store")
 
@@ -48,11 +51,13 @@ def supersede_phase(
     clock: Callable[[], float],
     lease_remaining: LeaseProbe,
     canonical_request: str | None = None,
+    tenant: str | None = None,
 ) -> Phase[SupersedeDecision]:
     """Start a new epoch under the row lock: archive the closed one, CAS on its tuple. An
     edited request's fingerprint is written with what it covers (``canonical_request``)."""
 
     async def phase(uow: UnitOfWork) -> SupersedeDecision:
+        uow.tenant = tenant or uow.tenant
         found = await uow.get_for_update_with_scope(operation_id)
         if found is None:
             raise OperationNotFound(str(operation_id))
@@ -92,23 +97,65 @@ def _edited(request: SupersedeRequest, canonical_request: str | None) -> dict[st
     return {"canonical_request": canonical_request}
 
 
+# The rows whose lease ended, in every tenant, a page at a time: a read without a lock
+# (through ix_operations_in_progress_lease); the sweep then locks them tenant by tenant.
+_SPANS = (
+    "/* spans tenants: the sweeper finds the in_progress rows whose lease ended in every "
+    "tenant (a read, no lock); it locks and demotes them tenant by tenant */"
+)
+_EXPIRED = f"""{_SPANS}
+SELECT tenant, id, lease_expires_at FROM operations
+ WHERE state = 'in_progress' AND lease_expires_at < :now{{after}}
+ ORDER BY lease_expires_at, id
+ LIMIT :batch"""
+_EXPIRED_LEASES = text(_EXPIRED.format(after=""))
+_EXPIRED_LEASES_AFTER = text(
+    _EXPIRED.format(after="\n   AND (lease_expires_at, id) > (:after_at, :after_id)")
+)
+
+
+async def expired_leases(
+    conn: AsyncConnection, now: datetime, batch: int, after: SweepCursor | None
+) -> list[tuple[str, uuid.UUID, SweepCursor]]:
+    """Up to ``batch`` in_progress rows of any tenant whose lease column ended before
+    ``now``, in (lease end, id) order after ``after``: (tenant, id, cursor)."""
+    params: dict[str, Any] = {"now": now, "batch": batch}
+    stmt = _EXPIRED_LEASES
+    if after is not None:
+        stmt = _EXPIRED_LEASES_AFTER
+        params |= {"after_at": after[0], "after_id": after[1]}
+    rows = (await conn.execute(stmt, params)).all()
+    return [(row.tenant, row.id, (row.lease_expires_at, row.id)) for row in rows]
+
+
+def by_tenant(
+    found: Sequence[tuple[str, uuid.UUID, SweepCursor]],
+) -> dict[str, list[uuid.UUID]]:
+    """The ids found, per tenant (tenants in the order they first appear)."""
+    grouped: dict[str, list[uuid.UUID]] = {}
+    for tenant, operation_id, _ in found:
+        grouped.setdefault(tenant, []).append(operation_id)
+    return grouped
+
+
 def sweep_phase(
-    batch: int,
+    tenant: str,
+    ids: Sequence[uuid.UUID],
     lease_remaining: LeaseProbe,
-    after: SweepCursor | None,
     *,
     clock: Callable[[], float],
     policy: TerminalPolicy,
-) -> Phase[SweepPage]:
-    """Demote up to ``batch`` expired in_progress rows (``FOR UPDATE SKIP LOCKED``) whose
-    lease the lease store no longer holds; a row whose CAS is refused is skipped."""
+) -> Phase[list[uuid.UUID]]:
+    """Demote those of ``tenant``'s rows ``ids`` still in_progress with an expired lease
+    (``FOR UPDATE SKIP LOCKED``) whose lease the lease store no longer holds; a row whose CAS
+    is refused is skipped. The phase returns the ids demoted."""
 
-    async def phase(uow: UnitOfWork) -> SweepPage:
+    async def phase(uow: UnitOfWork) -> list[uuid.UUID]:
         now = clock()
-        rows = await uow.expired_in_progress(at(now), batch, after)
-        remaining = await lease_remaining([scope for scope, _, _ in rows])
+        rows = await uow.expired_in_progress(tenant, ids, at(now))
+        remaining = await lease_remaining([scope for scope, _ in rows])
         demoted: list[uuid.UUID] = []
-        for (scope, stored, _), left in zip(rows, remaining, strict=True):
+        for (scope, stored), left in zip(rows, remaining, strict=True):
             record = with_lease(stored, left, now)
             operation_id = uuid.UUID(record.reservation.operation_id)
             observation = Observation(
@@ -128,7 +175,6 @@ def sweep_phase(
                 operation_id, observation, decision, record.revision, tenant=scope.tenant
             )
             demoted.append(operation_id)
-        last = rows[-1][2] if len(rows) == batch else None
-        return SweepPage(demoted=demoted, next=last)
+        return demoted
 
     return phase

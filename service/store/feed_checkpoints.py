@@ -185,8 +185,11 @@ class FeedCheckpoints:
         o = operations.c
         async with self._reader.connect() as conn:
             age = await conn.scalar(
-                select(
-                    func.extract("epoch", func.clock_timestamp() - func.min(o.updated_at))
-                ).where(o.state == inline("unknown"), o.route.in_(list(routes)))
+                select(func.extract("epoch", func.clock_timestamp() - func.min(o.updated_at)))
+                .prefix_with(
+                    "/* spans tenants: a provider's feeds settle every tenant's operations;"
+                    " the oldest unknown one of any tenant is theirs to catch up (a read) */"
+                )
+                .where(o.state == inline("unknown"), o.route.in_(list(routes)))
             )
         return None if age is None else max(0.0, float(age))

@@ -26,15 +26,18 @@ def settle_phase(
     operation_id: uuid.UUID,
     observation: Observation,
     *,
+    tenant: str | None = None,
     attempt_id: uuid.UUID | None,
     detail: dict[str, Any] | None,
     clock: Callable[[], float],
     policy: TerminalPolicy,
     retention: Retention,
 ) -> Phase[tuple[Record, Settled] | None]:
-    """The phase returns the row as it was and the settlement, or None: no such operation."""
+    """The phase returns the row as it was and the settlement, or None: no such operation.
+    ``tenant``: the operation's, when the caller knows it (else found from its id)."""
 
     async def phase(uow: UnitOfWork) -> tuple[Record, Settled] | None:
+        uow.tenant = tenant or uow.tenant
         found = await uow.get_for_update_with_scope(operation_id)
         if found is None:
             return None

@@ -40,7 +40,8 @@ OPEN_STATES = ("in_progress", "unknown", "conflict")
 # Each state written inline: the partial indexes' predicates name them, and a generic plan
 # (plan_cache_mode, service.store.db.server_settings) cannot prove one from a parameter.
 _OPEN_WORK = text(
-    """
+    """/* spans tenants: the open-work figures count every tenant's open operations (a read,
+   no lock, capped per state) */
 SELECT (SELECT count(*) FROM (SELECT 1 FROM operations WHERE state = 'in_progress'
                                LIMIT :cap) AS o) AS in_progress,
        (SELECT count(*) FROM (SELECT 1 FROM operations WHERE state = 'unknown'
@@ -50,7 +51,8 @@ SELECT (SELECT count(*) FROM (SELECT 1 FROM operations WHERE state = 'in_progres
 """
 )
 _FIRST_EXPIRY = text(
-    "SELECT min(expires_at) FROM operations WHERE state IN ('completed', 'failed')"
+    "/* spans tenants: how far the purge is behind, over every tenant (a read, no lock) */"
+    " SELECT min(expires_at) FROM operations WHERE state IN ('completed', 'failed')"
 )
 
 

@@ -46,6 +46,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import datetime, timedelta
+from typing import Any
 
 import msgspec
 from sqlalchemy import text
@@ -93,21 +94,33 @@ class PurgePage(msgspec.Struct, frozen=True):
     """the batch was full: more may be waiting"""
 
 
+# The purge and the forgetting find their rows across tenants in one read without a lock (an
+# index's first entries: the oldest first), then take them tenant by tenant, each tenant's in
+# a transaction of its own (one shard on Citus) whose every statement is pinned to it.
+_PURGEABLE = text(
+    """/* spans tenants: the purge finds the oldest expired terminal rows of every tenant (a read,
+   no lock); it locks, deletes and tombstones them tenant by tenant */
+SELECT tenant, id FROM operations
+ WHERE state IN ('completed', 'failed') AND expires_at <= :now
+ ORDER BY expires_at
+ LIMIT :batch"""
+)
+
 _PURGE = text(
     """
 WITH doomed AS (
     SELECT id FROM operations
-     WHERE state IN ('completed', 'failed') AND expires_at <= :now
-     ORDER BY expires_at
-     LIMIT :batch
+     WHERE tenant = :tenant AND id = ANY(CAST(:ids AS uuid[]))
+       AND state IN ('completed', 'failed') AND expires_at <= :now
      FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM operations o USING doomed
-     WHERE o.id = doomed.id
+     WHERE o.tenant = :tenant AND o.id = doomed.id
     RETURNING o.id, o.tenant, o.principal_id, o.route, o.idempotency_key,
               o.request_fingerprint, o.state, o.expires_at
 ), unobserved AS (
-    DELETE FROM observations WHERE operation_id IN (SELECT id FROM gone)
+    DELETE FROM observations
+     WHERE tenant = :tenant AND operation_id IN (SELECT id FROM gone)
 ), kept AS (
     INSERT INTO tombstones (tenant, principal_id, route, idempotency_key, operation_id,
         request_fingerprint, final_state, expired_at, forget_at)
@@ -125,26 +138,44 @@ SELECT count(*) FROM gone
 """
 )
 
+_FORGETTABLE = text(
+    """/* spans tenants: forgetting finds the oldest tombstones past their retention in every
+   tenant (a read, no lock); it deletes them tenant by tenant */
+SELECT tenant, principal_id, route, idempotency_key FROM tombstones
+ WHERE forget_at <= :now
+ ORDER BY forget_at
+ LIMIT :batch"""
+)
+
 _FORGET = text(
     """
 WITH doomed AS (
-    SELECT tenant, principal_id, route, idempotency_key FROM tombstones
-     WHERE forget_at <= :now
-     ORDER BY forget_at
-     LIMIT :batch
+    SELECT principal_id, route, idempotency_key FROM tombstones
+     WHERE tenant = :tenant AND forget_at <= :now
+       AND (principal_id, route, idempotency_key) IN (
+           SELECT * FROM unnest(CAST(:principals AS uuid[]), CAST(:routes AS text[]),
+                                CAST(:keys AS text[])))
      FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM tombstones t USING doomed d
-     WHERE (t.tenant, t.principal_id, t.route, t.idempotency_key)
-         = (d.tenant, d.principal_id, d.route, d.idempotency_key)
+     WHERE t.tenant = :tenant
+       AND (t.principal_id, t.route, t.idempotency_key)
+         = (d.principal_id, d.route, d.idempotency_key)
     RETURNING t.operation_id
-), unobserved AS (
-    DELETE FROM observations o USING gone
-     WHERE o.operation_id = gone.operation_id
-       AND NOT EXISTS (SELECT 1 FROM operations WHERE id = gone.operation_id)
 )
-SELECT count(*) FROM gone
+SELECT operation_id FROM gone
 """
+)
+# What was reported about an operation after its purge (a feed's event, an observer's
+# evidence: quarantined operation-expired) goes with its tombstone; it may be kept under the
+# reporter's tenant, not the operation's, so this one looks in every tenant.
+_UNOBSERVED = text(
+    """/* spans tenants: the observations about a forgotten operation, written after its purge
+   under whichever tenant reported them, go with its tombstone (by their operation_id index) */
+DELETE FROM observations
+ WHERE operation_id = ANY(CAST(:ids AS uuid[]))
+   AND operation_id NOT IN (SELECT id FROM operations
+                             WHERE tenant = :tenant AND id = ANY(CAST(:ids AS uuid[])))"""
 )
 
 # Per cursor feed, the greatest position its checkpoint was promoted to at or before
@@ -230,17 +261,29 @@ SELECT count(*) FROM gone
 """
 )
 
+# the orphans past their retention, oldest first through their own partial index
+# (ix_observations_unknown_operation_created_at); one whose operation id is here after all
+# (in its tenant) is left to go with that operation
 _FORGET_ORPHANS = text(
+    """/* spans tenants: forgetting finds the oldest observations about no operation in every
+   tenant (a read, no lock); it deletes them tenant by tenant */
+SELECT o.tenant, o.id FROM observations o
+ WHERE o.reason = 'unknown-operation' AND o.created_at <= :cutoff
+   AND NOT EXISTS (SELECT 1 FROM operations WHERE tenant = o.tenant AND id = o.operation_id)
+ ORDER BY o.created_at
+ LIMIT :batch"""
+)
+_FORGET_TENANTS_ORPHANS = text(
     """
 WITH doomed AS (
     SELECT o.id FROM observations o
-     WHERE o.reason = 'unknown-operation' AND o.created_at <= :cutoff
-       AND NOT EXISTS (SELECT 1 FROM operations WHERE id = o.operation_id)
-     ORDER BY o.created_at
-     LIMIT :batch
+     WHERE o.tenant = :tenant AND o.id = ANY(CAST(:ids AS bigint[]))
+       AND o.reason = 'unknown-operation' AND o.created_at <= :cutoff
+       AND NOT EXISTS (SELECT 1 FROM operations
+                        WHERE tenant = :tenant AND id = o.operation_id)
      FOR UPDATE OF o SKIP LOCKED
 ), gone AS (
-    DELETE FROM observations o USING doomed d WHERE o.id = d.id
+    DELETE FROM observations o USING doomed d WHERE o.tenant = :tenant AND o.id = d.id
     RETURNING 1
 )
 SELECT count(*) FROM gone
@@ -248,13 +291,23 @@ SELECT count(*) FROM gone
 )
 
 _OLDEST_OPEN = text(
-    "SELECT min(created_at) FROM operations WHERE state IN ('in_progress', 'unknown', 'conflict')"
+    "/* spans tenants: the oldest open operation of every tenant, a gauge (a read, no lock) */"
+    " SELECT min(created_at) FROM operations WHERE state IN ('in_progress', 'unknown', 'conflict')"
 )
 
 _TOMBSTONE = """SELECT tenant, principal_id, operation_id, request_fingerprint, final_state,
        expired_at, forget_at
   FROM tombstones"""
-_BY_ID = text(_TOMBSTONE + " WHERE operation_id = :id ORDER BY forget_at DESC LIMIT 1")
+_BY_ID = text(
+    _TOMBSTONE + " WHERE tenant = :tenant AND operation_id = :id ORDER BY forget_at DESC LIMIT 1"
+)
+# an operation id alone (an all-tenant admin's, a provider feed's event): its tenant unknown
+_BY_ID_ANY_TENANT = text(
+    "/* spans tenants: a tombstone named by an operation id alone, whose tenant the caller"
+    " does not know (a read by the operation id's index) */ "
+    + _TOMBSTONE
+    + " WHERE operation_id = :id ORDER BY forget_at DESC LIMIT 1"
+)
 _BY_KEY = text(
     _TOMBSTONE + " WHERE tenant = :tenant AND principal_id = :principal_id"
     " AND idempotency_key = :key AND (CAST(:route AS text) IS NULL OR route = :route)"
@@ -269,19 +322,42 @@ class RetentionStore:
         self.retention = retention
 
     async def purge(self, batch: int, now: datetime) -> PurgePage:
-        """Tombstone up to ``batch`` expired terminal operations, in one transaction."""
+        """Tombstone up to ``batch`` expired terminal operations, the oldest first, tenant by
+        tenant (one transaction each)."""
         forget_at = now + timedelta(seconds=self.retention.tombstone)
-        async with self._engine.begin() as conn:
-            purged = (
-                await conn.execute(_PURGE, {"now": now, "batch": batch, "forget_at": forget_at})
-            ).scalar_one()
-        return PurgePage(purged=int(purged), full=purged >= batch)
+        found = await self._found(_PURGEABLE, {"now": now, "batch": batch})
+        purged = 0
+        for tenant, rows in _by_tenant(found).items():
+            params = {"tenant": tenant, "ids": [row.id for row in rows], "now": now}
+            async with self._engine.begin() as conn:
+                gone = await conn.execute(_PURGE, params | {"forget_at": forget_at})
+                purged += int(gone.scalar_one())
+        return _page(purged, len(found), batch)
 
     async def forget(self, batch: int, now: datetime) -> PurgePage:
-        """Delete up to ``batch`` tombstones past their retention, in one transaction."""
-        async with self._engine.begin() as conn:
-            forgotten = (await conn.execute(_FORGET, {"now": now, "batch": batch})).scalar_one()
-        return PurgePage(purged=int(forgotten), full=forgotten >= batch)
+        """Delete up to ``batch`` tombstones past their retention, the oldest first, tenant by
+        tenant (one transaction each)."""
+        found = await self._found(_FORGETTABLE, {"now": now, "batch": batch})
+        forgotten = 0
+        for tenant, rows in _by_tenant(found).items():
+            params = {
+                "tenant": tenant,
+                "now": now,
+                "principals": [row.principal_id for row in rows],
+                "routes": [row.route for row in rows],
+                "keys": [row.idempotency_key for row in rows],
+            }
+            async with self._engine.begin() as conn:
+                gone = list((await conn.execute(_FORGET, params)).scalars())
+                if gone:
+                    await conn.execute(_UNOBSERVED, {"tenant": tenant, "ids": gone})
+            forgotten += len(gone)
+        return _page(forgotten, len(found), batch)
+
+    async def _found(self, stmt: Any, params: dict[str, Any]) -> list[Any]:
+        """What a read across tenants (no lock) found."""
+        async with self._reader.connect() as conn:
+            return list((await conn.execute(stmt, params)).all())
 
     async def forget_feed_rows(self, batch: int, now: datetime) -> PurgePage:
         """Delete up to ``batch`` final feed receipts out of every page's reach, up to
@@ -310,13 +386,15 @@ class RetentionStore:
 
     async def forget_orphans(self, batch: int, now: datetime) -> PurgePage:
         """Delete up to ``batch`` observations about an operation that was never here, past
-        ``orphans``, in one transaction."""
+        ``orphans``, the oldest first, tenant by tenant (one transaction each)."""
         cutoff = now - timedelta(seconds=self.retention.orphans)
-        async with self._engine.begin() as conn:
-            gone = (
-                await conn.execute(_FORGET_ORPHANS, {"cutoff": cutoff, "batch": batch})
-            ).scalar_one()
-        return PurgePage(purged=int(gone), full=gone >= batch)
+        found = await self._found(_FORGET_ORPHANS, {"cutoff": cutoff, "batch": batch})
+        gone = 0
+        for tenant, rows in _by_tenant(found).items():
+            params = {"tenant": tenant, "ids": [row.id for row in rows], "cutoff": cutoff}
+            async with self._engine.begin() as conn:
+                gone += int((await conn.execute(_FORGET_TENANTS_ORPHANS, params)).scalar_one())
+        return _page(gone, len(found), batch)
 
     async def oldest_open(self) -> datetime | None:
         """When the oldest operation that is not settled for good (in_progress, unknown,
@@ -325,9 +403,15 @@ class RetentionStore:
             found: datetime | None = (await conn.execute(_OLDEST_OPEN)).scalar_one()
         return found
 
-    async def by_operation(self, operation_id: uuid.UUID) -> Tombstone | None:
+    async def by_operation(
+        self, operation_id: uuid.UUID, tenant: str | None = None
+    ) -> Tombstone | None:
+        """The tombstone of ``operation_id`` (of ``tenant``; None: of whichever tenant)."""
+        stmt, params = _BY_ID, {"id": operation_id, "tenant": tenant}
+        if tenant is None:
+            stmt, params = _BY_ID_ANY_TENANT, {"id": operation_id}
         async with self._reader.connect() as conn:
-            row = (await conn.execute(_BY_ID, {"id": operation_id})).mappings().first()
+            row = (await conn.execute(stmt, params)).mappings().first()
         return None if row is None else Tombstone(**row)
 
     async def by_key(
@@ -338,3 +422,17 @@ class RetentionStore:
         async with self._reader.connect() as conn:
             row = (await conn.execute(_BY_KEY, params)).mappings().first()
         return None if row is None else Tombstone(**row)
+
+
+def _by_tenant(found: list[Any]) -> dict[str, list[Any]]:
+    """The rows found, per tenant (in the order the tenants first appear)."""
+    grouped: dict[str, list[Any]] = {}
+    for row in found:
+        grouped.setdefault(row.tenant, []).append(row)
+    return grouped
+
+
+def _page(done: int, found: int, batch: int) -> PurgePage:
+    """Full (more may wait) when the read found a whole batch and some of it went: rows
+    another transaction holds are left for a later pass, not read again at once."""
+    return PurgePage(purged=done, full=found >= batch and done > 0)

@@ -38,7 +38,7 @@ from service.core import (
     decide_claim,
 )
 from service.store.claims import claim_phase
-from service.store.epochs import supersede_phase, sweep_phase
+from service.store.epochs import by_tenant, expired_leases, supersede_phase, sweep_phase
 from service.store.hot import HotPath
 from service.store.merge import settle_phase
 from service.store.outcomes import (
@@ -149,13 +149,16 @@ class SettlementStore:
         *,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> Settled:
         """Merge one observation into the row, under its lock, with the tuple + revision CAS.
-        An observation about no operation is recorded as quarantined, then refused."""
+        An observation about no operation is recorded as quarantined, then refused.
+        ``tenant``: the operation's, when the caller knows it (else found from its id)."""
         started = time.perf_counter()
         phase = settle_phase(
             operation_id,
             observation,
+            tenant=tenant,
             attempt_id=attempt_id,
             detail=detail,
             clock=self._clock,
@@ -325,11 +328,12 @@ class SettlementStore:
         external: bool = False,
         lease_remaining: LeaseProbe,
         canonical_request: str | None = None,
+        tenant: str | None = None,
     ) -> SupersedeDecision:
         """Start a new reservation epoch in one transaction under the row lock, with the CAS;
         the closed epoch is archived in ``operation_epochs`` (tuple, final state, digest,
         reason, who, when). ``canonical_request``: what an edited ``request_fingerprint``
-        covers, written with it."""
+        covers, written with it. ``tenant``: the operation's, when the caller knows it."""
 
         phase = supersede_phase(
             operation_id,
@@ -342,6 +346,7 @@ class SettlementStore:
             clock=self._clock,
             lease_remaining=lease_remaining,
             canonical_request=canonical_request,
+            tenant=tenant,
         )
         decision = await self._runner.run(f"supersede {operation_id}", phase)
         if not isinstance(decision, Refuse):
@@ -355,16 +360,25 @@ class SettlementStore:
     ) -> SweepPage:
         """Demote up to ``batch`` in_progress rows whose lease has expired to ``unknown``.
 
-        Rows are taken with ``FOR UPDATE SKIP LOCKED`` so several sweepers share the work,
-        in (lease_expires_at, id) order after ``after``, so rows that are still live never
-        hide the dead ones behind them. ``lease_remaining`` asks the lease store, in one round
+        The rows are found across tenants in one read without a lock (a page in
+        (lease_expires_at, id) order after ``after``, so rows that are still live never hide
+        the dead ones behind them), then locked tenant by tenant, each tenant's rows in a
+        transaction of its own (one shard on Citus), ``FOR UPDATE SKIP LOCKED`` so several
+        sweepers share the work. ``lease_remaining`` asks the lease store, in one round
         trip, what each scope's lease has left (a heartbeat keeps Redis, not this row, up to
         date): the core leaves live ones alone. Each demotion goes through the core and the
         CAS and is recorded (source sweeper); a row whose CAS is refused is skipped, not the
         batch.
         """
 
-        phase = sweep_phase(batch, lease_remaining, after, clock=self._clock, policy=self._policy)
-        page = await self._runner.run("sweep", phase)
+        async with self._engine.connect() as conn:
+            found = await expired_leases(conn, at(self._clock()), batch, after)
+        demoted: list[uuid.UUID] = []
+        for tenant, ids in by_tenant(found).items():
+            phase = sweep_phase(
+                tenant, ids, lease_remaining, clock=self._clock, policy=self._policy
+            )
+            demoted += await self._runner.run(f"sweep {tenant}", phase)
+        page = SweepPage(demoted=demoted, next=found[-1][2] if len(found) == batch else None)
         self.reports.swept(len(page.demoted))
         return page

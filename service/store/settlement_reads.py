@@ -39,18 +39,37 @@ class Quarantined(msgspec.Struct, frozen=True):
 
 
 # through ix_observations_quarantined_evidence_by_principal (its predicate written out, so
-# that a generic plan can use it); stops counting at :limit
-_QUARANTINED = text(
-    """
+# that a generic plan can use it); stops counting at :limit. An observer of one tenant's is
+# counted in its tenant (_QUARANTINED_IN_TENANT); one of every tenant's, across them.
+_COUNT_QUARANTINED = """
 SELECT count(*) AS count, min(created_at) AS oldest FROM (
     SELECT created_at FROM observations
-     WHERE source = 'evidence' AND disposition = 'quarantined'
+     WHERE {tenant}source = 'evidence' AND disposition = 'quarantined'
        AND (detail ->> 'principal_id') = :principal AND created_at > :since
      ORDER BY created_at
      LIMIT :limit
 ) q
 """
+_QUARANTINED = text(
+    "/* spans tenants: an observer of every tenant's refused evidence, in whichever tenant"
+    " (a read) */" + _COUNT_QUARANTINED.format(tenant="")
 )
+_QUARANTINED_IN_TENANT = text(_COUNT_QUARANTINED.format(tenant="tenant = :tenant AND "))
+
+
+# A read of an operation named by its id alone, by a caller that does not know its tenant
+# (a provider's feed event, an observer of every tenant, a test)
+_ANY_TENANT = (
+    "/* spans tenants: an operation named by its id alone, its tenant unknown to the caller"
+    " (a read by the id's index, no lock) */"
+)
+
+
+def _by_id(operation_id: uuid.UUID, tenant: str | None) -> tuple[Any, ...]:
+    """The predicate of a read by id: pinned to ``tenant`` when it is known."""
+    if tenant is None:
+        return (operations.c.id == operation_id,)
+    return (operations.c.tenant == tenant, operations.c.id == operation_id)
 
 
 class SettlementReads:
@@ -65,8 +84,9 @@ class SettlementReads:
         self._hot = hot
         self._clock = clock
 
-    async def get(self, operation_id: uuid.UUID) -> Record | None:
-        return await self._read_one(operations.c.id == operation_id)
+    async def get(self, operation_id: uuid.UUID, tenant: str | None = None) -> Record | None:
+        """The row of ``operation_id`` (of ``tenant``; None: of whichever tenant)."""
+        return await self._read_one(*_by_id(operation_id, tenant), spans=tenant is None)
 
     async def get_by_scope(self, scope: Scope) -> Record | None:
         """The scope's row, one indexed read without a lock (the request's first read is
@@ -75,9 +95,12 @@ class SettlementReads:
             return await self._hot.by_scope(scope)
         return await self._read_one(*scope_predicate(scope))
 
-    async def _read_one(self, *where: Any) -> Record | None:
+    async def _read_one(self, *where: Any, spans: bool = False) -> Record | None:
+        stmt = select(operations).where(*where)
+        if spans:
+            stmt = stmt.prefix_with(_ANY_TENANT)
         async with self._reader.connect() as conn:
-            row = (await conn.execute(select(operations).where(*where))).mappings().first()
+            row = (await conn.execute(stmt)).mappings().first()
         return None if row is None else record_from_row(row)
 
     async def identify(
@@ -90,24 +113,28 @@ class SettlementReads:
             raise RuntimeError("identify needs the store's HotPool")
         return await self._hot.identify(key_hash, route, idempotency_key, at(self._clock()))
 
-    async def owner_of(self, operation_id: uuid.UUID) -> tuple[str, str] | None:
-        """(tenant, route) of an operation, or None."""
+    async def owner_of(
+        self, operation_id: uuid.UUID, tenant: str | None = None
+    ) -> tuple[str, str] | None:
+        """(tenant, route) of an operation (of ``tenant``; None: of whichever tenant), or
+        None."""
+        stmt = select(operations.c.tenant, operations.c.route).where(*_by_id(operation_id, tenant))
+        if tenant is None:
+            stmt = stmt.prefix_with(_ANY_TENANT)
         async with self._reader.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(operations.c.tenant, operations.c.route).where(
-                        operations.c.id == operation_id
-                    )
-                )
-            ).first()
+            row = (await conn.execute(stmt)).first()
         return None if row is None else (row.tenant, row.route)
 
     async def quarantined_evidence(
-        self, principal_id: uuid.UUID, since: datetime, limit: int
+        self, principal_id: uuid.UUID, since: datetime, limit: int, tenant: str | None = None
     ) -> Quarantined:
         """The evidence ``principal_id`` sent that was quarantined after ``since`` (refused,
-        or stopped at the tuple gate), counted up to ``limit``."""
-        params = {"principal": str(principal_id), "since": since, "limit": limit}
+        or stopped at the tuple gate), counted up to ``limit``; in ``tenant`` (the
+        observer's own), or in every tenant (None: an observer of every tenant)."""
+        params: dict[str, Any] = {"principal": str(principal_id), "since": since, "limit": limit}
+        stmt = _QUARANTINED
+        if tenant is not None:
+            stmt, params["tenant"] = _QUARANTINED_IN_TENANT, tenant
         async with self._reader.connect() as conn:
-            row = (await conn.execute(_QUARANTINED, params)).one()
+            row = (await conn.execute(stmt, params)).one()
         return Quarantined(count=int(row[0]), oldest=row[1])

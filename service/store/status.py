@@ -190,7 +190,8 @@ def _body(content_type: str | None, body: bytes | None) -> Any:
 
 # The operation and everything listed under it, in one statement: its attempts, epochs,
 # one page of observations (one more than MAX_OBSERVATIONS, newest first below the cursor
-# {before}: to know whether older ones exist) and the settling observation as JSON whose
+# {before}: to know whether older ones exist) and the settling observation as JSON, each
+# pinned to the operation's tenant ({tenant}: the parameter the statement takes it in), whose
 # keys are the views' fields, sent as text (the connections' json codec is SQLAlchemy's,
 # which would decode them to Python lists first) and decoded by msgspec into the views.
 # admin_name: of the admin an observation's detail names (a resolution's), cast only when it
@@ -207,19 +208,22 @@ _LISTS = f"""
   (SELECT coalesce(json_agg(a ORDER BY a.fencing_token), '[]')::text
      FROM (SELECT id, fencing_token, binding_generation, started_at, finished_at, outcome,
                   response_status, error
-             FROM attempts WHERE operation_id = o.id) a) AS attempts_json,
+             FROM attempts WHERE tenant = {{tenant}} AND operation_id = o.id) a) AS attempts_json,
   (SELECT coalesce(json_agg(e ORDER BY e.binding_generation), '[]')::text
      FROM (SELECT binding_generation, request_fingerprint, final_state, result_digest, reason,
                   superseded_by, superseded_at,
                   (SELECT p.name FROM principals p WHERE p.id = superseded_by) AS superseded_by_name
-             FROM operation_epochs WHERE operation_id = o.id) e) AS epochs_json,
+             FROM operation_epochs
+            WHERE tenant = {{tenant}} AND operation_id = o.id) e) AS epochs_json,
   (SELECT coalesce(json_agg(b ORDER BY b.id), '[]')::text
      FROM (SELECT {_OBSERVATION}
-             FROM observations WHERE operation_id = o.id AND id < {{before}}
+             FROM observations WHERE tenant = {{tenant}} AND operation_id = o.id
+              AND id < {{before}}
             ORDER BY id DESC LIMIT {MAX_OBSERVATIONS + 1}) b) AS observations_json,
   (SELECT row_to_json(s)::text
      FROM (SELECT {_OBSERVATION}
-             FROM observations WHERE operation_id = o.id AND revision_after = o.revision
+             FROM observations WHERE tenant = {{tenant}} AND operation_id = o.id
+              AND revision_after = o.revision
               AND (revision_before IS NULL OR revision_before < revision_after)
               AND disposition IN ('applied', 'strengthened', 'conflict')
             ORDER BY id DESC LIMIT 1) s) AS settling_json"""
@@ -230,15 +234,28 @@ _COLUMNS = """o.id, o.tenant, o.principal_id, o.idempotency_key, o.route, o.stat
   o.current_attempt_id, o.fencing_token, o.lease_expires_at, o.conflict, o.canonical_request,
   (SELECT p.name FROM principals p WHERE p.id = o.principal_id) AS principal_name"""
 
-BY_ID = f"SELECT {_COLUMNS}, {_LISTS.format(before='$2')}\n  FROM operations o WHERE o.id = $1"
+BY_ID = (
+    f"SELECT {_COLUMNS}, {_LISTS.format(before='$2', tenant='$3')}\n"
+    "  FROM operations o WHERE o.tenant = $3 AND o.id = $1"
+)
+# The tenant of an operation named by its id alone, for a reader of every tenant (an
+# all-tenant admin): the one statement that is not pinned; the view is then read pinned.
+TENANT_OF = (
+    "/* spans tenants: an all-tenant admin names an operation by its id alone; this finds its"
+    " tenant (by the id's index), and the view is read pinned to it */"
+    " SELECT tenant FROM operations WHERE id = $1"
+)
 
 # the caller's most recent operation under a key (any route, or $4's)
 _LATEST = """SELECT * FROM operations
      WHERE tenant = $1 AND principal_id = $2 AND idempotency_key = $3{route}
      ORDER BY created_at DESC LIMIT 1"""
-BY_KEY = f"SELECT {_COLUMNS}, {_LISTS.format(before='$4')}\n  FROM ({_LATEST.format(route='')}) o"
+BY_KEY = (
+    f"SELECT {_COLUMNS}, {_LISTS.format(before='$4', tenant='$1')}\n"
+    f"  FROM ({_LATEST.format(route='')}) o"
+)
 BY_KEY_ON_ROUTE = (
-    f"SELECT {_COLUMNS}, {_LISTS.format(before='$5')}\n"
+    f"SELECT {_COLUMNS}, {_LISTS.format(before='$5', tenant='$1')}\n"
     f"  FROM ({_LATEST.format(route=' AND route = $4')}) o"
 )
 
@@ -314,13 +331,23 @@ def _view(row: Any) -> OperationView:
 
 
 async def operation_view(
-    pool: Any, operation_id: uuid.UUID, observations_before: int | None = None
+    pool: Any,
+    operation_id: uuid.UUID,
+    observations_before: int | None = None,
+    *,
+    tenant: str | None,
 ) -> OperationView | None:
     """``pool``: the hot path's :class:`service.store.pool.HotPool`, whose sessions (every
     connection's: :func:`service.store.db.server_settings`) write timestamps in JSON in
-    UTC. ``observations_before``: list the observations older than this id (a page)."""
+    UTC. ``observations_before``: list the observations older than this id (a page).
+    ``tenant``: the operation's tenant as the reader knows it (its own); None: a reader of
+    every tenant, for whom :data:`TENANT_OF` finds it first."""
     async with pool.acquire() as conn:
-        row = await conn.fetchrow(BY_ID, operation_id, _cursor(observations_before))
+        if tenant is None:
+            tenant = await conn.fetchval(TENANT_OF, operation_id)
+            if tenant is None:
+                return None
+        row = await conn.fetchrow(BY_ID, operation_id, _cursor(observations_before), tenant)
     return None if row is None else _view(row)
 
 

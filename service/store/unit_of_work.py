@@ -7,12 +7,13 @@ block without ``await uow.commit()`` rolls everything back.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any
 
 import msgspec
-from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -48,11 +49,23 @@ class StaleRevision(SettlementError):
     problem = "service-unavailable"
 
 
+# An operation named by its id alone (an observation of it, an admin's supersede): its tenant,
+# so that the lock and the write after it are pinned to it.
+_TENANT_OF = text(
+    "/* spans tenants: an operation named by its id alone; this finds its tenant (by the id's"
+    " index, no lock), and the row is then locked and written pinned to it */"
+    " SELECT tenant FROM operations WHERE id = :id"
+)
+
+
 class UnitOfWork:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, tenant: str | None = None) -> None:
         self._engine = engine
         self._conn: AsyncConnection | None = None
         self._tx: AsyncTransaction | None = None
+        self.tenant = tenant
+        """the one tenant this transaction works in (one shard on Citus): set by the caller
+        that knows it, by a lock by scope, or found from the operation id (:meth:`pinned`)"""
 
     async def __aenter__(self) -> UnitOfWork:
         self._conn = await self._engine.connect()
@@ -84,21 +97,18 @@ class UnitOfWork:
 
     # -- reads under lock -------------------------------------------------------------------
 
-    async def get_for_update(self, operation_id: uuid.UUID) -> Record | None:
-        """Lock the operation row for the rest of this transaction and return it."""
-        row = (
-            (
-                await self.connection.execute(
-                    select(operations).where(operations.c.id == operation_id).with_for_update()
-                )
-            )
-            .mappings()
-            .first()
-        )
-        return None if row is None else record_from_row(row)
+    async def pinned(self, operation_id: uuid.UUID) -> str | None:
+        """The tenant this transaction works in, found from ``operation_id`` when nobody set
+        it (None: no such operation)."""
+        if self.tenant is None:
+            self.tenant = (
+                await self.connection.execute(_TENANT_OF, {"id": operation_id})
+            ).scalar_one_or_none()
+        return self.tenant
 
     async def get_for_update_by_scope(self, scope: Scope) -> Record | None:
         """Lock the row of a scope (if any) for the rest of this transaction."""
+        self.tenant = scope.tenant
         row = (
             (
                 await self.connection.execute(
@@ -113,11 +123,16 @@ class UnitOfWork:
     async def get_for_update_with_scope(
         self, operation_id: uuid.UUID
     ) -> tuple[Scope, Record] | None:
-        """Lock the operation row and return it with its scope."""
+        """Lock the operation row (pinned to its tenant) and return it with its scope."""
+        tenant = await self.pinned(operation_id)
+        if tenant is None:
+            return None
         row = (
             (
                 await self.connection.execute(
-                    select(operations).where(operations.c.id == operation_id).with_for_update()
+                    select(operations)
+                    .where(operations.c.tenant == tenant, operations.c.id == operation_id)
+                    .with_for_update()
                 )
             )
             .mappings()
@@ -161,32 +176,29 @@ class UnitOfWork:
         )
 
     async def expired_in_progress(
-        self, now: datetime, limit: int, after: tuple[datetime, uuid.UUID] | None = None
-    ) -> list[tuple[Scope, Record, tuple[datetime, uuid.UUID]]]:
-        """Lock up to ``limit`` in_progress rows whose lease ended, in (lease end, id) order
-        after ``after``, skipping rows another transaction holds."""
+        self, tenant: str, ids: Sequence[uuid.UUID], now: datetime
+    ) -> list[tuple[Scope, Record]]:
+        """Lock those of ``tenant``'s rows ``ids`` that are still in_progress with their lease
+        ended, in (lease end, id) order, skipping rows another transaction holds."""
+        self.tenant = tenant
         stmt = select(operations).where(
-            operations.c.state == inline("in_progress"), operations.c.lease_expires_at < now
+            operations.c.tenant == tenant,
+            operations.c.id.in_(ids),
+            operations.c.state == inline("in_progress"),
+            operations.c.lease_expires_at < now,
         )
-        if after is not None:
-            stmt = stmt.where(
-                tuple_(operations.c.lease_expires_at, operations.c.id) > tuple_(*after)
-            )
         rows = (
             (
                 await self.connection.execute(
-                    stmt.order_by(operations.c.lease_expires_at, operations.c.id)
-                    .limit(limit)
-                    .with_for_update(skip_locked=True)
+                    stmt.order_by(operations.c.lease_expires_at, operations.c.id).with_for_update(
+                        skip_locked=True
+                    )
                 )
             )
             .mappings()
             .all()
         )
-        return [
-            (_scope_of(row), record_from_row(row), (row["lease_expires_at"], row["id"]))
-            for row in rows
-        ]
+        return [(_scope_of(row), record_from_row(row)) for row in rows]
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -222,12 +234,14 @@ class UnitOfWork:
         **extra: Any,
     ) -> None:
         """Write ``record`` only if the row still has ``expected_tuple`` (default: the
-        record's own) and ``expected_revision``."""
+        record's own) and ``expected_revision``; pinned to the tenant of the row locked."""
         reservation = expected_tuple or record.reservation
+        operation_id = uuid.UUID(reservation.operation_id)
         stmt = (
             update(operations)
             .where(
-                operations.c.id == uuid.UUID(reservation.operation_id),
+                operations.c.tenant == await self.pinned(operation_id),
+                operations.c.id == operation_id,
                 operations.c.request_fingerprint == reservation.request_fingerprint,
                 operations.c.binding_generation == reservation.binding_generation,
                 operations.c.revision == expected_revision,
@@ -308,9 +322,10 @@ class UnitOfWork:
         )
         stmt = select(inserted.c.id)
         if finish_attempt is not None:
+            tenant = self.tenant if operation_id is None else await self.pinned(operation_id)
             closed = (
                 update(attempts)
-                .where(attempts.c.id == finish_attempt.attempt_id)
+                .where(attempts.c.tenant == tenant, attempts.c.id == finish_attempt.attempt_id)
                 .values(
                     finished_at=finish_attempt.at,
                     outcome=finish_attempt.outcome,

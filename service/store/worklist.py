@@ -68,9 +68,7 @@ async def list_operations(
     """Oldest first; ``tenant`` None means every tenant (an all-tenant admin); ``route``
     one route only; ``older_than``: last changed at least that many seconds ago; ``key``:
     of that Idempotency-Key only."""
-    stmt = select(operations).where(operations.c.state == inline(state))
-    if tenant is not None:
-        stmt = stmt.where(operations.c.tenant == tenant)
+    stmt = _of(tenant, select(operations).where(operations.c.state == inline(state)))
     if key is not None:
         stmt = stmt.where(operations.c.idempotency_key == key)
     if route is not None:
@@ -130,6 +128,14 @@ async def _page(engine: AsyncEngine, stmt: Select[Any], limit: int) -> WorkPage:
     )
 
 
+def _of(tenant: str | None, stmt: Select[Any]) -> Select[Any]:
+    """``stmt`` pinned to ``tenant``; with None, marked as spanning every tenant (an
+    all-tenant admin's work list)."""
+    if tenant is None:
+        return stmt.prefix_with("/* spans tenants: an all-tenant admin's work list */")
+    return stmt.where(operations.c.tenant == tenant)
+
+
 async def count_operations(
     engine: AsyncEngine, *, tenant: str | None, route: str | None = None
 ) -> dict[str, int]:
@@ -139,8 +145,7 @@ async def count_operations(
         .where(operations.c.state.in_([inline(state) for state in WORK_STATES]))
         .group_by(operations.c.state)
     )
-    if tenant is not None:
-        stmt = stmt.where(operations.c.tenant == tenant)
+    stmt = _of(tenant, stmt)
     if route is not None:
         stmt = stmt.where(operations.c.route == route)
     async with engine.connect() as conn:

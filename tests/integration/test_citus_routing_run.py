@@ -40,6 +40,22 @@ LATE_WINDOW = 10.0
 # how long the run waits for the late answer to settle
 SETTLE_DEADLINE = 15.0
 PAYOUT = {"beneficiary": "ACME Supplies", "amount": 500, "currency": "EUR"}
+# the statements the run executed that span tenants on purpose, each marked so in its SQL:
+# the background jobs' reads that find work in every tenant (then locked tenant by tenant),
+# the figures over every tenant, and the lookup of an operation named by its id alone
+SPANNING = frozenset(
+    {
+        "executed SELECT operations",  # the feeds' oldest unknown operation of any tenant
+        "store.epochs._EXPIRED_LEASES",
+        "store.open_work._FIRST_EXPIRY",
+        "store.open_work._OPEN_WORK",
+        "store.retention._FORGETTABLE",
+        "store.retention._FORGET_ORPHANS",
+        "store.retention._OLDEST_OPEN",
+        "store.retention._PURGEABLE",
+        "store.unit_of_work._TENANT_OF",
+    }
+)
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +220,12 @@ async def test_the_sql_a_run_executed_breaks_exactly_the_recorded_debt(
     hot = {names[sql] for sql in seen.hot & ours}
     assert hot <= known.keys()
     assert {"hot_sql.IDENTIFY", "hot_sql.CLAIM_NEW", "claim_settle_with(transfer)"} <= hot
-    assert [name for sql, name in names.items() if spans_tenants(sql)] == []
+    # what spans tenants on purpose is exactly what was reviewed as such (docs/scaling.md,
+    # Background jobs): the jobs' reads that find work in every tenant, the figures, and
+    # the lookups of an operation named by its id alone
+    spanning = sorted({name for sql, name in names.items() if spans_tenants(sql)})
+    print("spans tenants:", spanning)
+    assert spanning == sorted(SPANNING), spanning
 
 
 def _count(items: Iterable[str]) -> dict[str, int]:

@@ -15,6 +15,7 @@ from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.app.purger import Purger
+from service.app.routes import SCHEMA
 from service.core import Claim, OperationState, Scope
 from service.store.outcomes import KeyExpired
 from service.store.retention import Retention, RetentionStore
@@ -30,6 +31,8 @@ from service.store.tables import (
     transfers,
 )
 from service.telemetry import Metrics
+from tests.citus_rules import Schema, spans_tenants, statement_findings
+from tests.citus_statements import Recorder
 from tests.integration.factories import (
     Clock,
     claim_request,
@@ -446,3 +449,44 @@ async def test_a_claim_that_waits_for_the_purge_of_its_scopes_row_never_inserts_
     assert expired.value.operation_id == op
     assert await count(engine, operations, operations.c.principal_id == principal_id) == 0
     assert await count(engine, transfers, transfers.c.operation_id == request.new_operation_id) == 0
+
+
+async def test_the_purge_and_the_forgetting_go_tenant_by_tenant(
+    engine: AsyncEngine,
+    retention_store: SettlementStore,
+    tombstone_store: RetentionStore,
+    clock: Clock,
+) -> None:
+    """Two tenants' expired operations are both purged in one pass, and their tombstones both
+    forgotten; every statement that locks or deletes is pinned to one tenant, and what finds
+    the work across tenants is a read marked so (docs/scaling.md, Background jobs)."""
+    made = {}
+    for _ in range(2):
+        tenant = f"purge-{uuid.uuid4().hex[:8]}"
+        principal_id = await make_principal(engine, tenant)
+        scope = make_scope(principal_id, tenant=tenant)
+        made[tenant] = (await settled_transfer(retention_store, scope, clock))[0]
+    clock.advance(61)
+    schema = Schema.of(SCHEMA)
+    with Recorder() as seen:
+        worker = purger(tombstone_store, clock)
+        while (await worker.run_once()).more:
+            pass
+        assert await count(engine, operations, operations.c.id.in_(made.values())) == 0
+        for tenant, op in made.items():
+            (kept,) = await rows(engine, tombstones, tombstones.c.operation_id == op)
+            assert kept["tenant"] == tenant
+        clock.advance(600)
+        worker = purger(tombstone_store, clock)
+        while (await worker.run_once()).more:  # other tests' tombstones go too
+            pass
+        gone = tombstones.c.operation_id.in_(made.values())
+        assert await count(engine, tombstones, gone) == 0
+    jobs = [sql for sql in seen.executed if "DELETE FROM" in sql and "WITH doomed" in sql]
+    assert any("INTO tombstones" in sql for sql in jobs) and len(jobs) >= 2
+    for sql in jobs:
+        if "feed_" not in sql:  # the feeds' own tables are local, not distributed
+            assert statement_findings("purge", sql, schema) == [], sql
+    finders = [sql for sql in seen.executed if "ORDER BY expires_at" in sql]
+    finders += [sql for sql in seen.executed if "ORDER BY forget_at" in sql]
+    assert len(finders) >= 2 and all(spans_tenants(sql) for sql in finders), finders

@@ -18,43 +18,8 @@ Entry = tuple[str, str, str]
 KEYS: frozenset[Entry] = frozenset()
 
 # the hot statements (a) and the cold ones collected statically (b)
-STATEMENTS: frozenset[Entry] = frozenset(
-    {
-        ("store.open_work._FIRST_EXPIRY", "unpinned", "operations"),
-        ("store.open_work._OPEN_WORK", "unpinned", "operations"),
-        ("store.retention._BY_ID", "unpinned", "tombstones"),
-        ("store.retention._FORGET", "for-update-unpinned", "tombstones"),
-        ("store.retention._FORGET", "unpinned", "observations"),
-        ("store.retention._FORGET", "unpinned", "operations"),
-        ("store.retention._FORGET", "unpinned", "tombstones"),
-        ("store.retention._FORGET_ORPHANS", "for-update-unpinned", "observations"),
-        ("store.retention._FORGET_ORPHANS", "unpinned", "observations"),
-        ("store.retention._FORGET_ORPHANS", "unpinned", "operations"),
-        ("store.retention._OLDEST_OPEN", "unpinned", "operations"),
-        ("store.retention._PURGE", "for-update-unpinned", "operations"),
-        ("store.retention._PURGE", "unpinned", "observations"),
-        ("store.retention._PURGE", "unpinned", "operations"),
-        ("store.settlement_reads._QUARANTINED", "unpinned", "observations"),
-        ("store.status.BY_ID", "unpinned", "attempts"),
-        ("store.status.BY_ID", "unpinned", "observations"),
-        ("store.status.BY_ID", "unpinned", "operation_epochs"),
-        ("store.status.BY_ID", "unpinned", "operations"),
-        ("store.status.BY_KEY", "unpinned", "attempts"),
-        ("store.status.BY_KEY", "unpinned", "observations"),
-        ("store.status.BY_KEY", "unpinned", "operation_epochs"),
-        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "attempts"),
-        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "observations"),
-        ("store.status.BY_KEY_ON_ROUTE", "unpinned", "operation_epochs"),
-    }
-)
+STATEMENTS: frozenset[Entry] = frozenset()
 
 # the statements a run executed that (a) and (b) do not name (built inside a function), by
 # their shape: "executed <VERB> <tables>" (tests/integration/test_citus_routing_run.py)
-EXECUTED: frozenset[Entry] = frozenset(
-    {
-        ("executed SELECT attempts+observations", "unpinned", "attempts"),
-        ("executed SELECT operations", "for-update-unpinned", "operations"),
-        ("executed SELECT operations", "unpinned", "operations"),
-        ("executed UPDATE operations", "unpinned", "operations"),
-    }
-)
+EXECUTED: frozenset[Entry] = frozenset()

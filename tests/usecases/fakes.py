@@ -238,7 +238,9 @@ class FakeTombstones:
     def __init__(self) -> None:
         self.stones: dict[uuid.UUID, Tombstone] = {}
 
-    async def by_operation(self, operation_id: uuid.UUID) -> Tombstone | None:
+    async def by_operation(
+        self, operation_id: uuid.UUID, tenant: str | None = None
+    ) -> Tombstone | None:
         return self.stones.get(operation_id)
 
 
@@ -389,6 +391,7 @@ class FakeStore:
         *,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> Settled:
         self._raise_if("settle")
         return self._settle(str(operation_id), observation)
@@ -459,7 +462,7 @@ class FakeReads:
             stone = None  # as the schema's tombstone_stands: read only while it stands
         return principal, self._store.row(scope), stone
 
-    async def get(self, operation_id: uuid.UUID) -> Record | None:
+    async def get(self, operation_id: uuid.UUID, tenant: str | None = None) -> Record | None:
         _raise_once(self._store.fail, "get")
         return self._store.rows.get(str(operation_id))
 
