@@ -43,11 +43,12 @@ Create Date: 2026-12-05 07:00:00.000000
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from service.store.online_ddl import briefly
 
 revision: str = "0018"
 down_revision: str | None = "0017"
@@ -58,14 +59,8 @@ depends_on: str | Sequence[str] | None = None
 # milliseconds, short enough that a server's writes to those rows barely wait
 BATCH = 5_000
 
-# How long a DDL transaction waits for its tables' locks (writes queue behind a waiting
-# ACCESS EXCLUSIVE request meanwhile): under deadlock_timeout (1 s by default), so this
-# transaction, not a server's, is the one that gives way; then it waits LOCK_PAUSE seconds
-# and tries again, up to LOCK_TRIES times
-LOCK_WAIT = "500ms"
-LOCK_PAUSE = 0.2
-LOCK_TRIES = 100
-RETRIED = ("55P03", "40P01")  # lock_not_available, deadlock_detected
+# Every DDL transaction waits briefly for its tables' locks and gives way, then tries
+# again: service.store.online_ddl.briefly.
 
 # the tables that gain the column, and the type of their id (the back-fill's keyset)
 FILLED = ("attempts", "operation_epochs", "observations")
@@ -179,34 +174,6 @@ def _foreign_sql(
     )
 
 
-def _briefly(tables: Sequence[str], statements: Sequence[str]) -> None:
-    """``statements`` in one short transaction of their own that first locks ``tables`` in
-    the order the server's statements lock them (operations before the tables that refer to
-    it, accounts before transfers): waiting at most :data:`LOCK_WAIT` for them, so a
-    server's writes never queue behind it for longer; when they are not granted (or
-    PostgreSQL breaks a deadlock by ending this one), it is tried again after
-    :data:`LOCK_PAUSE`, up to :data:`LOCK_TRIES` times. One DO block: one statement, one
-    transaction in autocommit."""
-    body = "; ".join(
-        [
-            f"PERFORM set_config('lock_timeout', '{LOCK_WAIT}', true)",
-            f"LOCK TABLE {', '.join(tables)} IN ACCESS EXCLUSIVE MODE",
-            *statements,
-        ]
-    )
-    block = sa.text(f"DO $do$BEGIN {body}; END$do$")
-    bind = op.get_bind()
-    for attempt in range(1, LOCK_TRIES + 1):
-        try:
-            bind.execute(block)
-            return
-        except sa.exc.DBAPIError as exc:
-            code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
-            if code not in RETRIED or attempt == LOCK_TRIES:
-                raise
-            time.sleep(LOCK_PAUSE)
-
-
 def upgrade() -> None:
     with op.get_context().autocommit_block():
         bind = op.get_bind()
@@ -214,7 +181,8 @@ def upgrade() -> None:
         op.execute(TENANT_OF)
         op.execute(FILL_TENANT)
         for table in FILLED:
-            _briefly(
+            briefly(
+                op.get_bind(),
                 ["operations", table],
                 [
                     f"ALTER TABLE {table} ADD COLUMN tenant varchar(128)",
@@ -231,14 +199,16 @@ def upgrade() -> None:
         # 3. NOT NULL without a long lock
         for table in FILLED:
             check = f"ck_{table}_tenant_not_null"
-            _briefly(
+            briefly(
+                op.get_bind(),
                 [table],
                 [
                     f"ALTER TABLE {table} ADD CONSTRAINT {check} CHECK (tenant IS NOT NULL) NOT VALID"
                 ],
             )
             op.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {check}")
-            _briefly(
+            briefly(
+                op.get_bind(),
                 [table],
                 [
                     f"ALTER TABLE {table} ALTER COLUMN tenant SET NOT NULL",
@@ -261,7 +231,9 @@ def upgrade() -> None:
         # 5. the swap: foreign keys out, keys swapped table by table, foreign keys back NOT
         # VALID, then validated (no write blocked)
         for name, table, _, referred, *_ in OLD_FOREIGN:
-            _briefly([referred, table], [f"ALTER TABLE {table} DROP CONSTRAINT {name}"])
+            briefly(
+                op.get_bind(), [referred, table], [f"ALTER TABLE {table} DROP CONSTRAINT {name}"]
+            )
         for table in PRIMARY:
             swap = [
                 f"ALTER TABLE {table} DROP CONSTRAINT pk_{table}",
@@ -274,9 +246,11 @@ def upgrade() -> None:
                     f"ALTER TABLE {table} DROP CONSTRAINT {_unique_name(table, OLD_UNIQUE[table])}",
                     f"ALTER TABLE {table} ADD CONSTRAINT {name} UNIQUE USING INDEX {name}",
                 ]
-            _briefly([table], swap)
+            briefly(op.get_bind(), [table], swap)
         for foreign in FOREIGN:
-            _briefly([foreign[3], foreign[1]], [_foreign_sql(*foreign, not_valid=True)])
+            briefly(
+                op.get_bind(), [foreign[3], foreign[1]], [_foreign_sql(*foreign, not_valid=True)]
+            )
         for name, table, *_ in FOREIGN:
             op.execute(f"ALTER TABLE {table} VALIDATE CONSTRAINT {name}")
 
