@@ -224,7 +224,7 @@ class LocalAttempts:
         except BUSY as exc:
             return await self._busy(attempt, context, exc)
         except EffectRefused as exc:
-            await self._give_up(attempt, f"the database refused the effect's writes: {exc}")
+            await self._give_up(attempt, str(exc))  # "the database refused ... (constraint)"
             return _refused(str(context.operation_id), exc, state="unknown")
         except Exception:
             log.exception("attempt failed", extra={"operation_id": str(context.operation_id)})
