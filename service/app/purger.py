@@ -4,9 +4,11 @@ every page's reach, its alarms not raised again, and observations about an opera
 never here.
 
 A background loop in every server process (``run``), and part of ``settlement sweep``
-(``run_once`` until nothing is left). Each batch is one short transaction over at most
-``batch`` rows taken ``FOR UPDATE SKIP LOCKED``, so several processes purge side by side and
-a replay of another key never waits behind a whole purge.
+(``run_once`` until nothing is left). Each batch finds at most ``batch`` rows across tenants
+(a read, no lock), then takes them tenant by tenant, each tenant's in one short transaction
+pinned to it, ``FOR UPDATE SKIP LOCKED`` (a feed's rows, local to the coordinator, in one),
+so several processes purge side by side and a replay of another key never waits behind a
+whole purge.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The lease sweeper: in_progress operations whose worker died become ``unknown``.
 
 A background loop in every server process (``run``), and ``settlement sweep`` for one pass
-(``run_once``). Batches are bounded and taken with ``FOR UPDATE SKIP LOCKED``, so any number
-of processes can sweep at once. A row is demoted only when its lease is gone from Redis too;
-if Redis cannot be asked, nothing is demoted (fail closed).
+(``run_once``). Batches are bounded: found across tenants without a lock, then taken tenant
+by tenant, each tenant's rows in a transaction of its own with ``FOR UPDATE SKIP LOCKED``, so
+any number of processes can sweep at once. A row is demoted only when its lease is gone
+from Redis too; if Redis cannot be asked, nothing is demoted (fail closed).
 """
 
 from __future__ import annotations
