@@ -152,7 +152,8 @@ class IdempotentRequests:
         self, api_key: str, spec: IdempotentRoute, key: str
     ) -> tuple[Principal, Seen] | None:
         """Who holds ``api_key`` and what their scope (``spec``'s route, ``key``) holds, in
-        one statement (a replay needs no other); None for an unknown or revoked key."""
+        one statement (a replay needs no other), one more on the key's first request in this
+        process (its tenant, remembered after); None for an unknown or revoked key."""
         found = await self._store.reads.identify(hash_key(api_key), spec.route, key)
         if found is None:
             return None
