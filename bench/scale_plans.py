@@ -35,8 +35,17 @@ def _positional(sql: str, values: dict[str, Any]) -> tuple[str, list[Any]]:
 
 
 def _statements(
-    key_hash: bytes, owner: uuid.UUID, tenant: str, key: str, operation_id: uuid.UUID, now: datetime
+    key_hash: bytes,
+    owner: uuid.UUID,
+    tenant: str,
+    key: str,
+    operation_id: uuid.UUID,
+    now: datetime,
+    doomed: list[uuid.UUID],
 ) -> dict[str, tuple[str, list[Any]]]:
+    """``doomed``: the ids of one purge batch of ``tenant`` (what the cross-tenant read of
+    the batch found of it)."""
+    from service.app.purger import PURGE_BATCH
     from service.store import hot_sql, retention, status
 
     purge_at = now
@@ -46,24 +55,33 @@ def _statements(
             hot_sql.IDENTIFY.args(
                 {
                     "key_hash": key_hash,
+                    "tenant": tenant,
                     "route": "POST /v1/transfers",
                     "idempotency_key": key,
                     "now": now,
                 }
             ),
         ),
-        "status by id (GET /v1/operations/{id})": (status.BY_ID, [operation_id]),
+        "status by id (GET /v1/operations/{id})": (status.BY_ID, [operation_id, None, tenant]),
         "status by key, no route (GET /v1/operations?key=)": (
             status.BY_KEY,
-            [tenant, owner, key],
+            [tenant, owner, key, None],
         ),
         "tombstone by key, no route (its 410)": _positional(
             retention._BY_KEY.text,
             {"tenant": tenant, "principal_id": owner, "key": key, "route": None},
         ),
-        "purge, one batch (rolled back)": _positional(
+        "purge, the batch across tenants (a read)": _positional(
+            retention._PURGEABLE.text, {"now": purge_at, "batch": PURGE_BATCH}
+        ),
+        "purge, one tenant's part of it (rolled back)": _positional(
             retention._PURGE.text,
-            {"now": purge_at, "batch": 500, "forget_at": purge_at + timedelta(days=30)},
+            {
+                "tenant": tenant,
+                "ids": doomed,
+                "now": purge_at,
+                "forget_at": purge_at + timedelta(days=30),
+            },
         ),
         "oldest open operation (each purge pass)": (retention._OLDEST_OPEN.text, []),
     }
@@ -85,9 +103,17 @@ async def explain_all(
         owner,
     )
     assert row is not None
+    from service.app.purger import PURGE_BATCH
+    from service.store import retention
+
+    batch_sql, batch_args = _positional(
+        retention._PURGEABLE.text, {"now": purge_now, "batch": PURGE_BATCH}
+    )
+    found = await conn.fetch(batch_sql, *batch_args)
+    doomed = [r["id"] for r in found if r["tenant"] == tenant]
     plans: dict[str, Any] = {}
     for name, (sql, args) in _statements(
-        key_hash, owner, tenant, row["idempotency_key"], row["id"], purge_now
+        key_hash, owner, tenant, row["idempotency_key"], row["id"], purge_now, doomed
     ).items():
         tr = conn.transaction()
         await tr.start()

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from bench import fixtures
 from bench.scale_fill import Owner, fill
+from bench.scale_plans import explain_all
 from bench.stack import plain_url
 from service.config import Settings
 from service.domain.ledger import TransferRequest
@@ -137,6 +138,21 @@ async def test_filled_transfers_are_replayed_read_and_purged_as_the_servers_own(
         assert read["result"]["digest"] == failed["result_digest"]
         assert [a["outcome"] for a in read["attempts"]] == ["failed"]
         assert [o["reason"] for o in read["observations"]] == ["terminal-applied"]
+        # make bench-scale's plans: the server's statements with their parameters as it sends
+        # them (a statement whose parameters changed fails here, not in a long run)
+        conn = await asyncpg.connect(plain, timeout=10, command_timeout=60)
+        try:
+            plans = await explain_all(
+                conn,
+                key_hash=bytes.fromhex(fixture.key_hash),
+                owner=owner.principal_id,
+                tenant=fixtures.TENANT,
+                purge_now=now + timedelta(seconds=2 * RETENTION),
+            )
+        finally:
+            await conn.close()
+        assert all(plan["execution_ms"] is not None for plan in plans.values()), plans
+        assert len(plans) == 7
     finally:
         await app.stop()
 
