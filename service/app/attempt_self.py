@@ -27,16 +27,20 @@ __all__ = ["answer_after", "attempt_observation", "attempt_of", "settle_attempt"
 
 
 async def settle_attempt(
-    store: SettlementPort, attempt: AttemptRef, observation: Observation, error: str | None = None
+    store: SettlementPort,
+    attempt: AttemptRef,
+    observation: Observation,
+    error: str | None = None,
+    tenant: str | None = None,
 ) -> Settled:
     """Settle what this attempt observed, in a ``settlement.settle`` span; ``error``: why it
     has no outcome, in an operator's words (kept in the observation's detail and as the
-    attempt's error)."""
+    attempt's error); ``tenant``: the operation's (None: found from its id)."""
     op = attempt.reservation.operation_id
     detail = None if error is None else {"error": error}
     with span("settlement.settle", operation_id=op, attempt_number=attempt.fencing_token) as traced:
         settled = await store.settle(
-            uuid.UUID(op), observation, attempt_id=attempt.attempt_id, detail=detail
+            uuid.UUID(op), observation, attempt_id=attempt.attempt_id, detail=detail, tenant=tenant
         )
         traced.set(
             settlement_stage=settled.decision.stage.value,

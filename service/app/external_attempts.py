@@ -61,7 +61,7 @@ class ExternalAttempts:
         body: Any,
         lease: Lease,
     ) -> Answer:
-        operation_id = context.operation_id
+        operation_id, tenant = context.operation_id, context.principal.tenant
         # the call may still answer for the late-response window after the attempt gives up
         call = asyncio.create_task(
             _traced_effect(
@@ -78,30 +78,32 @@ class ExternalAttempts:
             )
         except BaseException:
             # the request itself is being cancelled: the call may still answer, keep it
-            self._late.adopt(call, operation_id)
+            self._late.adopt(call, operation_id, tenant)
             raise
         if ended is not Ended.FINISHED:
-            self._late.adopt(call, operation_id)
+            self._late.adopt(call, operation_id, tenant)
             why = "lease lost while the provider call ran"
             if ended is Ended.TIMED_OUT:
                 why = f"timed out after {self._provider_timeout:g} s (SETTLEMENT_PROVIDER_TIMEOUT)"
-            return await self._outcome_unknown(attempt, why)
+            return await self._outcome_unknown(attempt, why, tenant)
         op = str(operation_id)
         try:
             signed = call.result()
         except ProviderUnavailable as exc:
-            return await self._outcome_unknown(attempt, str(exc))
+            return await self._outcome_unknown(attempt, str(exc), tenant)
         except Exception:  # a bug is not an outcome; its details go to the log, not the client
             log.exception("external call failed", extra={"operation_id": op})
-            return await self._outcome_unknown(attempt, "the call failed: a server error (logged)")
+            return await self._outcome_unknown(
+                attempt, "the call failed: a server error (logged)", tenant
+            )
         await self._failpoints.hit("effect.before_commit")
         observation = observation_of(signed.evidence, Source.ATTEMPT)
         try:
-            settled = await settle_attempt(self._store, attempt, observation)
+            settled = await settle_attempt(self._store, attempt, observation, tenant=tenant)
         except Exception:
             # a definitive answer is never dropped: settle it again in the background
             log.exception("settling a provider answer failed", extra={"operation_id": op})
-            self._late.settle_later(operation_id, observation)
+            self._late.settle_later(operation_id, observation, tenant)
             return Problem(
                 "service-unavailable",
                 "the provider answered but the outcome could not be recorded yet; retry",
@@ -112,8 +114,9 @@ class ExternalAttempts:
         await self._failpoints.hit("settle.after")
         return answer_of(answer_after(settled, attempt))
 
-    async def _outcome_unknown(self, attempt: AttemptRef, why: str) -> Answer:
-        """The attempt ends without a definitive answer: ``unknown``, safe to retry.
+    async def _outcome_unknown(self, attempt: AttemptRef, why: str, tenant: str) -> Answer:
+        """The attempt ends without a definitive answer: ``unknown``, safe to retry
+        (``tenant``: the operation's).
 
         Should writing ``unknown`` fail (the database away), the client gets the same
         answer: the call is with the late answer keeper already, the row stays in_progress
@@ -132,7 +135,7 @@ class ExternalAttempts:
         )
         try:
             settled = await settle_attempt(
-                self._store, attempt, attempt_observation(attempt), error=why
+                self._store, attempt, attempt_observation(attempt), error=why, tenant=tenant
             )
         except Exception as exc:
             log.warning(

@@ -38,28 +38,36 @@ class LateAnswers:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
-    def adopt(self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID) -> None:
+    def adopt(
+        self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID, tenant: str | None = None
+    ) -> None:
+        """Settle the call's answer when it comes (``tenant``: the operation's; None: found
+        from its id)."""
         if self._closed:
             call.cancel()
             return
-        self._track(self._settle_when_answered(call, operation_id))
+        self._track(self._settle_when_answered(call, operation_id, tenant))
 
-    def settle_later(self, operation_id: uuid.UUID, observation: Observation) -> None:
+    def settle_later(
+        self, operation_id: uuid.UUID, observation: Observation, tenant: str | None = None
+    ) -> None:
         """Retry settling a definitive answer whose first settlement failed."""
         if not self._closed:
-            self._track(self._retry(operation_id, observation))
+            self._track(self._retry(operation_id, observation, tenant))
 
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _retry(self, operation_id: uuid.UUID, observation: Observation) -> None:
+    async def _retry(
+        self, operation_id: uuid.UUID, observation: Observation, tenant: str | None
+    ) -> None:
         delay = RETRY_FIRST_DELAY
         for attempt in range(1, RETRY_ATTEMPTS + 1):
             await asyncio.sleep(delay)
             try:
-                await self._store.settle(operation_id, observation)
+                await self._store.settle(operation_id, observation, tenant=tenant)
                 return
             except Exception as exc:
                 log.warning(
@@ -70,7 +78,7 @@ class LateAnswers:
         log.error("gave up settling an answer", extra={"operation_id": str(operation_id)})
 
     async def _settle_when_answered(
-        self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID
+        self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID, tenant: str | None
     ) -> None:
         try:
             signed = await call
@@ -82,7 +90,7 @@ class LateAnswers:
             return
         try:
             settled = await self._store.settle(
-                operation_id, observation_of(signed.evidence, Source.LATE_RESPONSE)
+                operation_id, observation_of(signed.evidence, Source.LATE_RESPONSE), tenant=tenant
             )
         except Exception:
             log.exception(

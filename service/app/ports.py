@@ -81,6 +81,7 @@ class SettlementPort(Protocol):
         *,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
+        tenant: str | None = None,
     ) -> Settled: ...
 
     async def settle_local(
@@ -159,9 +160,13 @@ class WakeupPort(Protocol):
 class LatePort(Protocol):
     """The late answer keeper: provider calls that outlived their attempt."""
 
-    def adopt(self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID) -> None: ...
+    def adopt(
+        self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID, tenant: str | None = None
+    ) -> None: ...
 
-    def settle_later(self, operation_id: uuid.UUID, observation: Observation) -> None: ...
+    def settle_later(
+        self, operation_id: uuid.UUID, observation: Observation, tenant: str | None = None
+    ) -> None: ...
 
 
 class PrincipalKeys(Protocol):

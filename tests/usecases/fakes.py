@@ -251,10 +251,14 @@ class FakeLate:
         self.adopted: list[tuple[asyncio.Task[SignedEvidence], uuid.UUID]] = []
         self.later: list[tuple[uuid.UUID, Observation]] = []
 
-    def adopt(self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID) -> None:
+    def adopt(
+        self, call: asyncio.Task[SignedEvidence], operation_id: uuid.UUID, tenant: str | None = None
+    ) -> None:
         self.adopted.append((call, operation_id))
 
-    def settle_later(self, operation_id: uuid.UUID, observation: Observation) -> None:
+    def settle_later(
+        self, operation_id: uuid.UUID, observation: Observation, tenant: str | None = None
+    ) -> None:
         self.later.append((operation_id, observation))
 
     async def close(self) -> None:
