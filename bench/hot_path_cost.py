@@ -3,10 +3,11 @@
     .venv/bin/python -m bench.hot_path_cost
 
 Starts embedded PostgreSQL and Redis (not durable, ``bench.stack.Stack``), makes a client and
-two accounts, and drives the production app over ASGI in this process (:class:`_Asgi`, its
-lifespan started; no HTTP server, no load generator), BENCH_HOT_CONCURRENCY (16) requests at
-a time: 300 new transfers to warm up (their keys are then replayed), BENCH_HOT_NEW (1500) new
-transfers, a fresh key each, then BENCH_HOT_REPLAY (3000) replays of the warm-up's keys.
+two accounts, and drives the production app over ASGI in this process
+(:class:`devstack.asgi.Asgi`, its lifespan started; no HTTP server, no load generator),
+BENCH_HOT_CONCURRENCY (16) requests at a time: 300 new transfers to warm up (their keys are
+then replayed), BENCH_HOT_NEW (1500) new transfers, a fresh key each, then BENCH_HOT_REPLAY
+(3000) replays of the warm-up's keys.
 Prints one JSON line: per scenario, this process's CPU per request (``time.process_time``:
 the app and the driver, which is the same for every version), PostgreSQL's (every one of its
 processes, ``psutil``) and requests per second.
@@ -31,6 +32,7 @@ from typing import Any
 import psutil
 
 from bench.stack import Stack
+from devstack.asgi import Asgi
 
 # replays cycle through the warm-up's keys
 WARM_UP = 300
@@ -40,65 +42,6 @@ FUNDS = 10**12
 
 def _env(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
-
-
-class _Asgi:
-    """The app called as an ASGI server calls it, with the least around it: one queue each
-    way for the lifespan, a request's body in one message."""
-
-    def __init__(self, app: Any) -> None:
-        self._app = app
-        self._to_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._from_app: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
-        self._task = asyncio.create_task(self._app(scope, self._to_app.get, self._from_app.put))
-        await self._to_app.put({"type": "lifespan.startup"})
-        assert (await self._from_app.get())["type"] == "lifespan.startup.complete"
-
-    async def stop(self) -> None:
-        await self._to_app.put({"type": "lifespan.shutdown"})
-        await self._from_app.get()
-        assert self._task is not None
-        await self._task
-
-    async def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-            "client": ("127.0.0.1", 5000),
-            "server": ("127.0.0.1", 80),
-            "state": {},
-        }
-        sent = False
-        status, chunks = 0, []
-
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                await asyncio.Event().wait()  # no disconnect while the answer is made
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message: dict[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self._app(scope, receive, send)
-        return status, b"".join(chunks)
 
 
 def _cpu(processes: list[psutil.Process]) -> float:
@@ -132,7 +75,7 @@ async def _drive(stack: Stack) -> dict[str, dict[str, float]]:
         log_format="text",
         access_log=False,
     )
-    app = _Asgi(create_app(settings))
+    app = Asgi(create_app(settings))
     await app.start()
     try:
 
@@ -142,7 +85,7 @@ async def _drive(stack: Stack) -> dict[str, dict[str, float]]:
                 "Content-Type": "application/json",
                 "Idempotency-Key": idem,
             }
-            status, raw = await app.post(path, headers, json.dumps(body).encode())
+            status, _, raw = await app.request("POST", path, headers, json.dumps(body).encode())
             assert status == 201, raw
             return json.loads(raw)
 
