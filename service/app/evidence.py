@@ -99,7 +99,7 @@ class EvidenceIntake:
                 operation_id, observation, detail=detail, tenant=tenant
             )
         except OperationNotFound:  # purged since its owner was read: the store kept it as
-            # an orphan of that id (the observer's own tenant's), gone with the orphans
+            # an orphan of that id (under the operation's tenant), gone with the orphans
             return Problem("not-found", f"no operation {operation_id}")
         record = settled.record
         return Accepted(

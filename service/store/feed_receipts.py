@@ -31,7 +31,7 @@ from service.store.feed_tables import feed_checkpoints, feed_receipts
 from service.store.outcomes import Settled
 from service.store.phase import Phase, PhaseRunner
 from service.store.tables import inline
-from service.store.unit_of_work import UnitOfWork
+from service.store.unit_of_work import UnitOfWork, observer_tenant
 
 __all__ = ["FeedReceipts", "Receipt", "SettlePhase"]
 
@@ -306,6 +306,11 @@ class FeedReceipts:
                 return existing
             observation_id = None
             if observation is not None and operation_id is not None:
+                # a provider's feed spans tenants: the operation's is found by its id (the
+                # marked lookup); an operation not here: the observer's rule (no principal
+                # in a feed's detail: '')
+                detail = {"feed": feed, "event_id": event_id, "receipt": state}
+                tenant = await uow.pinned(operation_id)
                 observation_id = await uow.record_observation(
                     operation_id,
                     observation,
@@ -314,7 +319,8 @@ class FeedReceipts:
                     reason=reason,
                     revision_before=None,
                     revision_after=None,
-                    detail={"feed": feed, "event_id": event_id, "receipt": state},
+                    detail=detail,
+                    tenant=observer_tenant(detail) if tenant is None else tenant,
                 )
             kept = served
             if kept is None and existing is not None and existing.evidence is not None:

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy import ColumnElement
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from service.core import (
@@ -60,7 +61,7 @@ from service.store.retention import Retention
 from service.store.rows import at
 from service.store.settlement_reads import SettlementReads
 from service.store.settlement_reports import SettlementReports
-from service.store.unit_of_work import UnitOfWork
+from service.store.unit_of_work import UnitOfWork, observer_tenant
 
 __all__ = [
     "AttemptRef",
@@ -119,11 +120,11 @@ class SettlementStore:
         detail: dict[str, Any] | None = None,
         attempt_id: uuid.UUID | None = None,
         *,
-        tenant: str | None = None,
+        tenant: str | ColumnElement[str],
     ) -> None:
         """Keep an observation that never reached a row (quarantined, stage A); without an
         ``operation_id``, it is listed under no operation. ``tenant``: the operation's, or
-        the observer's (None: not at hand, see ``UnitOfWork.record_observation``)."""
+        about an operation that is not here the observer's (``observer_tenant``)."""
         async with self.unit_of_work() as uow:
             await uow.record_observation(
                 operation_id,
@@ -166,10 +167,12 @@ class SettlementStore:
             retention=self._retention,
         )
         found = await self._runner.run(f"settle {operation_id}", phase)
-        if found is None:
+        if found is None:  # gone: kept under the tenant the caller knew it by, else the
+            # observer's (an operation that is not here)
             await self.record_refused(
-                operation_id, observation, "unknown-operation", detail, attempt_id
-            )
+                operation_id, observation, "unknown-operation", detail, attempt_id,
+                tenant=observer_tenant(detail) if tenant is None else tenant,
+            )  # fmt: skip
             raise OperationNotFound(str(operation_id))
         before, settled = found
         self.reports.settled(operation_id, before, settled, time.perf_counter() - started)

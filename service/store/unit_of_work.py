@@ -13,7 +13,8 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import ColumnElement, cast, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncTransaction
 
@@ -29,7 +30,7 @@ from service.store.tables import (
     principals,
 )
 
-__all__ = ["AttemptEnd", "StaleRevision", "UnitOfWork", "scope_predicate"]
+__all__ = ["AttemptEnd", "StaleRevision", "UnitOfWork", "observer_tenant", "scope_predicate"]
 
 
 class AttemptEnd(msgspec.Struct, frozen=True):
@@ -56,6 +57,14 @@ _TENANT_OF = text(
     " index, no lock), and the row is then locked and written pinned to it */"
     " SELECT tenant FROM operations WHERE id = :id"
 )
+
+
+def observer_tenant(detail: dict[str, Any] | None) -> ColumnElement[str]:
+    """The tenant of an observation about an operation that is not here: its observer's
+    (``detail["principal_id"]``), else ``''``. The rule is the database's function
+    ``tenant_of_observer`` (migration 0019), the one migration 0018's ``fill_tenant``
+    trigger applies too, so it is written once; it reads only ``principals``."""
+    return func.tenant_of_observer(cast(detail, JSONB))
 
 
 class UnitOfWork:
@@ -291,22 +300,21 @@ class UnitOfWork:
         revision_after: int | None,
         attempt_id: uuid.UUID | None = None,
         detail: dict[str, Any] | None = None,
+        tenant: str | ColumnElement[str],
         finish_attempt: AttemptEnd | None = None,
-        tenant: str | None = None,
     ) -> int:
         """Insert the observation row with the stage and disposition that decided it.
 
-        ``tenant``: the operation's (or, about no operation here, the observer's). None only
-        where a caller does not have it at hand yet (a settle's observation about an
-        operation gone meanwhile, a feed's refused event): the trigger of migration 0018
-        fills it from the operation's row, or the observer's.
+        ``tenant``: the operation's; about an operation that is not here,
+        :func:`observer_tenant` (the row never leaves it to migration 0018's trigger,
+        which only a server of revision 0017 still relies on).
 
         In the same statement (one round trip): close the attempt row (``finish_attempt``).
         """
         inserted = (
             insert(observations)
             .values(
-                **({} if tenant is None else {"tenant": tenant}),
+                tenant=tenant,
                 operation_id=operation_id,
                 **observation_values(observation),
                 stage=stage,
@@ -322,10 +330,10 @@ class UnitOfWork:
         )
         stmt = select(inserted.c.id)
         if finish_attempt is not None:
-            tenant = self.tenant if operation_id is None else await self.pinned(operation_id)
+            pinned = self.tenant if operation_id is None else await self.pinned(operation_id)
             closed = (
                 update(attempts)
-                .where(attempts.c.tenant == tenant, attempts.c.id == finish_attempt.attempt_id)
+                .where(attempts.c.tenant == pinned, attempts.c.id == finish_attempt.attempt_id)
                 .values(
                     finished_at=finish_attempt.at,
                     outcome=finish_attempt.outcome,
@@ -344,6 +352,8 @@ class UnitOfWork:
         observation: Observation,
         decision: Decision,
         revision_before: int,
+        *,
+        tenant: str,
         **kwargs: Any,
     ) -> int:
         revision_after = getattr(decision, "record", None)
@@ -355,6 +365,7 @@ class UnitOfWork:
             reason=decision.reason.value,
             revision_before=revision_before,
             revision_after=revision_after.revision if revision_after else revision_before,
+            tenant=tenant,
             **kwargs,
         )
 
