@@ -187,6 +187,15 @@ class ProviderProcess:
         )
         assert response.status_code == 200, response.text
 
+    def faults(self) -> list[dict[str, Any]]:
+        """The payment faults armed and not yet taken (a new payment takes one as it arrives)."""
+        response = httpx.get(
+            f"{self.base_url}/_sim/faults", headers=self.control_headers(), timeout=CALL_TIMEOUT
+        )
+        assert response.status_code == 200, response.text
+        armed: list[dict[str, Any]] = response.json()["armed"]
+        return armed
+
     def clear_faults(self) -> None:
         response = httpx.delete(
             f"{self.base_url}/_sim/faults", headers=self.control_headers(), timeout=CALL_TIMEOUT

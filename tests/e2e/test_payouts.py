@@ -515,6 +515,9 @@ def test_killed_in_flight_payout_is_swept_and_retried_once(
             else:
                 time.sleep(0.05)
         assert operation_id is not None
+        # killed only once the provider holds the call (it took the armed delay): a server
+        # killed before it sent the call leaves no payment to be made meanwhile
+        until(lambda: not provider.faults(), "the provider holds the payout call")
     finally:
         doomed.stop(signal.SIGKILL)
 
