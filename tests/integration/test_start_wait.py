@@ -79,25 +79,18 @@ async def test_opened_while_postgres_is_away_it_waits_and_starts_when_it_is_back
         await settlement.close()
 
 
-async def test_past_its_wait_it_gives_up_with_the_error(
-    services: Services, relay: tuple[Relay, str], tries: _Tries
+@pytest.mark.parametrize(
+    ("wait", "tried"), [(0.3, True), (0.0, False)], ids=["past-its-wait", "no-wait"]
+)
+async def test_past_its_wait_or_with_none_it_gives_up_with_the_error(
+    services: Services, relay: tuple[Relay, str], tries: _Tries, wait: float, tried: bool
 ) -> None:
+    """Past ``SETTLEMENT_DB_START_WAIT`` it exits with the error, having tried again; with
+    no wait it exits at once, without trying again."""
     _, url = relay
     settings = Settings.from_env(
-        {}, database_url=url, redis_url=services.redis_url, db_start_wait=0.3
+        {}, database_url=url, redis_url=services.redis_url, db_start_wait=wait
     )
     with pytest.raises(DatabaseUnavailable):
         await asyncio.wait_for(Settlement.open(settings, background=False), PROMPT)
-    assert tries.count >= 1
-
-
-async def test_with_no_wait_it_exits_at_once(
-    services: Services, relay: tuple[Relay, str], tries: _Tries
-) -> None:
-    _, url = relay
-    settings = Settings.from_env(
-        {}, database_url=url, redis_url=services.redis_url, db_start_wait=0
-    )
-    with pytest.raises(DatabaseUnavailable):
-        await asyncio.wait_for(Settlement.open(settings, background=False), PROMPT)
-    assert tries.count == 0
+    assert (tries.count >= 1) is tried
