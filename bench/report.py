@@ -233,6 +233,11 @@ def _ratio_text(figure: Spread | None) -> str:
     return text + ("  FLAGGED" if figure.flagged else "")
 
 
+# the claim-and-settle sent as a call of its function over the statement sent as is
+# (SETTLEMENT_DB_CLAIM_SETTLE, service/store/hot_functions.py)
+FUNCTION_PAIR = ("new-function", "new")
+
+
 def _peer_pairs() -> list[tuple[str, str]]:
     """The server's rows over each peer's: ``new / <layer>-new``, ``replay / <layer>-replay``."""
     return [(mine, f"{layer}-{mine}") for layer in LAYERS for mine in ("new", "replay")]
@@ -265,7 +270,7 @@ def _ratio(
 def cpu_ratios(summaries: list[Summary]) -> dict[str, Spread | None]:
     """CPU per request (app workers, PostgreSQL and Redis) of the server over each peer's: less
     noisy than req/s on a shared machine."""
-    pairs = [*_peer_pairs(), *_trial_pairs(summaries)]
+    pairs = [*_peer_pairs(), *_trial_pairs(summaries), FUNCTION_PAIR]
     return {f"{a} / {b}": _ratio(summaries, a, b, _served_cpu) for a, b in pairs}
 
 
@@ -290,6 +295,7 @@ def throughput_ratios(summaries: list[Summary]) -> dict[str, Spread | None]:
     ratios |= {
         "replay / uvicorn-replay": ratio("replay", "uvicorn-replay"),
         "new / uvicorn-new": ratio("new", "uvicorn-new"),
+        "new-function / new": ratio(*FUNCTION_PAIR),
         "new / pgbench-min": ratio("new", "pgbench-min"),
         "replay / bare": ratio("replay", "bare"),
         "new / plain-transfer": ratio("new", "plain-transfer"),

@@ -1,5 +1,6 @@
 """The scenarios of ``make bench`` (``ALL``): ``interleaved`` starts every server once (the
-production server, the same app under uvicorn, the baseline app, the peers of
+production server, the same in SETTLEMENT_DB_CLAIM_SETTLE=function, the same app under
+uvicorn, the baseline app, the peers of
 ``bench.peer_scenarios``), runs every row a ratio needs in ``BENCH_ROUNDS`` rounds, the order
 turned each round (``bench.rounds.rotated``), pgbench's rows among them, then ``status`` and
 ``contention`` once; then, with BENCH_LOG_COST=1, ``log_cost``. Each adds its rows to the
@@ -47,6 +48,10 @@ def interleaved(runner: Runner, stack: Stack, fixture: Fixture) -> None:
 
         production = up(stack.production_server(cfg.workers), "production server")
         seed(fixture, production, cfg.seed)
+        as_function = up(
+            stack.production_server(cfg.workers, claim_settle="function"),
+            "production server, claim-and-settle as a function",
+        )
         under_uvicorn = up(stack.uvicorn_server(cfg.workers), "uvicorn server")
         baseline = up(stack.baseline_server(cfg.workers), "baseline server")
         ours = [
@@ -56,6 +61,10 @@ def interleaved(runner: Runner, stack: Stack, fixture: Fixture) -> None:
                     functools.partial(replay, runner, stack, production, fixture),
                     functools.partial(new, runner, stack, production, fixture),
                 ],
+            ),
+            System(
+                "settlement serve, function",
+                [functools.partial(new, runner, stack, as_function, fixture, "new-function")],
             ),
             System("bench.bare_app", _baseline_units(runner, stack, baseline, fixture)),
             System("uvicorn", _uvicorn_units(runner, stack, under_uvicorn, fixture)),

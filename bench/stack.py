@@ -268,17 +268,20 @@ class Stack:
         env.update(extra)
         return env
 
-    def production_server(self, workers: int) -> ServerProcess:
-        """``python -m service.cli serve``: the production entry point (granian)."""
+    def production_server(self, workers: int, claim_settle: str = "statement") -> ServerProcess:
+        """``python -m service.cli serve``: the production entry point (granian);
+        ``claim_settle``: its SETTLEMENT_DB_CLAIM_SETTLE (another log file when not the
+        default)."""
         port = free_port()
         argv = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
+        log = "server.log" if claim_settle == "statement" else f"server-{claim_settle}.log"
         return GranianProcess(
             "settlement serve",
             [*argv, "--workers", str(workers)],
             port=port,
             workers=workers,
-            env=self.server_env(),
-            log_path=self.log_dir / "server.log",
+            env=self.server_env(SETTLEMENT_DB_CLAIM_SETTLE=claim_settle),
+            log_path=self.log_dir / log,
         )
 
     def uvicorn_server(self, workers: int) -> ServerProcess:

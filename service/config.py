@@ -265,6 +265,13 @@ class Settings:
         "planning on the hot path; on Citus use auto (docs/scaling.md).",
         rule=one_of("force_generic_plan", "auto", "force_custom_plan"),
     )
+    db_claim_settle: str = setting(
+        "statement",
+        "how a new operation's one statement is sent: as is, or as a call of a function per "
+        "effect taking the tenant first, which Citus sends whole to the tenant's node "
+        "(docs/scaling.md); function creates them at start.",
+        rule=one_of("statement", "function"),
+    )
     db_statement_timeout: float = setting(
         15.0,
         "no single statement may hold a connection and its locks longer than this.",

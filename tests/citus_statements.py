@@ -2,7 +2,8 @@
 
 * :func:`hot_statements` (a): the hot path's prepared statements (``service.store.hot_sql``)
   and the one statement and the finishing statement of every local effect, compiled for
-  asyncpg as the store compiles them.
+  asyncpg as the store compiles them; the one statement as a function's call and body
+  (``service.store.hot_functions``).
 * :func:`cold_statements` (b): what can be collected without running anything: every
   statement assigned at a module's top level in ``service/store``, ``service/domain`` and
   ``service/app`` (SQLAlchemy Core statements and ``text()``, compiled for asyncpg; SQL
@@ -31,6 +32,7 @@ from sqlalchemy import CompoundSelect, Delete, Engine, Insert, Select, TextClaus
 from sqlalchemy.dialects.postgresql import asyncpg as asyncpg_dialect
 from sqlalchemy.pool import Pool
 
+from service.store.hot_functions import hot_function
 from service.store.hot_sql import NO_EFFECT, Prepared, claim_settle_with, finish_with
 from service.store.outcomes import EffectSql
 from tests.citus_rules import tables_in
@@ -83,6 +85,8 @@ def hot_statements() -> dict[str, str]:
     for name, effect in sorted(effects().items()):
         found[f"claim_settle_with({name})"] = claim_settle_with(effect).sql
         found[f"finish_with({name})"] = finish_with(effect).sql
+        found[f"hot_function({name})"] = hot_function(effect).call.sql
+        found[f"hot_function({name}).body"] = hot_function(effect).body
     return found
 
 

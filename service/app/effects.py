@@ -36,6 +36,7 @@ __all__ = [
     "ExecutionContext",
     "ExternalHandler",
     "IdempotentRoute",
+    "LocalStatement",
     "Outcome",
     "StatementHandler",
     "business_outcome",
@@ -71,6 +72,33 @@ StatementHandler = Callable[
 ]
 
 
+# a domain's local effect: (tenant, operation id, binding generation, request) -> (its SQL,
+# its parameters, what it made: the body of the 201 when the guard lets it through)
+DomainEffect = Callable[[str, uuid.UUID, int, Any], tuple[EffectSql, Mapping[str, object], Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalStatement:
+    """A domain's local effect as a route's statement (a :data:`StatementHandler`): its
+    answer is 201 with what it made. ``sql`` is the effect's SQL, the one ``effect`` builds
+    every statement with: declared on the route, the server knows its routes' effects
+    before any request (``SETTLEMENT_DB_CLAIM_SETTLE=function`` creates a function for
+    each at start)."""
+
+    sql: EffectSql
+    effect: DomainEffect
+
+    def __call__(
+        self, ctx: ExecutionContext, body: Any
+    ) -> tuple[EffectSql, Mapping[str, object], Outcome]:
+        made_with, params, made = self.effect(
+            ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
+        )
+        if made_with is not self.sql:
+            raise TypeError(f"the route declares {self.sql.name}; its effect made {made_with.name}")
+        return self.sql, params, Outcome(status=201, body=msgspec.json.encode(made))
+
+
 @dataclass(frozen=True, slots=True)
 class IdempotentRoute:
     """Declares a route idempotent: exactly one of ``statement`` (local) or ``external``.
@@ -93,6 +121,11 @@ class IdempotentRoute:
     summary: str = ""
     answer_type: type[msgspec.Struct] | None = None
     refusals: tuple[str, ...] = ()
+
+    @property
+    def effect_sql(self) -> EffectSql | None:
+        """A local effect's SQL as the route declares it (:class:`LocalStatement`)."""
+        return self.statement.sql if isinstance(self.statement, LocalStatement) else None
 
     @property
     def path(self) -> str:

@@ -117,6 +117,7 @@ class Settlement:
             clock=clock,
             pool=pool,
             key_tenants=settings.key_tenants,
+            functions=settings.db_claim_settle == "function",
         )
         self.principals = PrincipalStore(engine, pool=pool)
         self.leases = LeaseManager(
@@ -258,6 +259,11 @@ class Settlement:
                     extra={"within_s": settings.redis_timeout},
                 )
             settlement = cls(settings, engine, redis, lease_redis=lease_redis, metrics=metrics)
+            created = await settlement.store.install_functions(
+                spec.effect_sql for spec in ROUTES if spec.effect_sql is not None
+            )
+            if created:
+                start_log.info("created the claim-and-settle functions", extra={"names": created})
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:

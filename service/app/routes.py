@@ -10,13 +10,7 @@ Adding a route is one entry here, beside its domain module (the effect) and its 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Callable, Mapping
-from typing import Any
-
-import msgspec
-
-from service.app.effects import ExecutionContext, IdempotentRoute, Outcome, StatementHandler
+from service.app.effects import ExecutionContext, IdempotentRoute, LocalStatement
 from service.core import ReservationTuple
 from service.domain import ledger, refunds
 from service.domain.payouts import (
@@ -27,27 +21,8 @@ from service.domain.payouts import (
 )
 from service.evidence import SignedEvidence
 from service.store.feed_tables import metadata
-from service.store.outcomes import EffectSql
 
-__all__ = ["ACCOUNTS", "PAYOUTS", "REFUNDS", "ROUTES", "SCHEMA", "TRANSFERS", "local"]
-
-# a domain's local effect: (tenant, operation id, binding generation, request) -> (its SQL,
-# its parameters, what it made: the body of the 201 when the guard lets it through)
-DomainEffect = Callable[[str, uuid.UUID, int, Any], tuple[EffectSql, Mapping[str, object], Any]]
-
-
-def local(effect: DomainEffect) -> StatementHandler:
-    """A domain's local effect as a route's statement: its answer is 201 with what it made."""
-
-    def statement(
-        ctx: ExecutionContext, body: Any
-    ) -> tuple[EffectSql, Mapping[str, object], Outcome]:
-        sql, params, made = effect(
-            ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
-        )
-        return sql, params, Outcome(status=201, body=msgspec.json.encode(made))
-
-    return statement
+__all__ = ["ACCOUNTS", "PAYOUTS", "REFUNDS", "ROUTES", "SCHEMA", "TRANSFERS"]
 
 
 async def _pay(
@@ -64,7 +39,7 @@ ACCOUNTS = IdempotentRoute(
     summary="Open an account (idempotent)",
     body_type=ledger.AccountRequest,
     answer_type=ledger.Account,
-    statement=local(ledger.create_account_statement),
+    statement=LocalStatement(ledger.OPEN_ACCOUNT, ledger.create_account_statement),
 )
 TRANSFERS = IdempotentRoute(
     route="POST /v1/transfers",
@@ -72,7 +47,7 @@ TRANSFERS = IdempotentRoute(
     summary="Move money between accounts (idempotent)",
     body_type=ledger.TransferRequest,
     answer_type=ledger.Transfer,
-    statement=local(ledger.transfer_statement),
+    statement=LocalStatement(ledger.TRANSFER, ledger.transfer_statement),
     refusals=ledger.TRANSFER_REFUSALS,
 )
 PAYOUTS = IdempotentRoute(
@@ -90,7 +65,7 @@ REFUNDS = IdempotentRoute(
     summary="Refund all or part of a transfer to its source (idempotent)",
     body_type=refunds.RefundRequest,
     answer_type=refunds.Refund,
-    statement=local(refunds.refund_statement),
+    statement=LocalStatement(refunds.REFUND, refunds.refund_statement),
     refusals=refunds.REFUSALS,
 )
 

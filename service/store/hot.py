@@ -31,7 +31,7 @@ it is recorded with its decision, the row and the effect unwritten.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,6 +47,7 @@ from service.core import (
     settle,
 )
 from service.domain.principals import Principal
+from service.store.hot_functions import hot_function, install
 from service.store.hot_params import (
     claim_settle_params,
     finish_params,
@@ -75,10 +76,24 @@ __all__ = ["HotPath"]
 
 
 class HotPath:
-    def __init__(self, pool: Any, tenants: KeyTenants | None = None) -> None:
-        """``tenants``: the tenants of the keys remembered (default: a new one, default size)."""
+    def __init__(
+        self, pool: Any, tenants: KeyTenants | None = None, *, functions: bool = False
+    ) -> None:
+        """``tenants``: the tenants of the keys remembered (default: a new one, default size);
+        ``functions``: the claim-and-settle calls its effect's function
+        (:mod:`service.store.hot_functions`, created by :meth:`install_functions`) instead of
+        sending the statement."""
         self._pool = pool
         self._tenants = KeyTenants() if tenants is None else tenants
+        self._functions = functions
+
+    async def install_functions(self, effects: Iterable[EffectSql]) -> list[str]:
+        """With ``functions``, create those of ``effects`` (and of a refusal, which settles
+        without an effect) that the database lacks; the names created."""
+        if not self._functions:
+            return []
+        async with self._pool.acquire() as conn:
+            return await install(conn, (*effects, NO_EFFECT))
 
     async def identify(
         self, key_hash: bytes, route: str, idempotency_key: str, now: datetime
@@ -189,7 +204,7 @@ class HotPath:
             if decision.record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
             sql, params = effect
-            statement = claim_settle_with(sql)
+            statement = hot_function(sql).call if self._functions else claim_settle_with(sql)
             values = claim_settle_params(
                 scope,
                 claimed,

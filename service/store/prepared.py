@@ -3,6 +3,7 @@ its SQL with ``$n`` placeholders, and its named parameters in their order."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,6 +15,8 @@ from service.store.db import json_text
 __all__ = ["Prepared"]
 
 _DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
+# a parameter in a compiled statement's SQL (asyncpg's numbered style)
+_PLACEHOLDER = re.compile(r"\$[0-9]+\b")
 
 
 class Prepared:
@@ -39,6 +42,26 @@ class Prepared:
             for at, name in enumerate(self.names)
             if isinstance(compiled.binds[name].type, sqltypes.JSON)
         )
+
+    @classmethod
+    def call(cls, function: str, statement: Prepared, first: str) -> tuple[Prepared, str]:
+        """``statement`` as the body of a SQL function ``function`` whose parameters are
+        ``statement``'s with ``first`` moved to the front: the call (``SELECT * FROM
+        function($1, ...)``, a Prepared taking the same mapping) and the body (the
+        statement's SQL, its ``$n`` numbered in the function's order)."""
+        if first not in statement.names:
+            raise ValueError(f"{first!r} is not a parameter of the statement")
+        names = (first, *(name for name in statement.names if name != first))
+        number = {
+            f"${at + 1}": f"${names.index(name) + 1}" for at, name in enumerate(statement.names)
+        }
+        body = _PLACEHOLDER.sub(lambda found: number[found.group(0)], statement.sql)
+        placeholders = ", ".join(f"${at + 1}" for at in range(len(names)))
+        called = cls.__new__(cls)
+        called.sql = f"SELECT * FROM {function}({placeholders})"
+        called.names = names
+        called._json = tuple(names.index(statement.names[at]) for at in statement._json)
+        return called, body
 
     def args(self, values: Mapping[str, object]) -> list[object]:
         """The positional arguments for ``values``; KeyError names a missing parameter."""

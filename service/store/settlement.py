@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from sqlalchemy import ColumnElement
@@ -46,6 +46,7 @@ from service.store.outcomes import (
     AttemptRef,
     ClaimOutcome,
     EffectRefused,
+    EffectSql,
     EffectStatement,
     LeaseProbe,
     NoHooks,
@@ -92,12 +93,17 @@ class SettlementStore:
         clock: Callable[[], float] = time.time,
         pool: Any = None,
         key_tenants: int = KEY_TENANTS,
+        functions: bool = False,
     ) -> None:
         """``pool``: the hot path's :class:`service.store.pool.HotPool`; local
         effects need it, and with it a new operation is claimed in one statement.
-        ``key_tenants``: how many API keys' tenants the hot path remembers."""
+        ``key_tenants``: how many API keys' tenants the hot path remembers. ``functions``:
+        that statement is sent as a call of its effect's function
+        (:mod:`service.store.hot_functions`; :meth:`install_functions` first)."""
         self._engine = engine
-        self._hot = None if pool is None else HotPath(pool, KeyTenants(key_tenants))
+        self._hot = (
+            None if pool is None else HotPath(pool, KeyTenants(key_tenants), functions=functions)
+        )
         self._policy = policy
         self._retention = retention or Retention(default=86_400.0, tombstone=2_592_000.0)
         self._clock = clock
@@ -106,6 +112,13 @@ class SettlementStore:
         """the operations' rows read (single statements, no lock)"""
         self.reports = SettlementReports(hooks or NoHooks())
         """what a commit tells the hooks and the log"""
+
+    async def install_functions(self, effects: Iterable[EffectSql]) -> list[str]:
+        """With ``functions``, create the claim-and-settle functions of ``effects`` the
+        database lacks (:func:`service.store.hot_functions.install`); the names created."""
+        if self._hot is None:
+            return []
+        return await self._hot.install_functions(effects)
 
     def unit_of_work(self) -> UnitOfWork:
         return UnitOfWork(self._engine)

@@ -535,9 +535,21 @@ def new_transfer(
     return build
 
 
+@pytest.fixture(params=["statement", "function"])
+async def one_statement(
+    request: pytest.FixtureRequest, engine: AsyncEngine, clock: Clock, pool: Any
+) -> SettlementStore:
+    """The store, its one statement sent as is, or as a call of the effect's function
+    (``SETTLEMENT_DB_CLAIM_SETTLE``; service.store.hot_functions)."""
+    store = SettlementStore(engine, clock=clock, pool=pool, functions=request.param == "function")
+    await store.install_functions([ledger.TRANSFER])
+    return store
+
+
 async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+    engine: AsyncEngine, one_statement: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
+    store = one_statement
     ids = await two_accounts(engine, 100)
     request = claim_request(scope.principal_id, clock)
     done = await store.claim_and_settle_local(
@@ -572,8 +584,9 @@ async def test_a_new_transfer_is_claimed_run_and_settled_in_one_statement(
 
 
 async def test_a_new_transfer_the_guard_refuses_is_settled_failed_in_one_more_statement(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+    engine: AsyncEngine, one_statement: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
+    store = one_statement
     ids = await two_accounts(engine, 5)
     request = claim_request(scope.principal_id, clock)
     said: list[tuple[str, str]] = []
@@ -596,10 +609,11 @@ async def test_a_new_transfer_the_guard_refuses_is_settled_failed_in_one_more_st
 
 
 async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+    engine: AsyncEngine, one_statement: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
     """Another claimer's row exists (it inserted after this request read none): the one
     statement's insert does nothing, so neither does the transfer."""
+    store = one_statement
     _, first = await claimed(store, scope, clock)
     ids = await two_accounts(engine, 100)
     done = await store.claim_and_settle_local(
@@ -616,11 +630,12 @@ async def test_a_new_transfer_under_a_taken_scope_writes_nothing(
 
 
 async def test_two_new_statements_of_one_scope_at_once_run_the_transfer_once(
-    engine: AsyncEngine, store: SettlementStore, clock: Clock, scope: Scope
+    engine: AsyncEngine, one_statement: SettlementStore, clock: Clock, scope: Scope
 ) -> None:
     """Were the lease to run out while the statement runs, a second request would send its
     own: the scope's unique row decides, not the lease. One writes; the other writes
     nothing and answers from the row under its lock."""
+    store = one_statement
     ids = await two_accounts(engine, 100)
     requests = [claim_request(scope.principal_id, clock) for _ in range(6)]
     done = await asyncio.gather(

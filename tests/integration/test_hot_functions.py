@@ -1,0 +1,128 @@
+"""The one statement of a new operation as a function taking the tenant first
+(``SETTLEMENT_DB_CLAIM_SETTLE=function``, service/store/hot_functions.py): servers opening
+together create each effect's function once, and a request then sends the call instead of
+the statement, writing what the statement writes (tests/integration/test_hot_path.py runs the
+one statement's tests both ways)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from service.app.routes import ROUTES
+from service.config import Settings
+from service.domain.principals import Role
+from service.store.hot_functions import PREFIX, hot_function, install
+from service.store.hot_sql import NO_EFFECT
+from service.store.migrate import upgrade
+from service.store.pool import plain_dsn
+from service.store.principals import PrincipalStore
+from tests.conftest import Services, create_database
+from tests.integration.asgi import Asgi
+from tests.integration.test_key_tenants import _settle_loggers, sent
+
+pytestmark = pytest.mark.integration
+
+EFFECTS = [spec.effect_sql for spec in ROUTES if spec.effect_sql is not None]
+
+
+async def test_servers_opening_together_create_each_function_once_the_tenant_first(
+    services: Services,
+) -> None:
+    url = await create_database(services, "functions")
+    await asyncio.to_thread(upgrade, url)
+    conns = [await asyncpg.connect(plain_dsn(url)) for _ in range(3)]
+    try:
+        made = await asyncio.gather(*(install(conn, [*EFFECTS, NO_EFFECT]) for conn in conns))
+        expected = sorted(hot_function(effect).name for effect in [*EFFECTS, NO_EFFECT])
+        assert sorted(name for names in made for name in names) == expected
+        assert await install(conns[0], [*EFFECTS, NO_EFFECT]) == []  # nothing missing
+        rows = await conns[0].fetch(
+            "SELECT proname, proargnames[1] AS first, format_type(proargtypes[0], NULL) AS type,"
+            " provolatile::text AS provolatile FROM pg_proc"
+            " WHERE starts_with(proname, $1) ORDER BY proname",
+            PREFIX,
+        )
+        assert [row["proname"] for row in rows] == expected
+        assert {(row["first"], row["type"], row["provolatile"]) for row in rows} == {
+            ("p_tenant", "character varying", "v")
+        }
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+@pytest.fixture
+async def function_app(services: Services, migrated_url: str) -> AsyncIterator[Asgi]:
+    """The application in function mode: it creates the functions it lacks as it starts."""
+    from service.http.app import create_app
+
+    settings = Settings.from_env(
+        {},
+        database_url=migrated_url,
+        redis_url=services.redis_url,
+        sweep_interval=3600.0,
+        db_claim_settle="function",
+    )
+    driven = Asgi(create_app(settings))
+    await driven.start()
+    yield driven
+    await driven.stop()
+
+
+async def test_a_new_operation_sends_its_effects_function_and_replays_as_before(
+    function_app: Asgi, engine: Any
+) -> None:
+    tenant = "functions-tenant"
+    _, key = await PrincipalStore(engine).create(tenant, "client", Role.CLIENT)
+
+    async def post(path: str, body: dict[str, Any], idem: str) -> tuple[int, Any, list[str]]:
+        headers = {
+            "Authorization": f"Bearer {key}",
+            "Content-Type": "application/json",
+            "Idempotency-Key": idem,
+        }
+        with sent() as statements:
+            status, _, raw = await function_app.request(
+                "POST", path, headers, json.dumps(body).encode()
+            )
+            await _settle_loggers()
+        return status, json.loads(raw), statements
+
+    opened = []
+    for n, balance in enumerate((100, 0)):
+        body = {"currency": "EUR", "opening_balance": balance}
+        status, account, statements = await post("/v1/accounts", body, f"account-{n}")
+        assert status == 201, account
+        opened.append(account["id"])
+        assert statements[-2:] == ["hot_sql.IDENTIFY", "hot_function(open-account)"]
+    transfer = {"source": opened[0], "destination": opened[1], "amount": 120, "currency": "EUR"}
+    status, refused, statements = await post("/v1/transfers", transfer, "too-much")
+    assert status == 402, refused  # the guard's refusal, settled through the no-effect's
+    assert statements == [
+        "hot_sql.IDENTIFY",
+        "hot_function(transfer)",
+        "hot_function(no-effect)",
+    ]
+    transfer["amount"] = 10
+    status, made, statements = await post("/v1/transfers", transfer, "transfer")
+    assert status == 201, made
+    assert statements == ["hot_sql.IDENTIFY", "hot_function(transfer)"]
+    status, replayed, statements = await post("/v1/transfers", transfer, "transfer")
+    assert (status, replayed) == (201, made)
+    assert statements == ["hot_sql.IDENTIFY"]
+    async with engine.connect() as conn:
+        from sqlalchemy import text
+
+        balances = (
+            await conn.execute(
+                text("SELECT balance FROM accounts WHERE tenant = :t ORDER BY balance DESC"),
+                {"t": tenant},
+            )
+        ).scalars()
+        assert list(balances) == [90, 10]
