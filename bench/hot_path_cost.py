@@ -7,7 +7,8 @@ two accounts, and drives the production app over ASGI in this process
 (:class:`devstack.asgi.Asgi`, its lifespan started; no HTTP server, no load generator),
 BENCH_HOT_CONCURRENCY (16) requests at a time: 300 new transfers to warm up (their keys are
 then replayed), BENCH_HOT_NEW (1500) new transfers, a fresh key each, then BENCH_HOT_REPLAY
-(3000) replays of the warm-up's keys.
+(3000) replays of the warm-up's keys. BENCH_HOT_CLAIM_SETTLE: the app's
+SETTLEMENT_DB_CLAIM_SETTLE (statement).
 Prints one JSON line: per scenario, this process's CPU per request (``time.process_time``:
 the app and the driver, which is the same for every version), PostgreSQL's (every one of its
 processes, ``psutil``) and requests per second.
@@ -74,6 +75,7 @@ async def _drive(stack: Stack) -> dict[str, dict[str, float]]:
         sweep_interval=3600.0,
         log_format="text",
         access_log=False,
+        db_claim_settle=os.environ.get("BENCH_HOT_CLAIM_SETTLE", "statement"),
     )
     app = Asgi(create_app(settings))
     await app.start()
@@ -128,7 +130,8 @@ def main() -> None:
     logging.disable(logging.WARNING)  # the app's request log is not the figure
     with Stack(Path(tempfile.mkdtemp(prefix="hot-path-cost-"))) as stack:
         figures = asyncio.run(_drive(stack))
-    print(json.dumps({"checkout": os.getcwd(), **figures}))
+    mode = os.environ.get("BENCH_HOT_CLAIM_SETTLE", "statement")
+    print(json.dumps({"checkout": os.getcwd(), "claim_settle": mode, **figures}))
 
 
 if __name__ == "__main__":

@@ -8,13 +8,13 @@ prepares every statement.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
 from service.domain import ledger
 from service.store.hot_sql import IDENTIFY, Prepared, claim_settle_with
+from service.store.prepared import PLACEHOLDER
 
 __all__ = ["NEW", "READ", "write_scripts"]
 
@@ -22,7 +22,6 @@ NEW = "new.sql"
 READ = "read.sql"
 
 ROUTE = "'POST /v1/transfers'::varchar"
-_PLACEHOLDER = re.compile(r"\$([1-9][0-9]*)")
 
 
 def _account(variable: str) -> str:
@@ -38,7 +37,7 @@ def _bound(statement: Prepared, values: Mapping[str, str]) -> str:
         unused = sorted(set(values) - set(statement.names))
         raise ValueError(f"the script lacks {missing} and gives {unused} in vain")
     return (
-        _PLACEHOLDER.sub(
+        PLACEHOLDER.sub(
             lambda m: f"({values[statement.names[int(m[1]) - 1]]})", statement.sql
         ).strip()
         + ";"

@@ -12,11 +12,11 @@ from sqlalchemy.sql import sqltypes
 
 from service.store.db import json_text
 
-__all__ = ["Prepared"]
+__all__ = ["PLACEHOLDER", "Prepared"]
 
 _DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
-# a parameter in a compiled statement's SQL (asyncpg's numbered style)
-_PLACEHOLDER = re.compile(r"\$[0-9]+\b")
+# a parameter in a compiled statement's SQL (asyncpg's numbered style), its number the group
+PLACEHOLDER = re.compile(r"\$([1-9][0-9]*)")
 
 
 class Prepared:
@@ -55,7 +55,7 @@ class Prepared:
         number = {
             f"${at + 1}": f"${names.index(name) + 1}" for at, name in enumerate(statement.names)
         }
-        body = _PLACEHOLDER.sub(lambda found: number[found.group(0)], statement.sql)
+        body = PLACEHOLDER.sub(lambda found: number[found.group(0)], statement.sql)
         placeholders = ", ".join(f"${at + 1}" for at in range(len(names)))
         called = cls.__new__(cls)
         called.sql = f"SELECT * FROM {function}({placeholders})"

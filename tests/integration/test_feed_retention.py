@@ -365,7 +365,10 @@ async def plan(conn: AsyncConnection, statement: TextClause, params: dict[str, A
 
 
 def _quarantined(operation_id: uuid.UUID) -> dict[str, Any]:
+    """A feed's observation quarantined as the server writes it, with its tenant (the
+    operation's, the tombstone's or the observer's: here all ``acme``)."""
     return {
+        "tenant": "acme",
         "operation_id": operation_id,
         "source": "feed",
         "kind": "completed",
