@@ -260,7 +260,9 @@ class Settlement:
                 )
             settlement = cls(settings, engine, redis, lease_redis=lease_redis, metrics=metrics)
             created = await settlement.store.install_functions(
-                spec.effect_sql for spec in ROUTES if spec.effect_sql is not None
+                spec.effect_sql
+                for spec in settlement.routes.values()
+                if spec.effect_sql is not None
             )
             if created:
                 start_log.info("created the claim-and-settle functions", extra={"names": created})

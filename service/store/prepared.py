@@ -17,6 +17,8 @@ __all__ = ["PLACEHOLDER", "Prepared"]
 _DIALECT = asyncpg_dialect.dialect()  # type: ignore[no-untyped-call]
 # a parameter in a compiled statement's SQL (asyncpg's numbered style), its number the group
 PLACEHOLDER = re.compile(r"\$([1-9][0-9]*)")
+# a quoted literal or identifier of a compiled statement
+_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 
 
 class Prepared:
@@ -44,23 +46,35 @@ class Prepared:
         )
 
     @classmethod
-    def call(cls, function: str, statement: Prepared, first: str) -> tuple[Prepared, str]:
+    def call(
+        cls, function: str, statement: Prepared, first: str, same: tuple[str, ...] = ()
+    ) -> tuple[Prepared, str]:
         """``statement`` as the body of a SQL function ``function`` whose parameters are
-        ``statement``'s with ``first`` moved to the front: the call (``SELECT * FROM
-        function($1, ...)``, a Prepared taking the same mapping) and the body (the
-        statement's SQL, its ``$n`` numbered in the function's order)."""
+        ``statement``'s with ``first`` moved to the front, and each of ``same`` (a parameter
+        always given ``first``'s value) taken from ``first``: the call (``SELECT * FROM
+        function($1, ...)``, a Prepared taking the statement's mapping) and the body (the
+        statement's SQL, its ``$n`` numbered in the function's order). ValueError when
+        ``first`` is not a parameter, or a ``$n`` stands in a quoted literal (renumbered,
+        it would change the text)."""
         if first not in statement.names:
             raise ValueError(f"{first!r} is not a parameter of the statement")
-        names = (first, *(name for name in statement.names if name != first))
+        if any(PLACEHOLDER.search(quoted) for quoted in _QUOTED.findall(statement.sql)):
+            raise ValueError("a quoted literal of the statement holds a $n")
+        names = (first, *(n for n in statement.names if n != first and n not in same))
         number = {
-            f"${at + 1}": f"${names.index(name) + 1}" for at, name in enumerate(statement.names)
+            str(at + 1): str(names.index(first if name in same else name) + 1)
+            for at, name in enumerate(statement.names)
         }
-        body = PLACEHOLDER.sub(lambda found: number[found.group(0)], statement.sql)
+        body = PLACEHOLDER.sub(lambda found: "$" + number[found.group(1)], statement.sql)
         placeholders = ", ".join(f"${at + 1}" for at in range(len(names)))
         called = cls.__new__(cls)
         called.sql = f"SELECT * FROM {function}({placeholders})"
         called.names = names
-        called._json = tuple(names.index(statement.names[at]) for at in statement._json)
+        called._json = tuple(
+            names.index(statement.names[at])
+            for at in statement._json
+            if statement.names[at] in names
+        )
         return called, body
 
     def args(self, values: Mapping[str, object]) -> list[object]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +19,10 @@ import pytest
 from service.app.routes import ROUTES
 from service.config import Settings
 from service.domain.principals import Role
-from service.store.hot_functions import PREFIX, hot_function, install
+from service.store.hot_functions import PREFIX, FunctionsNotInstalled, hot_function, install
 from service.store.hot_sql import NO_EFFECT
 from service.store.migrate import upgrade
-from service.store.pool import plain_dsn
+from service.store.pool import make_pool, plain_dsn
 from service.store.principals import PrincipalStore
 from tests.conftest import Services, create_database
 from tests.integration.asgi import Asgi
@@ -28,6 +30,8 @@ from tests.integration.test_key_tenants import _settle_loggers, sent
 
 pytestmark = pytest.mark.integration
 
+# a bound of the waits on observable state below: generous
+PATIENCE = 20.0
 EFFECTS = [spec.effect_sql for spec in ROUTES if spec.effect_sql is not None]
 
 
@@ -55,6 +59,62 @@ async def test_servers_opening_together_create_each_function_once_the_tenant_fir
     finally:
         for conn in conns:
             await conn.close()
+
+
+async def test_a_server_waits_for_anothers_install_beyond_its_lock_timeout(
+    services: Services,
+) -> None:
+    """Installing on Citus distributes each function to every node: a server opening
+    meanwhile waits for the install lock longer than a statement's lock timeout."""
+    url = await create_database(services, "functions")
+    await asyncio.to_thread(upgrade, url)
+    pool = await make_pool(Settings.from_env({}, db_lock_timeout=0.05), url, size=1)
+    holder = await asyncpg.connect(plain_dsn(url))
+    try:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT pg_advisory_xact_lock(hashtext('settlement hot functions'))")
+
+        async def installing() -> list[str]:
+            async with pool.acquire() as conn:
+                return await install(conn, EFFECTS)
+
+        waiting = asyncio.create_task(installing())
+        deadline = time.monotonic() + PATIENCE
+        while not await holder.fetchval(
+            "SELECT count(*) > 0 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ):  # the install is waiting for the lock
+            assert time.monotonic() < deadline, "the install never asked for the lock"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # six times the lock timeout: a statement would have failed
+        assert not waiting.done()
+        await holder.execute("COMMIT")
+        assert len(await waiting) == len(EFFECTS)
+    finally:
+        await holder.close()
+        await pool.close()
+
+
+async def test_a_role_that_may_not_create_functions_is_told_what_to_do(
+    services: Services,
+) -> None:
+    url = await create_database(services, "functions")
+    await asyncio.to_thread(upgrade, url)
+    owner = await asyncpg.connect(plain_dsn(url))
+    role = f"reader_{uuid.uuid4().hex[:8]}"
+    try:
+        await owner.execute(f"CREATE ROLE {role} LOGIN PASSWORD 'limited'")
+        await owner.execute(f"REVOKE CREATE ON SCHEMA public FROM {role}, PUBLIC")
+        limited = await asyncpg.connect(plain_dsn(url), user=role, password="limited")
+        try:
+            with pytest.raises(FunctionsNotInstalled, match="may not create the functions"):
+                await install(limited, EFFECTS)
+        finally:
+            await limited.close()
+        assert not await owner.fetchval(
+            "SELECT count(*) > 0 FROM pg_proc WHERE starts_with(proname, $1)", PREFIX
+        )
+    finally:
+        await owner.close()
 
 
 @pytest.fixture
