@@ -61,7 +61,7 @@ from bench.runner import Config, Runner
 from bench.scale_fill import FILLED_TABLES, Filled, Owner, fill
 from bench.scale_plans import explain_all
 from bench.session import Session, env_number, say, seed
-from bench.stack import ServerProcess, Stack, free_port
+from bench.stack import ServerProcess, Stack
 
 # The tables whose sizes are reported: the filled ones, and what the purge writes.
 SIZED_TABLES = (*FILLED_TABLES, "tombstones", "operation_epochs", "accounts", "principals")
@@ -201,7 +201,7 @@ class Scale:
             asyncio.run(self._fill(stack, fixture))
             with (
                 stack.production_server(cfg.workers) as sized,
-                _server(stack, cfg.workers, empty_url) as empty,
+                stack.production_server(cfg.workers, database_url=empty_url) as empty,
             ):
                 say(f"servers up ({cfg.workers} worker(s) each): at size, and empty")
                 seed(empty_fixture, empty, cfg.seed)
@@ -348,22 +348,6 @@ def _blocks(database_url: str) -> tuple[int, int]:
         return int(row["blks_hit"]), int(row["blks_read"])
 
     return asyncio.run(read())
-
-
-def _server(stack: Stack, workers: int, database_url: str) -> ServerProcess:
-    """The production server (as ``Stack.production_server``) on ``database_url``."""
-    port = free_port()
-    return ServerProcess(
-        "settlement serve (empty)",
-        [
-            *(sys.executable, "-m", "service.cli", "serve"),
-            *("--port", str(port), "--workers", str(workers)),
-        ],
-        port=port,
-        workers=workers,
-        env=stack.server_env(SETTLEMENT_DATABASE_URL=database_url),
-        log_path=stack.log_dir / "server-empty.log",
-    )
 
 
 async def _sizes(database_url: str) -> dict[str, Any]:

@@ -268,19 +268,27 @@ class Stack:
         env.update(extra)
         return env
 
-    def production_server(self, workers: int, claim_settle: str = "statement") -> ServerProcess:
-        """``python -m service.cli serve``: the production entry point (granian);
-        ``claim_settle``: its SETTLEMENT_DB_CLAIM_SETTLE (another log file when not the
-        default)."""
+    def production_server(
+        self, workers: int, claim_settle: str = "statement", database_url: str | None = None
+    ) -> ServerProcess:
+        """``python -m service.cli serve``: the production entry point (granian), on the
+        stack's database or ``database_url``; ``claim_settle``: its SETTLEMENT_DB_CLAIM_SETTLE.
+        A server other than the default one logs to a file of its own."""
         port = free_port()
         argv = [sys.executable, "-m", "service.cli", "serve", "--port", str(port)]
-        log = "server.log" if claim_settle == "statement" else f"server-{claim_settle}.log"
+        env = self.server_env(SETTLEMENT_DB_CLAIM_SETTLE=claim_settle)
+        log = "server.log"
+        if claim_settle != "statement":
+            log = f"server-{claim_settle}.log"
+        if database_url is not None:
+            env["SETTLEMENT_DATABASE_URL"] = database_url
+            log = "server-empty.log"
         return GranianProcess(
             "settlement serve",
             [*argv, "--workers", str(workers)],
             port=port,
             workers=workers,
-            env=self.server_env(SETTLEMENT_DB_CLAIM_SETTLE=claim_settle),
+            env=env,
             log_path=self.log_dir / log,
         )
 
