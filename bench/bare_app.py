@@ -4,7 +4,7 @@
   msgspec) costs on its own.
 * ``POST /bench/plain-transfer``: the ledger's SQL of ``POST /v1/transfers`` without the
   idempotency layer: authenticate, decode the same body, then one statement: the transfer's
-  guard (``service.domain.ledger.transfer_statement``), a minimal operation row
+  guard (``service.domain.ledger.TRANSFER``), a minimal operation row
   (``transfers.operation_id`` is a NOT NULL foreign key to ``operations``) and the transfer's
   writes. No key, fingerprint, scope read, lease, claim, attempt or observation. The
   operation-row INSERT is the only part a schema without idempotency would not need, so
@@ -94,7 +94,7 @@ async def plain_transfer(request: Request[Any, Any, Any], settlement: Services) 
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         return problem_response("validation-error", str(exc))
     operation_id = uuid.uuid4()
-    _, params, made = ledger.transfer_statement(principal.tenant, operation_id, 1, body)
+    params, made = ledger.transfer_values(principal.tenant, operation_id, 1, body)
     values = {
         "id": operation_id,
         "tenant": principal.tenant,

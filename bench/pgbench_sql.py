@@ -91,7 +91,7 @@ _SETTLED_ROW = {
     "o_reason": "'terminal-applied'::varchar",
     "expected_revision": "1::bigint",
 }
-# ledger.transfer_statement's parameters: one unit from account 2p-1 to account 2p, in EUR
+# ledger.transfer_values's parameters: one unit from account 2p-1 to account 2p, in EUR
 _TRANSFER = {
     "e_accounts": f"ARRAY[{_account('src')}, {_account('dst')}]",  # both, in id order
     "e_tenant": ":tenant::varchar",
@@ -121,10 +121,10 @@ def _identify(key: str) -> str:
 
 
 def new_transfer_script() -> str:
-    effect, params, _ = ledger.transfer_statement("t", uuid.uuid4(), 1, _SAMPLE_TRANSFER)
+    params, _ = ledger.transfer_values("t", uuid.uuid4(), 1, _SAMPLE_TRANSFER)
     if set(params) != set(_TRANSFER):
         raise ValueError("bench/pgbench_sql.py no longer gives the transfer's parameters")
-    settle = _bound(claim_settle_with(effect), {**_SETTLED_ROW, **_TRANSFER})
+    settle = _bound(claim_settle_with(ledger.TRANSFER), {**_SETTLED_ROW, **_TRANSFER})
     return "\n".join(
         [
             "-- pgbench: the SQL of one new POST /v1/transfers, as the server sends it",

@@ -72,18 +72,19 @@ StatementHandler = Callable[
 ]
 
 
-# a domain's local effect: (tenant, operation id, binding generation, request) -> (its SQL,
-# its parameters, what it made: the body of the 201 when the guard lets it through)
-DomainEffect = Callable[[str, uuid.UUID, int, Any], tuple[EffectSql, Mapping[str, object], Any]]
+# a domain's local effect's values: (tenant, operation id, binding generation, request) ->
+# (the values of its SQL's parameters, what it made: the body of the 201 when the guard lets
+# it through)
+DomainEffect = Callable[[str, uuid.UUID, int, Any], tuple[Mapping[str, object], Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class LocalStatement:
     """A domain's local effect as a route's statement (a :data:`StatementHandler`): its
-    answer is 201 with what it made. ``sql`` is the effect's SQL, the one ``effect`` builds
-    every statement with: declared on the route, the server knows its routes' effects
-    before any request (``SETTLEMENT_DB_CLAIM_SETTLE=function`` creates a function for
-    each at start)."""
+    answer is 201 with what it made. ``sql`` is the effect's SQL, named here only (``effect``
+    gives the values of its parameters): declared on the route, the server knows its
+    routes' effects before any request (``SETTLEMENT_DB_CLAIM_SETTLE=function`` creates a
+    function for each at start)."""
 
     sql: EffectSql
     effect: DomainEffect
@@ -91,11 +92,9 @@ class LocalStatement:
     def __call__(
         self, ctx: ExecutionContext, body: Any
     ) -> tuple[EffectSql, Mapping[str, object], Outcome]:
-        made_with, params, made = self.effect(
+        params, made = self.effect(
             ctx.principal.tenant, ctx.operation_id, ctx.binding_generation, body
         )
-        if made_with is not self.sql:
-            raise TypeError(f"the route declares {self.sql.name}; its effect made {made_with.name}")
         return self.sql, params, Outcome(status=201, body=msgspec.json.encode(made))
 
 

@@ -39,7 +39,7 @@ ACCOUNTS = IdempotentRoute(
     summary="Open an account (idempotent)",
     body_type=ledger.AccountRequest,
     answer_type=ledger.Account,
-    statement=LocalStatement(ledger.OPEN_ACCOUNT, ledger.create_account_statement),
+    statement=LocalStatement(ledger.OPEN_ACCOUNT, ledger.create_account_values),
 )
 TRANSFERS = IdempotentRoute(
     route="POST /v1/transfers",
@@ -47,7 +47,7 @@ TRANSFERS = IdempotentRoute(
     summary="Move money between accounts (idempotent)",
     body_type=ledger.TransferRequest,
     answer_type=ledger.Transfer,
-    statement=LocalStatement(ledger.TRANSFER, ledger.transfer_statement),
+    statement=LocalStatement(ledger.TRANSFER, ledger.transfer_values),
     refusals=ledger.TRANSFER_REFUSALS,
 )
 PAYOUTS = IdempotentRoute(
@@ -65,7 +65,7 @@ REFUNDS = IdempotentRoute(
     summary="Refund all or part of a transfer to its source (idempotent)",
     body_type=refunds.RefundRequest,
     answer_type=refunds.Refund,
-    statement=LocalStatement(refunds.REFUND, refunds.refund_statement),
+    statement=LocalStatement(refunds.REFUND, refunds.refund_values),
     refusals=refunds.REFUSALS,
 )
 

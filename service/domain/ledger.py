@@ -48,9 +48,9 @@ __all__ = [
     "Currency",
     "Transfer",
     "TransferRequest",
-    "create_account_statement",
+    "create_account_values",
     "refuse",
-    "transfer_statement",
+    "transfer_values",
 ]
 
 # Largest amount or balance in minor units: fits PostgreSQL bigint with room for a sum.
@@ -287,11 +287,11 @@ TRANSFER_REFUSALS = (
 )
 
 
-def transfer_statement(
+def transfer_values(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: TransferRequest
-) -> tuple[EffectSql, dict[str, object], Transfer]:
-    """Move ``amount`` from source to destination: (the effect's SQL, its parameters, the
-    transfer made when the guard lets it through). The guard refuses with
+) -> tuple[dict[str, object], Transfer]:
+    """Move ``amount`` from source to destination: (the values of :data:`TRANSFER`'s
+    parameters, the transfer made when the guard lets it through). The guard refuses with
     ``account-not-found`` (404), ``currency-mismatch``, ``balance-limit`` (422) or
     ``insufficient-funds`` (402)."""
     made = Transfer(
@@ -317,7 +317,7 @@ def transfer_statement(
         "e_memo": request.memo,
         "e_created_at": made.created_at,
     }
-    return TRANSFER, params, made
+    return params, made
 
 
 def _account_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
@@ -343,10 +343,10 @@ def _account_apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
 OPEN_ACCOUNT = EffectSql("open-account", guard=never_refused, apply=_account_apply)
 
 
-def create_account_statement(
+def create_account_values(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: AccountRequest
-) -> tuple[EffectSql, dict[str, object], Account]:
-    """Open an account: (the effect's SQL, its parameters, the account)."""
+) -> tuple[dict[str, object], Account]:
+    """Open an account: (the values of :data:`OPEN_ACCOUNT`'s parameters, the account)."""
     account = Account(id=uuid.uuid4(), currency=request.currency, balance=request.opening_balance)
     params: dict[str, object] = {
         "e_account_id": account.id,
@@ -356,4 +356,4 @@ def create_account_statement(
         "e_operation_id": operation_id,
         "e_binding_generation": binding_generation,
     }
-    return OPEN_ACCOUNT, params, account
+    return params, account

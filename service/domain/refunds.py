@@ -53,7 +53,7 @@ __all__ = [
     "REFUSALS",
     "Refund",
     "RefundRequest",
-    "refund_statement",
+    "refund_values",
     "refunds",
 ]
 
@@ -270,11 +270,11 @@ def _apply(written: CTE, effect_ok: CTE) -> tuple[CTE, ...]:
 REFUND = EffectSql("refund", guard=_guard, apply=_apply)
 
 
-def refund_statement(
+def refund_values(
     tenant: str, operation_id: uuid.UUID, binding_generation: int, request: RefundRequest
-) -> tuple[EffectSql, dict[str, object], Refund]:
-    """Refund ``amount`` of a transfer: (the effect's SQL, its parameters, the refund made
-    when the guard lets it through). Refusals: :data:`REFUSALS`."""
+) -> tuple[dict[str, object], Refund]:
+    """Refund ``amount`` of a transfer: (the values of :data:`REFUND`'s parameters, the
+    refund made when the guard lets it through). Refusals: :data:`REFUSALS`."""
     made = Refund(
         id=uuid.uuid4(),
         transfer=request.transfer,
@@ -295,4 +295,4 @@ def refund_statement(
         "e_memo": request.memo,
         "e_created_at": made.created_at,
     }
-    return REFUND, params, made
+    return params, made

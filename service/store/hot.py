@@ -30,6 +30,7 @@ it is recorded with its decision, the row and the effect unwritten.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import datetime, timedelta
@@ -73,6 +74,23 @@ from service.store.rows import at, record_from_row, record_values
 from service.store.unit_of_work import StaleRevision
 
 __all__ = ["HotPath"]
+
+log = logging.getLogger("settlement.store")
+
+
+def _missing_function(name: str) -> None:
+    """Say once a process that ``name`` is missing (each request sends the statement)."""
+    if name not in _MISSING:
+        _MISSING.add(name)
+        log.error(
+            "a claim-and-settle function is missing; new operations send its statement "
+            "until a server that opens creates it again",
+            extra={"function": name},
+        )
+
+
+# the functions found missing by this process (logged once each)
+_MISSING: set[str] = set()
 
 
 class HotPath:
@@ -204,7 +222,8 @@ class HotPath:
             if decision.record.state.terminal:
                 expires = at(now) + timedelta(seconds=retention)
             sql, params = effect
-            statement = hot_function(sql).call if self._functions else claim_settle_with(sql)
+            function = hot_function(sql) if self._functions else None
+            statement = claim_settle_with(sql) if function is None else function.call
             values = claim_settle_params(
                 scope,
                 claimed,
@@ -216,8 +235,18 @@ class HotPath:
                 expires,
                 canonical_request,
             )
+            args = {**values, **params}
             try:
-                row = await conn.fetchrow(statement.sql, *statement.args({**values, **params}))
+                try:
+                    row = await conn.fetchrow(statement.sql, *statement.args(args))
+                except asyncpg.UndefinedFunctionError as exc:
+                    if function is None or function.name not in str(exc):
+                        raise
+                    # dropped since this server opened: the statement itself does the same
+                    _missing_function(function.name)
+                    row = await conn.fetchrow(
+                        function.statement.sql, *function.statement.args(args)
+                    )
             except asyncpg.UniqueViolationError:
                 return None  # an effect row of this operation exists
             return row, decision

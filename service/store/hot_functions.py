@@ -30,7 +30,15 @@ from service.store.hot_sql import claim_settle_with
 from service.store.outcomes import EffectSql
 from service.store.prepared import Prepared
 
-__all__ = ["PREFIX", "FunctionsNotInstalled", "HotFunction", "hot_function", "install"]
+__all__ = [
+    "INSTALL_LOCK",
+    "PREFIX",
+    "TAKE_INSTALL_LOCK",
+    "FunctionsNotInstalled",
+    "HotFunction",
+    "hot_function",
+    "install",
+]
 
 PREFIX = "settlement_claim_settle_"
 # Bumped when the way a function is made from its statement changes (its name, signature,
@@ -43,7 +51,8 @@ _NAME_BYTES = 63
 # The lock servers take, each in turn, to create what is missing (pg_advisory_xact_lock),
 # and how long one waits for it: on Citus an install distributes each function to every
 # node, longer than a statement's lock timeout.
-_INSTALL_LOCK = "settlement hot functions"
+INSTALL_LOCK = "settlement hot functions"
+TAKE_INSTALL_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
 INSTALL_LOCK_WAIT = "60s"
 
 
@@ -89,7 +98,7 @@ async def install(conn: Any, effects: Iterable[EffectSql]) -> list[str]:
     try:
         async with conn.transaction():
             await conn.execute(f"SET LOCAL lock_timeout = '{INSTALL_LOCK_WAIT}'")
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", _INSTALL_LOCK)
+            await conn.execute(TAKE_INSTALL_LOCK, INSTALL_LOCK)
             have = {
                 row["proname"]
                 for row in await conn.fetch(

@@ -19,7 +19,14 @@ import pytest
 from service.app.routes import ROUTES
 from service.config import Settings
 from service.domain.principals import Role
-from service.store.hot_functions import PREFIX, FunctionsNotInstalled, hot_function, install
+from service.store.hot_functions import (
+    INSTALL_LOCK,
+    PREFIX,
+    TAKE_INSTALL_LOCK,
+    FunctionsNotInstalled,
+    hot_function,
+    install,
+)
 from service.store.hot_sql import NO_EFFECT
 from service.store.migrate import upgrade
 from service.store.pool import make_pool, plain_dsn
@@ -72,7 +79,7 @@ async def test_a_server_waits_for_anothers_install_beyond_its_lock_timeout(
     holder = await asyncpg.connect(plain_dsn(url))
     try:
         await holder.execute("BEGIN")
-        await holder.execute("SELECT pg_advisory_xact_lock(hashtext('settlement hot functions'))")
+        await holder.execute(TAKE_INSTALL_LOCK, INSTALL_LOCK)
 
         async def installing() -> list[str]:
             async with pool.acquire() as conn:
@@ -186,3 +193,55 @@ async def test_a_new_operation_sends_its_effects_function_and_replays_as_before(
             )
         ).scalars()
         assert list(balances) == [90, 10]
+
+
+async def test_a_function_dropped_while_serving_gives_way_to_its_statement(
+    function_app: Asgi, engine: Any, migrated_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A function dropped after the server created it (by hand, or by a cleanup of another
+    version's): new operations send the statement it wraps, and the server says so once."""
+    from service.domain.ledger import OPEN_ACCOUNT
+
+    owner = await asyncpg.connect(plain_dsn(migrated_url))
+    dropped = hot_function(OPEN_ACCOUNT)
+    try:
+        _, key = await PrincipalStore(engine).create("dropped-tenant", "client", Role.CLIENT)
+        await owner.execute(f"DROP FUNCTION {dropped.name}")
+        headers = {
+            "Authorization": f"Bearer {key}",
+            "Content-Type": "application/json",
+        }
+        body = json.dumps({"currency": "EUR", "opening_balance": 5}).encode()
+        answers = []
+        with caplog.at_level("ERROR", logger="settlement.store"):
+            for n in range(2):
+                with sent() as statements:
+                    status, _, raw = await function_app.request(
+                        "POST", "/v1/accounts", {**headers, "Idempotency-Key": f"open-{n}"}, body
+                    )
+                    await _settle_loggers()
+                answers.append((status, json.loads(raw)["balance"], statements[-3:]))
+        assert (
+            answers
+            == [
+                (
+                    201,
+                    5,
+                    [
+                        "hot_sql.IDENTIFY",
+                        "hot_function(open-account)",
+                        "claim_settle_with(open-account)",
+                    ],
+                )
+            ]
+            * 2
+        )
+        missing = [r for r in caplog.records if "function is missing" in r.getMessage()]
+        assert [r.__dict__["function"] for r in missing] == [dropped.name]  # said once
+        assert (
+            await owner.fetchval("SELECT count(*) FROM accounts WHERE tenant = 'dropped-tenant'")
+            == 2
+        )
+    finally:
+        await install(owner, [OPEN_ACCOUNT])  # as it was, for the tests after this one
+        await owner.close()

@@ -101,9 +101,9 @@ def opening(
     """``POST /v1/accounts``'s effect for ``attempt``: one account of the operation's epoch."""
     op = uuid.UUID(attempt.reservation.operation_id)
     request = ledger.AccountRequest(currency="EUR", opening_balance=7)
-    effect, params, account = ledger.create_account_statement("acme", op, generation, request)
+    params, account = ledger.create_account_values("acme", op, generation, request)
     observation = completed(record, fencing_token=attempt.fencing_token)
-    return EffectStatement(effect, params, observation, refusals(record, [])), account
+    return EffectStatement(ledger.OPEN_ACCOUNT, params, observation, refusals(record, [])), account
 
 
 async def test_identify_reads_the_principal_and_its_scope_row_in_one_go(
@@ -263,7 +263,7 @@ async def test_a_late_attempt_of_a_taken_over_operation_is_ignored_and_writes_no
     assert (ended["outcome"], ended["error"]) == ("unknown", late.decision.reason.value)
 
 
-# -- the transfer (ledger.transfer_statement) -----------------------------------------------
+# -- the transfer (ledger.transfer_values) -----------------------------------------------
 
 
 async def two_accounts(engine: AsyncEngine, source: int, destination: int = 0) -> list[uuid.UUID]:
@@ -292,18 +292,16 @@ def moving(
     amount: int,
     said: list[tuple[str, str]] | None = None,
 ) -> EffectStatement:
-    """A transfer as the server runs it (``ledger.transfer_statement``); its guard's
+    """A transfer as the server runs it (``ledger.transfer_values``); its guard's
     refusals are kept in ``said``."""
     op = uuid.UUID(attempt.reservation.operation_id)
     request = ledger.TransferRequest(
         source=ids[0], destination=ids[1], amount=amount, currency="EUR"
     )
-    effect, params, _ = ledger.transfer_statement(
-        "acme", op, attempt.reservation.binding_generation, request
-    )
+    params, _ = ledger.transfer_values("acme", op, attempt.reservation.binding_generation, request)
     observation = completed(record, fencing_token=attempt.fencing_token)
     return EffectStatement(
-        effect, params, observation, refusals(record, [] if said is None else said)
+        ledger.TRANSFER, params, observation, refusals(record, [] if said is None else said)
     )
 
 
@@ -528,9 +526,9 @@ def new_transfer(
         request = ledger.TransferRequest(
             source=ids[0], destination=ids[1], amount=amount, currency="EUR"
         )
-        effect, params, _ = ledger.transfer_statement("acme", op, 1, request)
+        params, _ = ledger.transfer_values("acme", op, 1, request)
         refused = refusals(record, [] if said is None else said)
-        return EffectStatement(effect, params, completed(record, fencing_token=1), refused)
+        return EffectStatement(ledger.TRANSFER, params, completed(record, fencing_token=1), refused)
 
     return build
 

@@ -99,7 +99,7 @@ LOW_SHARE = 0.4
 # A transfer commits a moment before its commit timestamp is visible: the balances an
 # answer may have been judged on start this long before its first request was sent.
 COMMIT_SLACK = 0.05
-# The detail of a 402 insufficient-funds (the guard of service.domain.ledger.transfer_statement).
+# The detail of a 402 insufficient-funds (the guard of service.domain.ledger.TRANSFER).
 INSUFFICIENT = re.compile(r"source balance (-?\d+) is below the amount (\d+)")
 # How long one client keeps retrying one action before it leaves it to the settling phase.
 ACTION_PATIENCE = 45.0
