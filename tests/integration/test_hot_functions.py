@@ -7,7 +7,6 @@ one statement's tests both ways)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -33,7 +32,7 @@ from service.store.pool import make_pool, plain_dsn
 from service.store.principals import PrincipalStore
 from tests.conftest import Services, create_database
 from tests.integration.asgi import Asgi
-from tests.integration.test_key_tenants import _settle_loggers, sent
+from tests.integration.test_key_tenants import open_accounts, posted
 
 pytestmark = pytest.mark.integration
 
@@ -149,25 +148,12 @@ async def test_a_new_operation_sends_its_effects_function_and_replays_as_before(
     _, key = await PrincipalStore(engine).create(tenant, "client", Role.CLIENT)
 
     async def post(path: str, body: dict[str, Any], idem: str) -> tuple[int, Any, list[str]]:
-        headers = {
-            "Authorization": f"Bearer {key}",
-            "Content-Type": "application/json",
-            "Idempotency-Key": idem,
-        }
-        with sent() as statements:
-            status, _, raw = await function_app.request(
-                "POST", path, headers, json.dumps(body).encode()
-            )
-            await _settle_loggers()
-        return status, json.loads(raw), statements
+        return await posted(function_app, key, path, body, idem)
 
-    opened = []
-    for n, balance in enumerate((100, 0)):
-        body = {"currency": "EUR", "opening_balance": balance}
-        status, account, statements = await post("/v1/accounts", body, f"account-{n}")
-        assert status == 201, account
-        opened.append(account["id"])
-        assert statements[-2:] == ["hot_sql.IDENTIFY", "hot_function(open-account)"]
+    opened, said = await open_accounts(function_app, key, (100, 0))
+    assert [statements[-2:] for statements in said] == [
+        ["hot_sql.IDENTIFY", "hot_function(open-account)"]
+    ] * 2
     transfer = {"source": opened[0], "destination": opened[1], "amount": 120, "currency": "EUR"}
     status, refused, statements = await post("/v1/transfers", transfer, "too-much")
     assert status == 402, refused  # the guard's refusal, settled through the no-effect's
@@ -207,35 +193,15 @@ async def test_a_function_dropped_while_serving_gives_way_to_its_statement(
     try:
         _, key = await PrincipalStore(engine).create("dropped-tenant", "client", Role.CLIENT)
         await owner.execute(f"DROP FUNCTION {dropped.name}")
-        headers = {
-            "Authorization": f"Bearer {key}",
-            "Content-Type": "application/json",
-        }
-        body = json.dumps({"currency": "EUR", "opening_balance": 5}).encode()
-        answers = []
+        body = {"currency": "EUR", "opening_balance": 5}
         with caplog.at_level("ERROR", logger="settlement.store"):
-            for n in range(2):
-                with sent() as statements:
-                    status, _, raw = await function_app.request(
-                        "POST", "/v1/accounts", {**headers, "Idempotency-Key": f"open-{n}"}, body
-                    )
-                    await _settle_loggers()
-                answers.append((status, json.loads(raw)["balance"], statements[-3:]))
-        assert (
-            answers
-            == [
-                (
-                    201,
-                    5,
-                    [
-                        "hot_sql.IDENTIFY",
-                        "hot_function(open-account)",
-                        "claim_settle_with(open-account)",
-                    ],
-                )
+            answers = [
+                await posted(function_app, key, "/v1/accounts", body, f"open-{n}") for n in range(2)
             ]
-            * 2
-        )
+        sent_instead = ["hot_function(open-account)", "claim_settle_with(open-account)"]
+        assert [(status, made["balance"], said[-2:]) for status, made, said in answers] == [
+            (201, 5, sent_instead)
+        ] * 2
         missing = [r for r in caplog.records if "function is missing" in r.getMessage()]
         assert [r.__dict__["function"] for r in missing] == [dropped.name]  # said once
         assert (

@@ -78,6 +78,37 @@ async def _settle_loggers() -> None:
         await asyncio.sleep(0)
 
 
+async def posted(
+    app: Asgi, key: str, path: str, body: dict[str, Any], idem: str
+) -> tuple[int, Any, list[str]]:
+    """POST ``body`` to ``path`` with ``key`` and the Idempotency-Key ``idem``: the status,
+    the decoded answer and the hot statements sent meanwhile (:func:`sent`)."""
+    headers = {
+        "Authorization": f"Bearer {key}",
+        "Content-Type": "application/json",
+        "Idempotency-Key": idem,
+    }
+    with sent() as statements:
+        status, _, raw = await app.request("POST", path, headers, json.dumps(body).encode())
+        await _settle_loggers()
+    return status, json.loads(raw), statements
+
+
+async def open_accounts(
+    app: Asgi, key: str, balances: tuple[int, ...]
+) -> tuple[list[str], list[list[str]]]:
+    """Open an EUR account per balance with ``key``: their ids, and the hot statements each
+    request sent."""
+    opened, said = [], []
+    for n, balance in enumerate(balances):
+        body = {"currency": "EUR", "opening_balance": balance}
+        status, account, statements = await posted(app, key, "/v1/accounts", body, f"open-{n}")
+        assert status == 201, account
+        opened.append(account["id"])
+        said.append(statements)
+    return opened, said
+
+
 async def test_a_revoked_key_is_refused_at_once_though_its_tenant_is_remembered(
     engine: AsyncEngine, pool: Any
 ) -> None:
@@ -155,25 +186,12 @@ async def test_a_remembered_keys_replay_is_one_statement_and_a_new_transfer_two(
     _, _, key = await _client(engine)
 
     async def post(path: str, body: dict[str, Any], idem: str) -> tuple[int, Any, list[str]]:
-        headers = {
-            "Authorization": f"Bearer {key}",
-            "Content-Type": "application/json",
-            "Idempotency-Key": idem,
-        }
-        with sent() as statements:
-            status, _, raw = await app.request("POST", path, headers, json.dumps(body).encode())
-            await _settle_loggers()
-        return status, json.loads(raw), statements
+        return await posted(app, key, path, body, idem)
 
-    opened = []
-    for n, balance in enumerate((100, 0)):
-        body = {"currency": "EUR", "opening_balance": balance}
-        status, account, statements = await post("/v1/accounts", body, f"account-{n}")
-        assert status == 201, account
-        opened.append(account["id"])
-        remembered = ["hot_sql.IDENTIFY", "claim_settle_with(open-account)"]
-        # the key's first request in this process finds its tenant first
-        assert statements == (["hot_sql.TENANT_OF"] if n == 0 else []) + remembered
+    opened, said = await open_accounts(app, key, (100, 0))
+    remembered = ["hot_sql.IDENTIFY", "claim_settle_with(open-account)"]
+    # the key's first request in this process finds its tenant first
+    assert said == [["hot_sql.TENANT_OF", *remembered], remembered]
     transfer = {"source": opened[0], "destination": opened[1], "amount": 10, "currency": "EUR"}
     status, made, statements = await post("/v1/transfers", transfer, "transfer")
     assert status == 201, made
