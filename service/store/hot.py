@@ -78,21 +78,6 @@ __all__ = ["HotPath"]
 log = logging.getLogger("settlement.store")
 
 
-def _missing_function(name: str) -> None:
-    """Say once a process that ``name`` is missing (each request sends the statement)."""
-    if name not in _MISSING:
-        _MISSING.add(name)
-        log.error(
-            "a claim-and-settle function is missing; new operations send its statement "
-            "until a server that opens creates it again",
-            extra={"function": name},
-        )
-
-
-# the functions found missing by this process (logged once each)
-_MISSING: set[str] = set()
-
-
 class HotPath:
     def __init__(
         self, pool: Any, tenants: KeyTenants | None = None, *, functions: bool = False
@@ -104,6 +89,18 @@ class HotPath:
         self._pool = pool
         self._tenants = KeyTenants() if tenants is None else tenants
         self._functions = functions
+        # the functions found missing since this opened (each logged once)
+        self._missing: set[str] = set()
+
+    def _missing_function(self, name: str) -> None:
+        """Say once that ``name`` is missing (each new operation then sends its statement)."""
+        if name not in self._missing:
+            self._missing.add(name)
+            log.error(
+                "a claim-and-settle function is missing; new operations send its statement "
+                "until a server that opens creates it again",
+                extra={"function": name},
+            )
 
     async def install_functions(self, effects: Iterable[EffectSql]) -> list[str]:
         """With ``functions``, create those of ``effects`` (and of a refusal, which settles
@@ -240,10 +237,10 @@ class HotPath:
                 try:
                     row = await conn.fetchrow(statement.sql, *statement.args(args))
                 except asyncpg.UndefinedFunctionError as exc:
-                    if function is None or function.name not in str(exc):
+                    if function is None or not exc.message.startswith(f"function {function.name}("):
                         raise
                     # dropped since this server opened: the statement itself does the same
-                    _missing_function(function.name)
+                    self._missing_function(function.name)
                     row = await conn.fetchrow(
                         function.statement.sql, *function.statement.args(args)
                     )
