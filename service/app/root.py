@@ -259,18 +259,16 @@ class Settlement:
                     extra={"within_s": settings.redis_timeout},
                 )
             settlement = cls(settings, engine, redis, lease_redis=lease_redis, metrics=metrics)
-            # a server's (an observer process claims nothing: it needs none)
-            created = (
-                await settlement.store.install_functions(
+            if background:  # a server's (an observer process claims nothing: it needs none)
+                created = await settlement.store.install_functions(
                     spec.effect_sql
                     for spec in settlement.routes.values()
                     if spec.effect_sql is not None
                 )
-                if background
-                else []
-            )
-            if created:
-                start_log.info("created the claim-and-settle functions", extra={"names": created})
+                if created:
+                    start_log.info(
+                        "created the claim-and-settle functions", extra={"names": created}
+                    )
             if settings.bootstrap_admin_key:
                 await settlement.principals.ensure_bootstrap_admin(settings.bootstrap_admin_key)
         except BaseException:

@@ -237,7 +237,8 @@ class HotPath:
                 try:
                     row = await conn.fetchrow(statement.sql, *statement.args(args))
                 except asyncpg.UndefinedFunctionError as exc:
-                    if function is None or not exc.message.startswith(f"function {function.name}("):
+                    # its name, not the message's words: those follow lc_messages
+                    if function is None or function.name not in exc.message:
                         raise
                     # dropped since this server opened: the statement itself does the same
                     self._missing_function(function.name)

@@ -105,6 +105,10 @@ INSUFFICIENT = re.compile(r"source balance (-?\d+) is below the amount (\d+)")
 ACTION_PATIENCE = 45.0
 # After the load: how long unfinished actions are retried against the healed cluster.
 SETTLE_PATIENCE = 90.0
+# After that: how long the checker waits for the sweeper to demote what a killed worker left
+# in progress (its lease runs out, then a sweep): a bound, not a pause.
+DEMOTION_PATIENCE = 5 * LEASE_TTL
+IN_PROGRESS = "SELECT count(*) FROM operations WHERE state = 'in_progress'"
 REQUEST_TIMEOUT = 10.0
 # A client call that gave up (its deadline or the retry budget) is called again after a
 # pause drawn from this range: the application's own backoff, above the client's.
@@ -812,7 +816,7 @@ def check(cluster: Cluster, clients: Clients, summary: Summary) -> None:
     if negative:
         violations.append(f"{len(negative)} accounts went below 0: {negative[:3]}")
     _check_refusals(clients, ledger, summary)
-    open_ops = scalar(db, "SELECT count(*) FROM operations WHERE state = 'in_progress'")
+    open_ops = scalar(db, IN_PROGRESS)
     if open_ops:
         violations.append(f"{open_ops} operations left in_progress")
     payouts = [a.operation_id for a in clients.actions if a.kind == "payout" and a.operation_id]
@@ -1000,7 +1004,7 @@ def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
         load.join(ACTION_PATIENCE + REQUEST_TIMEOUT)
         cluster.heal()
         settle(cluster, load, seed)
-        time.sleep(LEASE_TTL + 1.5)  # the sweeper demotes what a killed worker left
+        await_demotions(cluster.database_url)
         watch.stop()
         summary.actions = len(load.actions)
         summary.finished = sum(1 for a in load.actions if a.answers)
@@ -1022,6 +1026,14 @@ def run(seed: int, duration: float, *, clients: int = 6) -> Summary:
 
             shutil.rmtree(data_dir, ignore_errors=True)
     return summary
+
+
+def await_demotions(database_url: str) -> None:
+    """Until no operation is in progress, or DEMOTION_PATIENCE has passed (the checker then
+    reports those left)."""
+    deadline = time.monotonic() + DEMOTION_PATIENCE
+    while scalar(database_url, IN_PROGRESS) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def settle(cluster: Cluster, clients: Clients, seed: int) -> None:
